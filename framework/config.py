@@ -1,0 +1,115 @@
+"""Typed configuration: every group's schema lives in Hydra's ConfigStore, so a misspelt key or a wrong type
+fails at start. Plugin schemas are each plugin's own `Config` dataclass, found through the registries."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from framework.engine.config import EngineConfig
+from framework.model.config import ModelConfig
+from framework.registry import MOE, PARALLELISM, ROUTING, WORKLOAD
+
+PLUGIN_GROUPS = {"parallel": PARALLELISM, "moe": MOE, "router": ROUTING, "workload": WORKLOAD}
+
+
+class Mode(enum.Enum):
+    bench = "bench"     # run the workload, report results
+    verify = "verify"   # check every path's logits against the single-process reference
+    serve = "serve"     # keep the cluster up for clients
+    sim = "sim"         # the discrete-event simulator
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "offline"             # online | offline | disabled (W&B)
+    project: str = "servelab"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ClusterConfig:
+    instances: int = 1                # local engine instances
+    workers: list[str] = field(default_factory=list)   # URLs of external servers to route to instead
+
+
+@dataclass
+class VerifyConfig:
+    atol: float = 1e-4                # max abs logit error allowed (fp32)
+    max_new_tokens: int = 6
+
+
+@dataclass
+class RootConfig:
+    mode: Mode = Mode.bench
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    parallel: Any = None
+    moe: Any = None
+    router: Any = None
+    workload: Any = None
+
+
+def register_configs() -> None:
+    """Store every schema: the root, the framework's groups, and each registered plugin's Config."""
+    from hydra.core.config_store import ConfigStore
+    cs = ConfigStore.instance()
+    cs.store(name="servelab_schema", node=RootConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+    for group, registry in PLUGIN_GROUPS.items():
+        for key in registry.keys():
+            cs.store(group=group, name=f"{key}_schema", node=registry.get(key).Config)
+
+
+def to_objects(cfg) -> Any:
+    """The composed DictConfig -> plain dataclass objects (plugins get their own Config instances)."""
+    from omegaconf import OmegaConf
+    return OmegaConf.to_object(cfg)
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Compose once before Hydra runs, so a misspelt key or a wrong type ends in one sentence naming the valid
+    keys (Hydra's own message names only the bad one). Sweeps (-m) are left to Hydra."""
+    import sys
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
+        return
+    overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
+    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            compose("config", overrides=overrides)
+        return
+    except Exception as e:                      # noqa: BLE001 - we only reword what we recognise
+        err = e
+        while err is not None and not isinstance(err, (ConfigKeyError, ConfigAttributeError, ValidationError)):
+            err = err.__cause__ or err.__context__
+        if err is None:
+            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        else:
+            message = _explain(err)
+    print(f"config error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _explain(err) -> str:
+    import dataclasses
+    key = getattr(err, "full_key", None) or "?"
+    schema = getattr(err, "object_type", None)
+    first_line = str(err).strip().splitlines()[0]
+    if dataclasses.is_dataclass(schema) and "not in" in first_line:
+        valid = ", ".join(f.name for f in dataclasses.fields(schema))
+        parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
+        return f"unknown key {key!r}; valid keys of {parent} ({schema.__name__}): {valid}"
+    return f"{key}: {first_line}"

@@ -1,0 +1,69 @@
+"""The model's shape: a DeepSeek-V2-style MLA + MoE transformer, small enough for a CPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny_mla_moe"
+    vocab_size: int = 260            # 256 UTF-8 bytes + specials (see tokenizer.py)
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 8
+    q_lora_rank: Optional[int] = 64   # None: q comes straight from hidden (DeepSeek-V2-Lite)
+    kv_lora_rank: int = 64            # the compressed latent the KV cache stores
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 16        # the decoupled RoPE key, also cached (shared by all heads)
+    v_head_dim: int = 16
+    intermediate_size: int = 256      # dense FFN of the first `first_k_dense_replace` layers
+    moe_intermediate_size: int = 64   # per routed / shared expert
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    n_shared_experts: int = 1
+    n_group: int = 4                  # grouped top-k: experts in n_group groups,
+    topk_group: int = 2               # tokens may only pick experts of their topk_group best groups
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = False
+    gating: str = "v2"                # v2: softmax, group score = max; v3: sigmoid + bias, group score = top-2 sum
+    first_k_dense_replace: int = 1
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 16384
+    dtype: str = "float32"
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def kv_cache_width(self) -> int:
+        """Values cached per token per layer: the latent plus the RoPE key, nothing per head."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def kv_bytes_per_token(self) -> int:
+        import torch
+        itemsize = torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+        return self.num_layers * self.kv_cache_width * itemsize
+
+    def validate(self) -> None:
+        problems = []
+        if self.n_routed_experts % self.n_group:
+            problems.append(f"n_routed_experts={self.n_routed_experts} is not divisible by n_group={self.n_group}")
+        if not 1 <= self.topk_group <= self.n_group:
+            problems.append(f"topk_group={self.topk_group} must be in 1..n_group={self.n_group}")
+        per_group = self.n_routed_experts // max(self.n_group, 1)
+        if self.num_experts_per_tok > self.topk_group * per_group:
+            problems.append(f"num_experts_per_tok={self.num_experts_per_tok} exceeds the experts in "
+                            f"topk_group={self.topk_group} groups ({self.topk_group * per_group})")
+        if self.gating not in ("v2", "v3"):
+            problems.append(f"gating={self.gating!r} is not one of v2, v3")
+        if self.gating == "v3" and per_group < 2:
+            problems.append("gating=v3 scores groups by their top-2 experts: each group needs at least 2 experts")
+        if self.qk_rope_head_dim % 2:
+            problems.append(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+        if not 0 <= self.first_k_dense_replace <= self.num_layers:
+            problems.append(f"first_k_dense_replace={self.first_k_dense_replace} must be in 0..num_layers")
+        if problems:
+            raise ValueError("model config: " + "; ".join(problems))

@@ -1,0 +1,24 @@
+"""moe=reference: a plain torch loop over every expert on every rank. The numerical oracle for the others."""
+from __future__ import annotations
+
+import torch
+
+from framework.model.reference import experts_reference
+from framework.moe import MoEBackend, MoEConfig
+from framework.registry import MOE
+
+
+@MOE.register("reference")
+class ReferenceMoE(MoEBackend):
+    """Holds all experts whole and computes all of its tokens: no collective, output complete."""
+
+    Config = MoEConfig
+    token_layout = "all"
+    partial = False
+
+    def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
+        super().__init__(cfg, w13, w2, group)
+        self.w13, self.w2 = w13, w2
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        return experts_reference(hidden, self.w13, self.w2, topk_ids, topk_weights)
