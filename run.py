@@ -1,5 +1,4 @@
 """servelab's one entry point: `python run.py [group=option ...] [key=value ...]` (see README.md)."""
-import logging
 import sys
 
 import hydra
@@ -18,7 +17,7 @@ def main(cfg: DictConfig) -> float:
     try:
         return run(to_objects(cfg), HydraConfig.get().runtime.output_dir, resolved)
     except UserError as e:
-        logging.getLogger("servelab").error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
 

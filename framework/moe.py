@@ -1,10 +1,15 @@
-"""The MoE backend interface: what a `moe=` plugin implements (plugins/moe/)."""
+"""The MoE backend interface: what a `moe=` plugin implements (plugins/moe/), plus the kernel choice the fused
+backends share."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+TOKEN_LAYOUTS = ("all", "local")
+KERNELS = ("auto", "triton", "torch")
 
 
 @dataclass
@@ -18,7 +23,12 @@ class MoEBackend(ABC):
     `token_layout` says what the backend takes: "all" (every rank of the instance holds every token of the step, the
     parallelism plugin gathers them under DP attention) or "local" (each rank passes only its own tokens; the backend
     moves them itself, e.g. all-to-all). `partial` says whether the output is a partial sum that the parallelism
-    plugin must reduce across ranks. Shared experts are not the backend's business (the model adds them).
+    plugin must reduce across ranks (the plugin then also shards the shared experts, so they sum alike). Both are
+    class attributes by default; a backend whose layout depends on its config (ep's `dispatch`) sets them per
+    instance in `__init__`. Shared experts are not the backend's business (the model adds them).
+
+    A rank with no tokens (an IDLE batch) still calls `forward` with `[0, H]` hidden states and `[0, k]` ids, and
+    the backend must join every collective its peers make.
     """
 
     Config = MoEConfig
@@ -33,3 +43,27 @@ class MoEBackend(ABC):
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] in `token_layout`, topk_ids/topk_weights [T, k] -> routed output [T, H]."""
+
+
+def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[..., torch.Tensor], str]:
+    """The fused MoE function a backend calls, and the device name that keys its launch configs.
+
+    kernel: "auto" (Triton on CUDA, the torch twin elsewhere, logged once: kernels.select_fused_moe), "triton"
+    (forced; on a CPU only under TRITON_INTERPRET=1, which tests use) or "torch" (the twin, also on a GPU).
+    """
+    device = torch.device(device)
+    if kernel not in KERNELS:
+        raise ValueError(f"moe.kernel={kernel!r} is not one of {', '.join(KERNELS)}")
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if kernel == "auto":
+        from kernels import select_fused_moe
+        return select_fused_moe(device), device_name
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kernels import fused_moe as fm
+    if kernel == "torch":
+        return fm.fused_moe_torch, device_name
+    if device.type != "cuda" and not isinstance(fm.fused_moe_kernel, InterpretedFunction):
+        raise ValueError("moe.kernel=triton needs a CUDA device, or TRITON_INTERPRET=1 set before kernels.fused_moe "
+                         "is imported (slow: for tests); use moe.kernel=auto or torch on a CPU")
+    return fm.fused_moe_triton, device_name

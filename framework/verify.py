@@ -53,7 +53,7 @@ def verify_single(cfg, par, group) -> dict[str, dict]:
     cases = {
         "radix_cache": dataclasses.replace(cfg.engine),
         "chunked_prefill": dataclasses.replace(cfg.engine, chunked_prefill_tokens=16),
-        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=400 * kv_per_token / 2**20,
+        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=200 * kv_per_token / 2**20,
                                                 new_token_ratio=0.05, min_new_token_ratio=0.0),
         "no_radix_cache": dataclasses.replace(cfg.engine, radix_cache=False),
     }

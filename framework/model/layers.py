@@ -71,6 +71,8 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i))
         self.shared = MLP(h, cfg.n_shared_experts * i) if cfg.n_shared_experts else None
         self.backend = None   # a framework.moe.MoEBackend, attached by the engine builder
+        # Routed slots per expert since the last reset, as this rank saw them (framework/moe_stats.py reads it).
+        self.register_buffer("expert_counts", torch.zeros(e, dtype=torch.int64), persistent=False)
 
     @property
     def token_layout(self) -> str:
@@ -92,6 +94,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_ids, topk_weights = self.route(x)
+        flat_ids = topk_ids.reshape(-1)
+        self.expert_counts.index_add_(0, flat_ids, torch.ones_like(flat_ids))   # no host sync, unlike bincount
         out = self.backend.forward(x, topk_ids, topk_weights.to(x.dtype))
         if self.shared is not None:
             out = out + self.shared(x)

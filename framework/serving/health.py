@@ -1,0 +1,90 @@
+"""Per-worker reliability state for the router: health, circuit breaker, in-flight count and draining.
+
+A worker receives new requests only when it is ``routable``: its last health check passed, it is not being drained,
+and its circuit breaker lets traffic through. Health (a periodic ``GET /health``) and the breaker (consecutive request
+failures) are separate signals: a worker can answer /health while its engine fails every request.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+class CircuitBreaker:
+    """closed --(``threshold`` consecutive failures)--> open --(``cooldown_s``)--> half_open: one probe request goes
+    through; its success closes the breaker, its failure opens it again for another cool-down."""
+
+    def __init__(self, threshold: int, cooldown_s: float):
+        if threshold < 1:
+            raise ValueError(f"breaker_failure_threshold must be >= 1, got {threshold}")
+        self.threshold, self.cooldown_s = threshold, cooldown_s
+        self.state = CLOSED
+        self.consecutive_failures = 0
+        self.opened_at = 0.0
+        self.probe_in_flight = False
+        self.times_opened = 0
+
+    def available(self, now: float) -> bool:
+        """Whether a new request may go to this worker (does not change state; see ``on_dispatch``)."""
+        if self.state == CLOSED:
+            return True
+        if self.state == OPEN:
+            return now - self.opened_at >= self.cooldown_s
+        return not self.probe_in_flight
+
+    def on_dispatch(self, now: float) -> None:
+        if self.state == OPEN and now - self.opened_at >= self.cooldown_s:
+            self.state = HALF_OPEN
+        if self.state == HALF_OPEN:
+            self.probe_in_flight = True
+
+    def record_success(self) -> None:
+        self.state, self.consecutive_failures, self.probe_in_flight = CLOSED, 0, False
+
+    def record_failure(self, now: float) -> None:
+        self.consecutive_failures += 1
+        self.probe_in_flight = False
+        if self.state == HALF_OPEN or (self.state == CLOSED and self.consecutive_failures >= self.threshold):
+            self.state, self.opened_at = OPEN, now
+            self.times_opened += 1
+
+    def record_neutral(self) -> None:
+        """The request ended without telling anything about the worker (the client left): free the probe slot."""
+        self.probe_in_flight = False
+
+
+@dataclass
+class WorkerState:
+    url: str
+    breaker: CircuitBreaker
+    healthy: bool = False  # set by health checks; a new worker waits for its first passing check
+    draining: bool = False
+    in_flight: int = 0
+    requests: int = 0  # requests sent to it (attempts, retries included)
+    failures: int = 0  # connection errors, timeouts and 5xx
+    last_health_error: str | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def routable(self, now: float) -> bool:
+        return self.healthy and not self.draining and self.breaker.available(now)
+
+    def begin(self, now: float) -> None:
+        self.in_flight += 1
+        self.requests += 1
+        self.idle.clear()
+        self.breaker.on_dispatch(now)
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+    def describe(self) -> dict:
+        return {"url": self.url, "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
+                "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
+                "last_health_error": self.last_health_error}

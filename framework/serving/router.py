@@ -1,0 +1,413 @@
+"""The router service: one HTTP front for many workers, choosing each request's worker with a routing policy.
+
+It speaks the workers' client APIs (native ``/generate``, OpenAI completions and chat) and forwards with one pooled
+``aiohttp.ClientSession``. Streams pass through chunk by chunk. Reliability, beyond SGLang router 0.1.0:
+
+- periodic ``GET /health`` of every worker; only healthy workers are routed to, and workers that are not up at start
+  join when their first check passes;
+- connection errors, timeouts and 408/429/5xx are retried on a *different* worker (when there is one), at most
+  ``max_retries`` times, with exponential backoff and jitter; other 4xx are the client's fault and pass straight back;
+- a per-worker circuit breaker (``health.CircuitBreaker``) counts consecutive connection errors, timeouts and 5xx;
+- the policy's in-flight count is released exactly once per attempt, in a ``finally`` (success, error, client
+  disconnect, broken stream);
+- a stream that already sent bytes cannot be retried: it ends with an SSE error event;
+- ``remove_worker`` drains: no new requests, then waits for the worker's in-flight ones before forgetting it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from framework.serving import protocol as P
+from framework.serving.errors import ApiError, json_bytes, parse_body
+from framework.serving.health import CircuitBreaker, WorkerState
+from framework.serving.router_stats import RouterMetrics, RouterStats
+from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
+
+log = logging.getLogger(__name__)
+
+ROUTES = {"/generate": P.GenerateRouting, "/v1/completions": P.CompletionRouting,
+          "/v1/chat/completions": P.ChatRouting}
+FORWARDED_REQUEST_HEADERS = ("Content-Type", "Authorization", "X-Request-Id")
+WORKER_HEADER = "X-Servelab-Worker"  # names the worker that answered (debugging, tests)
+
+
+@dataclass
+class RouterServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    health_check_interval_secs: float = 10.0
+    health_check_timeout_secs: float = 2.0
+    max_retries: int = 3  # extra attempts after the first
+    retry_backoff_base_s: float = 0.05  # attempt k waits in [d/2, d], d = min(max, base * 2**(k-1))
+    retry_backoff_max_s: float = 2.0
+    breaker_failure_threshold: int = 5  # consecutive failures that open a worker's breaker
+    breaker_cooldown_secs: float = 30.0  # open -> half-open (one probe request) after this long
+    request_timeout_s: float = 600.0  # longest a worker may stay silent (no header / no chunk) before we give up
+    connect_timeout_s: float = 5.0
+    drain_timeout_secs: float = 600.0  # remove_worker waits this long for in-flight requests at most
+    maintain_interval_secs: float = 1.0  # policy.maintain (cache eviction) period, off the request path
+    client_max_size: int = DEFAULT_CLIENT_MAX_SIZE
+
+    def __post_init__(self) -> None:
+        positive = ("health_check_interval_secs", "health_check_timeout_secs", "request_timeout_s",
+                    "connect_timeout_s", "drain_timeout_secs", "maintain_interval_secs", "client_max_size")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"router.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_retries", "retry_backoff_base_s", "retry_backoff_max_s", "breaker_cooldown_secs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"router.{name} must be >= 0, got {getattr(self, name)}")
+        if self.breaker_failure_threshold < 1:
+            raise ValueError(f"router.breaker_failure_threshold must be >= 1, got {self.breaker_failure_threshold}")
+
+
+def normalize_worker_url(url: str | None) -> str:
+    if not url:
+        raise ApiError(400, "url: query parameter required, e.g. ?url=http://127.0.0.1:30001", param="url")
+    parsed = URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ApiError(400, f"url: {url!r} is not an http(s)://host:port URL", param="url")
+    return str(parsed).rstrip("/")
+
+
+@dataclass
+class _Failed:
+    """A retriable attempt: the worker's own error response (status + body) or a transport error (status None)."""
+    message: str
+    status: int | None = None
+    body: bytes = b""
+    content_type: str = "application/json"
+    timeout: bool = False
+
+    def response(self, attempts: int) -> web.Response:
+        if self.status is not None:
+            return web.Response(status=self.status, body=self.body, headers={"Content-Type": self.content_type})
+        status = 504 if self.timeout else 502
+        return ApiError(status, f"{attempts} attempt(s) failed; last: {self.message}").response()
+
+
+@dataclass
+class _Attempt:
+    worker: WorkerState
+    verdict: str | None = None  # "ok" | "fail" | None (tells nothing about the worker)
+
+
+class Router:
+    def __init__(self, policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None, seed: int = 0):
+        self.policy, self.cfg = policy, cfg or RouterServiceConfig()
+        self.workers: dict[str, WorkerState] = {}
+        self.stats, self.metrics = RouterStats(), RouterMetrics()
+        self.session: aiohttp.ClientSession | None = None
+        self._rng = random.Random(seed)
+        self._tasks: list[asyncio.Task] = []
+        self._removed: list[str] = []
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s,
+                                              sock_read=self.cfg.request_timeout_s)
+        for url in worker_urls:
+            self._register(normalize_worker_url(url))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, app: web.Application | None = None) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)  # no pool cap: the policy bounds the load
+        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
+        self._tasks = [asyncio.create_task(self._every(self.cfg.health_check_interval_secs, self.check_health)),
+                       asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain))]
+
+    async def close(self, app: web.Application | None = None) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+    async def _every(self, period: float, fn) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await fn()
+            except Exception:  # a periodic job must never die
+                log.exception("router periodic job %s failed", getattr(fn, "__name__", fn))
+
+    async def _maintain(self) -> None:
+        self.policy.maintain(time.monotonic())
+
+    # ------------------------------------------------------------------ workers
+
+    def _register(self, url: str) -> WorkerState:
+        if url in self.workers:
+            raise ApiError(409, f"url: worker {url} is already registered", param="url")
+        state = WorkerState(url, CircuitBreaker(self.cfg.breaker_failure_threshold, self.cfg.breaker_cooldown_secs))
+        self.workers[url] = state
+        if url not in self.policy.loads:
+            self.policy.add_worker(url)
+        return state
+
+    async def _check(self, w: WorkerState) -> None:
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs)
+            async with self.session.get(w.url + "/health", timeout=timeout) as resp:
+                await resp.read()
+                ok, error = resp.status == 200, None if resp.status == 200 else f"/health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, error = False, _describe(exc)
+        if ok != w.healthy:
+            log.info("worker %s is now %s%s", w.url, "healthy" if ok else "unhealthy", f" ({error})" if error else "")
+        w.healthy, w.last_health_error = ok, error
+
+    async def check_health(self) -> None:
+        await asyncio.gather(*(self._check(w) for w in list(self.workers.values())))
+
+    async def add_worker(self, url: str) -> WorkerState:
+        state = self._register(normalize_worker_url(url))
+        await self._check(state)
+        return state
+
+    async def remove_worker(self, url: str) -> dict:
+        url = normalize_worker_url(url)
+        w = self.workers.get(url)
+        if w is None:
+            raise ApiError(404, f"url: unknown worker {url}; workers: {sorted(self.workers)}", param="url")
+        if w.draining:
+            raise ApiError(409, f"url: worker {url} is already being removed", param="url")
+        w.draining = True  # no new requests from here on
+        drained_from = w.in_flight
+        try:
+            await asyncio.wait_for(w.idle.wait(), self.cfg.drain_timeout_secs)
+        except TimeoutError:
+            log.warning("worker %s still had %d requests after %.0fs of draining", url, w.in_flight,
+                        self.cfg.drain_timeout_secs)
+        del self.workers[url]
+        self.policy.remove_worker(url)
+        self._removed.append(url)
+        return {"removed": url, "drained_requests": drained_from, "abandoned_requests": w.in_flight}
+
+    # ------------------------------------------------------------------ forwarding
+
+    def _pick(self, text: str, tried: set[str]) -> WorkerState:
+        now = time.monotonic()
+        routable = [u for u, w in self.workers.items() if w.routable(now)]
+        candidates = [u for u in routable if u not in tried] or routable
+        if not candidates:
+            raise ApiError(503, f"no healthy worker available ({len(self.workers)} registered: "
+                                f"{[w.describe() for w in self.workers.values()]})")
+        t0 = time.perf_counter()
+        url = self.policy.select(text, candidates)
+        elapsed = time.perf_counter() - t0
+        d = self.policy.last_decision
+        self.stats.decision(url, elapsed * 1e6, d.matched_chars, d.request_chars, d.reason)
+        self.metrics.decision(url, d.reason, elapsed)
+        w = self.workers[url]
+        w.begin(now)
+        return w
+
+    def _backoff_s(self, retry: int) -> float:
+        d = min(self.cfg.retry_backoff_max_s, self.cfg.retry_backoff_base_s * 2 ** (retry - 1))
+        return d / 2 + self._rng.random() * d / 2
+
+    async def forward(self, request: web.Request, route: str) -> web.StreamResponse:
+        raw = await request.read()
+        text = parse_body(ROUTES[route], raw).routing_text()
+        headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
+        tried: set[str] = set()
+        failed: _Failed | None = None
+        outcome = "client_disconnect"
+        try:
+            for attempt in range(self.cfg.max_retries + 1):
+                if attempt:
+                    self.stats.retries += 1
+                    self.metrics.retries.inc()
+                    await asyncio.sleep(self._backoff_s(attempt))
+                try:
+                    w = self._pick(text, tried)
+                except ApiError:
+                    if failed is None:
+                        outcome = "no_worker"
+                        raise
+                    break  # nobody left to retry on: answer with the last failure
+                tried.add(w.url)
+                result = await self._attempt(request, w, request.path_qs, raw, headers)
+                if not isinstance(result, _Failed):
+                    outcome = "ok" if result.status < 400 else "client_error"
+                    return result
+                failed = result
+            outcome = "upstream_error"
+            return failed.response(len(tried))
+        finally:
+            self.stats.outcomes[outcome] += 1
+            self.metrics.requests.labels(route, outcome).inc()
+
+    async def _attempt(self, request: web.Request, w: WorkerState, path: str, raw: bytes,
+                       headers: dict) -> web.StreamResponse | _Failed:
+        """One try on one worker. Returns the final response, or ``_Failed`` when another worker may be tried."""
+        att = _Attempt(w)
+        try:
+            async with self.session.post(w.url + path, data=raw, headers=headers) as up:
+                if up.status in (408, 429) or up.status >= 500:
+                    body = await up.read()
+                    att.verdict = "fail" if up.status >= 500 else None  # 408/429: busy, not broken
+                    return _Failed(f"{w.url} answered {up.status}", up.status, body,
+                                   up.headers.get("Content-Type", "application/json"))
+                if up.content_type == "text/event-stream" or up.content_length is None:
+                    return await self._relay(request, w, up, att)
+                body = await up.read()  # a complete JSON body: buffered, so a failure mid-body is still retriable
+                att.verdict = "ok"  # a 4xx is the client's fault: it counts in the worker's favour
+                return web.Response(status=up.status, body=body, headers={
+                    "Content-Type": up.headers.get("Content-Type", "application/json"), WORKER_HEADER: w.url})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            att.verdict = "fail"
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                w.healthy = False  # refused/unreachable: skip it until a health check passes again
+            return _Failed(f"{w.url}: {_describe(exc)}", timeout=isinstance(exc, TimeoutError))
+        finally:
+            self.policy.on_request_done(w.url)
+            w.end()
+            if att.verdict == "ok":
+                w.breaker.record_success()
+            elif att.verdict == "fail":
+                w.failures += 1
+                w.breaker.record_failure(time.monotonic())
+            else:
+                w.breaker.record_neutral()
+
+    async def _relay(self, request: web.Request, w: WorkerState, up: aiohttp.ClientResponse,
+                     att: _Attempt) -> web.StreamResponse:
+        """Pass a stream through as it arrives. Nothing is sent before the worker's first chunk, so a worker that
+        fails before it is still retried; after it, a broken stream ends with an SSE error event."""
+        chunk = await up.content.readany()
+        resp = web.StreamResponse(status=up.status, headers={
+            "Content-Type": up.headers.get("Content-Type", "application/octet-stream"),
+            "Cache-Control": "no-cache", WORKER_HEADER: w.url})
+        try:
+            await resp.prepare(request)
+            while chunk:
+                await resp.write(chunk)
+                try:
+                    chunk = await up.content.readany()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    att.verdict = "fail"
+                    msg = f"worker {w.url} broke the stream: {_describe(exc)}"
+                    await resp.write(P.sse(data=json_bytes(ApiError(502, msg).to_dict())))
+                    await resp.write_eof()
+                    return resp
+            att.verdict = "ok"
+            await resp.write_eof()
+        except ConnectionResetError:
+            up.close()  # the client left: drop the worker connection so the worker aborts the generation
+        except asyncio.CancelledError:
+            up.close()
+            raise
+        return resp
+
+    # ------------------------------------------------------------------ control endpoints
+
+    async def handle_add_worker(self, request: web.Request) -> web.Response:
+        w = await self.add_worker(request.query.get("url"))
+        return web.json_response({"added": w.url, "healthy": w.healthy, "workers": sorted(self.workers)})
+
+    async def handle_remove_worker(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.remove_worker(request.query.get("url")))
+
+    async def handle_list_workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"urls": list(self.workers), "workers": [w.describe() for w in self.workers.values()]})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        healthy = sum(w.healthy for w in self.workers.values())
+        return web.json_response({"status": "ok", "workers": len(self.workers), "healthy_workers": healthy})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        self.metrics.refresh_gauges(self.workers.values(), self._removed)
+        self._removed.clear()
+        return metrics_response(self.metrics.registry)
+
+    async def handle_router_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.snapshot(self.workers.values()))
+
+    async def handle_reset_router_stats(self, request: web.Request) -> web.Response:
+        self.stats.reset()
+        return web.json_response({"reset": True})
+
+    async def _fan_out(self, method: str, path: str) -> dict[str, tuple[int | None, object]]:
+        """``method path`` on every healthy worker at once -> {url: (status or None, JSON body or error text)}."""
+        async def one(url: str):
+            try:
+                async with self.session.request(method, url + path, timeout=self._control_timeout) as resp:
+                    return url, (resp.status, await resp.json(content_type=None))
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                return url, (None, _describe(exc))
+        urls = [u for u, w in self.workers.items() if w.healthy and not w.draining]
+        return dict(await asyncio.gather(*(one(u) for u in urls)))
+
+    @property
+    def _control_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs * 5)
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        answers = await self._fan_out("GET", "/get_server_info")
+        per_worker = {u: body if status == 200 else {"error": body} for u, (status, body) in answers.items()}
+        totals: dict[str, float] = {}
+        for info in per_worker.values():
+            for k, v in info.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    totals[k] = totals.get(k, 0) + v
+        return web.json_response({"router": {"workers": len(self.workers), "healthy_workers": len(answers)},
+                                  "totals": totals, "workers": per_worker})
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        answers = await self._fan_out("POST", "/flush_cache")
+        failed = {u: (status, body) for u, (status, body) in answers.items() if status != 200}
+        if failed:
+            raise ApiError(502, f"flush_cache failed on {len(failed)} of {len(answers)} workers: {failed}")
+        return web.json_response({"success": True, "workers": sorted(answers)})
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        answers = await self._fan_out("GET", "/v1/models")
+        cards = {c["id"]: c for status, body in answers.values() if status == 200 for c in body.get("data", [])}
+        return web.json_response({"object": "list", "data": list(cards.values())})
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+ROUTER_KEY = web.AppKey("router", Router)
+
+
+def create_router_app(policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None,
+                      seed: int = 0) -> web.Application:
+    """The router as an aiohttp app; ``app[ROUTER_KEY]`` is its ``Router`` (workers, stats, policy)."""
+    router = Router(policy, worker_urls, cfg, seed)
+    app = make_app(router.cfg.client_max_size)
+    app[ROUTER_KEY] = router
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.close)
+    for path in ROUTES:
+        app.router.add_post(path, partial(router.forward, route=path))
+    app.router.add_post("/add_worker", router.handle_add_worker)
+    app.router.add_post("/remove_worker", router.handle_remove_worker)
+    app.router.add_get("/list_workers", router.handle_list_workers)
+    app.router.add_get("/health", router.handle_health)
+    app.router.add_get("/metrics", router.handle_metrics)
+    app.router.add_get("/get_server_info", router.handle_server_info)
+    app.router.add_get("/router_stats", router.handle_router_stats)
+    app.router.add_post("/router_stats/reset", router.handle_reset_router_stats)
+    app.router.add_post("/flush_cache", router.handle_flush_cache)
+    app.router.add_get("/v1/models", router.handle_models)
+    return app
+
+
+async def serve_router(policy, worker_urls: list[str], cfg: RouterServiceConfig | None = None, seed: int = 0) -> None:
+    """Serve the router on ``cfg.host:cfg.port`` until the calling task is cancelled."""
+    app = create_router_app(policy, worker_urls, cfg, seed)
+    await serve_forever(app, app[ROUTER_KEY].cfg.host, app[ROUTER_KEY].cfg.port)

@@ -1,0 +1,271 @@
+"""The worker HTTP server: SGLang's native API and OpenAI's API in front of one engine instance.
+
+The server speaks to the engine only through the async ``EngineAPI`` below (the surface of
+``framework.engine.client.EngineClient``). A client that disconnects cancels its handler (``handler_cancellation``),
+and ``aclosing`` closes the engine's iterator, which frees the request in the engine.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from functools import partial
+from typing import TYPE_CHECKING, AsyncIterator, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from framework.serving import protocol as P
+from framework.serving.errors import ApiError, json_bytes, parse_body
+from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
+
+if TYPE_CHECKING:
+    from framework.engine.request import SamplingParams
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# engine.server_info() keys read for the running/queued gauges (first present wins)
+RUNNING_KEYS = ("running_requests", "num_running_reqs")
+QUEUED_KEYS = ("queued_requests", "num_queued_reqs")
+
+
+class GenerateOutput(Protocol):
+    text: str  # delta
+    token_ids: list[int]  # delta
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class EngineAPI(Protocol):
+    def generate(self, prompt: str, params: SamplingParams) -> AsyncIterator[GenerateOutput]: ...
+    def server_info(self) -> dict: ...
+    async def flush_cache(self) -> bool: ...
+
+
+class _Result:
+    """Accumulates the engine's incremental outputs into one request's text, counts and finish reason."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.first_token_s: float | None = None
+
+    def add(self, out: GenerateOutput) -> None:
+        if out.text:
+            self.parts.append(out.text)
+        if self.first_token_s is None and (out.token_ids or out.text):
+            self.first_token_s = time.perf_counter()
+        self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        self.completion_tokens = out.completion_tokens
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def usage(self) -> P.Usage:
+        return P.Usage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+class WorkerMetrics:
+    """Prometheus series in a per-app registry (several workers can live in one process, e.g. in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("servelab_worker_requests", "Finished requests", ["endpoint", "outcome"], registry=r)
+        self.prompt_tokens = Counter("servelab_worker_prompt_tokens", "Prompt tokens", registry=r)
+        self.completion_tokens = Counter("servelab_worker_completion_tokens", "Generated tokens", registry=r)
+        self.cached_tokens = Counter("servelab_worker_cached_tokens", "Prompt tokens served from cache", registry=r)
+        self.in_flight = Gauge("servelab_worker_http_in_flight", "Generation requests being served", registry=r)
+        self.running = Gauge("servelab_worker_running_requests", "Engine: running requests", registry=r)
+        self.queued = Gauge("servelab_worker_queued_requests", "Engine: queued requests", registry=r)
+        self.latency = Histogram("servelab_worker_request_latency_seconds", "End-to-end request latency",
+                                 ["endpoint"], registry=r)
+        self.ttft = Histogram("servelab_worker_time_to_first_token_seconds", "Time to first token",
+                              ["endpoint"], registry=r)
+
+    def finish(self, endpoint: str, outcome: str, res: _Result, t0: float) -> None:
+        self.requests.labels(endpoint, outcome).inc()
+        self.prompt_tokens.inc(res.prompt_tokens)
+        self.completion_tokens.inc(res.completion_tokens)
+        self.cached_tokens.inc(res.cached_tokens)
+        self.latency.labels(endpoint).observe(time.perf_counter() - t0)
+        if res.first_token_s is not None:
+            self.ttft.labels(endpoint).observe(res.first_token_s - t0)
+
+
+def _first(info: dict, keys: tuple[str, ...]) -> float | None:
+    return next((float(info[k]) for k in keys if k in info), None)
+
+
+class _Formatter:
+    """Turns engine outputs into one API's response body or SSE events."""
+
+    def __init__(self, kind: str, req, model_name: str):
+        self.kind, self.req, self.model = kind, req, model_name
+        self.id = (req.rid if kind == "generate" and req.rid else
+                   P.new_id({"generate": "gen", "completions": "cmpl", "chat": "chatcmpl"}[kind]))
+        self.created = P.now_s()
+        self.sent_role = False
+
+    def full(self, res: _Result) -> P.BaseModel:
+        if self.kind == "generate":
+            return P.GenerateResponse(text=res.text, meta_info=self._meta(res))
+        if self.kind == "completions":
+            return P.CompletionResponse(id=self.id, created=self.created, model=self.model, usage=res.usage(),
+                                        choices=[P.CompletionChoice(text=res.text, finish_reason=res.finish_reason)])
+        msg = P.ChatMessageOut(content=res.text)
+        return P.ChatCompletionResponse(id=self.id, created=self.created, model=self.model, usage=res.usage(),
+                                        choices=[P.ChatChoice(message=msg, finish_reason=res.finish_reason)])
+
+    def chunk(self, out: GenerateOutput, res: _Result) -> bytes:
+        reason = out.finish_reason if out.finished else None
+        if self.kind == "generate":  # native streaming: cumulative text every event
+            return P.sse(P.GenerateResponse(text=res.text, meta_info=self._meta(res)))
+        if self.kind == "completions":
+            return P.sse(P.CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                              choices=[P.CompletionChoice(text=out.text, finish_reason=reason)]))
+        delta = P.ChatDelta(content=out.text, role=None if self.sent_role else "assistant")
+        self.sent_role = True
+        return P.sse(P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                           choices=[P.ChatStreamChoice(delta=delta, finish_reason=reason)]))
+
+    def tail(self, res: _Result) -> bytes:
+        """After the last chunk: OpenAI's optional usage chunk (``stream_options.include_usage``), then [DONE]."""
+        if self.kind != "generate" and self.req.include_usage:
+            cls = P.CompletionResponse if self.kind == "completions" else P.ChatCompletionChunk
+            usage_chunk = cls(id=self.id, created=self.created, model=self.model, choices=[], usage=res.usage())
+            return P.sse(usage_chunk) + P.SSE_DONE
+        return P.SSE_DONE
+
+    def _meta(self, res: _Result) -> P.MetaInfo:
+        return P.MetaInfo(id=self.id, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
+                          cached_tokens=res.cached_tokens,
+                          finish_reason=P.native_finish_reason(res.finish_reason, res.completion_tokens))
+
+
+class WorkerServer:
+    """Request handlers over one engine; ``create_worker_app`` wires them into an aiohttp app."""
+
+    MODELS = {"generate": P.GenerateRequest, "completions": P.CompletionRequest, "chat": P.ChatCompletionRequest}
+
+    def __init__(self, engine: EngineAPI, model_name: str):
+        self.engine, self.model_name = engine, model_name
+        self.metrics = WorkerMetrics()
+        self.in_flight = 0
+
+    async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        req = parse_body(self.MODELS[kind], await request.read())
+        prompt = req.prompt_text() if kind == "chat" else (req.text if kind == "generate" else req.prompt)
+        fmt, res, t0 = _Formatter(kind, req, self.model_name), _Result(), time.perf_counter()
+        outcome = "cancelled"
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            if req.stream:
+                resp = await self._stream(request, fmt, res, prompt, req.to_sampling_params())
+            else:
+                await self._collect(res, prompt, req.to_sampling_params())
+                resp = web.Response(body=fmt.full(res).model_dump_json(), content_type="application/json")
+            outcome = res.finish_reason or "client_disconnect"
+            return resp
+        except ApiError:
+            outcome = "error"
+            raise
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.finish(kind, outcome, res, t0)
+
+    async def _collect(self, res: _Result, prompt: str, params) -> None:
+        async with aclosing(self._generate(prompt, params)) as outputs:
+            async for out in outputs:
+                res.add(out)
+
+    async def _stream(self, request, fmt: _Formatter, res: _Result, prompt: str, params) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            async with aclosing(self._generate(prompt, params)) as outputs:
+                async for out in outputs:
+                    res.add(out)
+                    if not resp.prepared:  # prepared on the first output, so an engine error can still be a 4xx
+                        await resp.prepare(request)
+                    await resp.write(fmt.chunk(out, res))
+                if not resp.prepared:
+                    await resp.prepare(request)
+                await resp.write(fmt.tail(res))
+        except ApiError as exc:
+            if not resp.prepared:
+                raise
+            await resp.write(P.sse(data=json_bytes(exc.to_dict())))
+        except ConnectionResetError:
+            return resp  # the client left; aclosing already freed the engine request
+        await resp.write_eof()
+        return resp
+
+    async def _generate(self, prompt: str, params) -> AsyncIterator[GenerateOutput]:
+        """The engine's iterator, with its input errors turned into a 400 and other failures into a 500."""
+        try:
+            async with aclosing(self.engine.generate(prompt, params)) as outputs:
+                async for out in outputs:
+                    yield out
+        except ValueError as exc:  # the engine's way of rejecting a request (e.g. prompt longer than the KV pool)
+            raise ApiError(400, f"text: {exc}", param="text") from exc
+        except (RuntimeError, OSError) as exc:
+            raise ApiError(500, f"engine failed: {exc}") from exc
+
+    # --------------------------------------------------------------- control endpoints
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        info = dict(self.engine.server_info())
+        info.setdefault("model_name", self.model_name)
+        info["http_in_flight"] = self.in_flight
+        return web.json_response(info)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        info = self.engine.server_info()
+        for gauge, keys in ((self.metrics.running, RUNNING_KEYS), (self.metrics.queued, QUEUED_KEYS)):
+            value = _first(info, keys)
+            if value is not None:
+                gauge.set(value)
+        return metrics_response(self.metrics.registry)
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        if not await self.engine.flush_cache():
+            raise ApiError(409, "cache not flushed: the engine has requests in flight; retry when it is idle")
+        return web.json_response({"success": True, "message": "cache flushed"})
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": P.now_s(), "owned_by": "servelab"}
+        return web.json_response({"object": "list", "data": [card]})
+
+
+WORKER_KEY = web.AppKey("worker", WorkerServer)
+
+
+def create_worker_app(engine: EngineAPI, *, model_name: str = "servelab",
+                      client_max_size: int = DEFAULT_CLIENT_MAX_SIZE) -> web.Application:
+    server = WorkerServer(engine, model_name)
+    app = make_app(client_max_size)
+    app[WORKER_KEY] = server
+    app.router.add_post("/generate", partial(server.handle, kind="generate"))
+    app.router.add_post("/v1/completions", partial(server.handle, kind="completions"))
+    app.router.add_post("/v1/chat/completions", partial(server.handle, kind="chat"))
+    app.router.add_get("/health", server.handle_health)
+    app.router.add_get("/get_server_info", server.handle_server_info)
+    app.router.add_get("/metrics", server.handle_metrics)
+    app.router.add_post("/flush_cache", server.handle_flush_cache)
+    app.router.add_get("/v1/models", server.handle_models)
+    return app
+
+
+async def serve_worker(engine: EngineAPI, host: str = "127.0.0.1", port: int = 30001, *,
+                       model_name: str = "servelab", client_max_size: int = DEFAULT_CLIENT_MAX_SIZE) -> None:
+    """Serve the worker API on host:port until the calling task is cancelled (the engine runs in the same loop)."""
+    await serve_forever(create_worker_app(engine, model_name=model_name, client_max_size=client_max_size), host, port)

@@ -1,0 +1,13 @@
+"""Test-wide environment: W&B offline, Triton kernels interpreted on a CPU, one torch thread per process."""
+import os
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+try:  # Triton reads TRITON_INTERPRET when it is first imported: decide before any test imports it
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    torch.set_num_threads(1)
+except ImportError:
+    pass

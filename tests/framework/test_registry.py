@@ -1,0 +1,83 @@
+import ast
+from pathlib import Path
+
+import pytest
+
+from framework.registry import MOE, PARALLELISM, ROUTING, WORKLOAD, Registry, RegistryError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_register_get_and_build():
+    reg = Registry("thing")
+
+    @reg.register("a")
+    class A:
+        def __init__(self, x):
+            self.x = x
+
+    assert reg.get("a") is A
+    assert reg.build("a", 3).x == 3
+    assert "a" in reg and reg.keys() == ["a"]
+
+
+def test_unknown_key_lists_known_keys():
+    reg = Registry("thing")
+    reg.register("alpha")(type("Alpha", (), {}))
+    reg.register("beta")(type("Beta", (), {}))
+    with pytest.raises(RegistryError, match=r"unknown thing plugin 'gamma'; known: alpha, beta"):
+        reg.get("gamma")
+
+
+def test_same_key_twice_by_different_objects_fails():
+    reg = Registry("thing")
+
+    class One: ...
+
+    class Two: ...
+
+    reg.register("k")(One)
+    reg.register("k")(One)          # the same object again is fine (re-import)
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.register("k")(Two)
+
+
+def test_builtins_load_lazily_by_name():
+    assert "reference" in MOE.keys() and "tp" in PARALLELISM.keys()
+    assert MOE.get("reference").__module__ == "plugins.moe.reference"
+    assert WORKLOAD.get("multi_turn").__name__ == "MultiTurn"
+    assert "round_robin" in ROUTING.keys()
+
+
+def test_entry_point_plugins_register(monkeypatch):
+    """A third-party package's `servelab.plugins` entry point runs its register() before a lookup misses."""
+    import framework.registry as registry
+
+    calls = []
+
+    class FakeEntryPoint:
+        def load(self):
+            def register():
+                calls.append(1)
+                registry.MOE.register("third_party")(type("ThirdParty", (), {}))
+            return register
+
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEntryPoint()] if group == "servelab.plugins" else [])
+    assert registry.MOE.get("third_party").__name__ == "ThirdParty"
+    assert calls == [1]
+    registry.MOE._items.pop("third_party")
+
+
+def test_framework_imports_no_plugin_module():
+    """framework/ meets plugins only through the registry: no `import plugins...` anywhere in it."""
+    offenders = []
+    for path in (ROOT / "framework").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n == "plugins" or n.startswith("plugins.")]
+    assert not offenders, offenders

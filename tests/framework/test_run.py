@@ -1,0 +1,47 @@
+"""`run.py` end to end, as a user runs it: results.json, the table, W&B offline, verify, clear refusals."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(tmp_path, *overrides, timeout=300):
+    return subprocess.run([sys.executable, "run.py", f"hydra.run.dir={tmp_path}", *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_writes_results_and_offline_wandb(tmp_path):
+    r = run(tmp_path, "workload.num_conversations=4", "workload.turns=2", "logger.mode=offline")
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for key in ("requests_completed", "requests_failed", "request_throughput_req_s", "input_throughput_tok_s",
+                "output_throughput_tok_s", "cache_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                "e2e_p50_ms", "e2e_p99_ms", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
+                "max_running_requests", "git_sha"):
+        assert key in results, key
+    assert results["requests_completed"] == 8 and results["requests_failed"] == 0
+    assert results["cache_hit_rate"] > 0.3                # shared system prompt + conversation history
+    assert results["kv_bytes_per_token_per_rank"] == 1280
+    assert "output_throughput_tok_s" in r.stdout           # the console table
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run"
+
+
+def test_verify_passes_and_num_requests_caps(tmp_path):
+    r = run(tmp_path, "mode=verify", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "verify passed" in r.stdout
+    assert json.loads((tmp_path / "results.json").read_text())["verify_max_abs_err"] < 1e-4
+    r = run(tmp_path / "cap", "workload.num_requests=3", "logger.mode=disabled")
+    assert r.returncode == 0 and json.loads((tmp_path / "cap" / "results.json").read_text())["requests_completed"] == 3
+
+
+def test_verify_fails_above_atol(tmp_path):
+    r = run(tmp_path, "mode=verify", "verify.atol=1e-12", "logger.mode=disabled")
+    assert r.returncode != 0 and "verify failed" in r.stderr
+
+
+def test_modes_not_yet_available_say_so(tmp_path):
+    r = run(tmp_path, "mode=sim", "logger.mode=disabled")
+    assert r.returncode == 2 and "not available yet" in r.stderr and "Traceback" not in r.stderr
