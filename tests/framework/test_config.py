@@ -34,7 +34,7 @@ def test_every_option_composes_and_builds(group):
 
 def test_experiments_compose():
     for option in _options("experiment"):
-        to_objects(_compose([f"+experiment={option}"]))
+        to_objects(_compose([f"experiment={option}"]))
 
 
 def _explain(capsys, overrides):
