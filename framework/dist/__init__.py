@@ -5,5 +5,6 @@ from framework.dist.launch import Channel, Instance, RankFailed, launch, start
 from framework.dist.rank import PortInUse
 
 __all__ = [
-    "Channel", "CollectiveError", "CollectiveTimeout", "Group", "Instance", "PortInUse", "RankFailed", "launch", "start",
+    "Channel", "CollectiveError", "CollectiveTimeout", "Group", "Instance", "PortInUse", "RankFailed",
+    "launch", "start",
 ]

@@ -115,7 +115,7 @@ class Group:
             return x
         start = sum(counts[: self.rank])
         if self.backend != "nccl":  # gloo: all_reduce + slice is as fast as a padded reduce_scatter on CPU
-            total = x.clone()
+            total = x.clone(memory_format=torch.contiguous_format)
             self._wait(dist.all_reduce(total, group=self.pg, async_op=True), "reduce_scatter_uneven")
             return total[start : start + counts[self.rank]]
         width = max(counts)

@@ -1,7 +1,9 @@
 """Launch an instance's ranks: `launch` runs a function on every rank and returns their results; `start` keeps an
 instance running and gives the parent a channel to rank 0 (the serving layer's HTTP server feeds rank 0's scheduler).
 
-Ranks are spawned locally with torch.multiprocessing (start method "spawn"). When a rank fails, the launcher raises
+Ranks are started locally with torch.multiprocessing: start method "spawn" by default, or "forkserver" (ranks forked
+from a server that imported torch once: a launch takes ~0.2 s instead of seconds per rank; tests and sweeps of many
+small launches want it; `SERVELAB_START_METHOD` sets the default). When a rank fails, the launcher raises
 ONE `RankFailed` naming the rank, its exception and its traceback, and stops every other rank: no orphans, also when a
 rank dies abruptly or the parent gets Ctrl-C. Under torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) `launch` runs the
 function in-process on this rank instead, so the same code runs multi-node with NCCL.
@@ -34,6 +36,7 @@ from framework.dist.rank import (
 STARTUP_TIMEOUT_S = 120.0  # how long ranks wait for each other at rendezvous (spawning takes seconds per rank)
 FAILURE_GRACE_S = 0.5  # after a first failure, how long to collect other ranks' reports to find the root cause
 EXIT_GRACE_S = 10.0  # how long finished ranks get to exit before they are killed
+START_METHODS = ("spawn", "forkserver")
 
 
 class RankFailed(RuntimeError):
@@ -90,10 +93,13 @@ class Channel:
 class Instance:
     """The running ranks of one instance. Use as a context manager, or call `join` / `terminate`."""
 
-    def __init__(self, processes: list[Any], reports: list[Connection], channel: Channel | None):
+    def __init__(self, processes: list[Any], reports: list[Connection], channel: Channel | None, lifeline: Connection):
         self._processes, self._reports, self._channel = processes, reports, channel
+        self._lifeline = lifeline  # ranks exit when this closes (see rank._exit_when_launcher_dies)
         self._outcome: dict[int, dict] = {}  # rank -> its report, or a synthetic one when it died without reporting
         self._lock = threading.RLock()
+        self._terminated = False
+        self._failure: RankFailed | None = None  # raised again by every later call
 
     @property
     def size(self) -> int:
@@ -143,6 +149,7 @@ class Instance:
     def join(self, timeout: float | None = None) -> list[Any]:
         """Wait for every rank's return value (in rank order). On the first failure, stop all ranks and raise
         RankFailed. TimeoutError after `timeout` s (the ranks keep running; call terminate)."""
+        self._need_running()
         deadline = None if timeout is None else time.monotonic() + timeout
         done = lambda: len(self._outcome) == self.size or self._failed()  # noqa: E731
         if not self._collect_until(done, deadline):
@@ -155,6 +162,7 @@ class Instance:
 
     def terminate(self) -> None:
         """Stop every rank still running (SIGTERM, then SIGKILL) and reap it. Safe to call more than once."""
+        self._terminated = True
         for p in self._processes:
             if p.is_alive():
                 p.terminate()
@@ -163,6 +171,7 @@ class Instance:
             if p.is_alive():
                 p.kill()
                 p.join()
+        self._lifeline.close()
         if self._channel is not None:
             self._channel.close()
         for conn in self._reports:
@@ -179,7 +188,14 @@ class Instance:
     def _need_channel(self) -> Channel:
         if self._channel is None:
             raise RuntimeError("this instance has no channel to rank 0; create it with start(), not launch()")
+        self._need_running()
         return self._channel
+
+    def _need_running(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._terminated and len(self._outcome) < self.size:
+            raise RuntimeError("this instance was terminated; start a new one")
 
     def _failed(self) -> bool:
         return any(o["status"] != "ok" for o in self._outcome.values())
@@ -210,6 +226,8 @@ class Instance:
         return True
 
     def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
         if not self._failed():
             return
         # Let the other ranks' reports arrive: a rank that died first makes its peers' collectives fail next.
@@ -221,7 +239,8 @@ class Instance:
         failures.sort(key=lambda o: (2 if o["collective"] else int(o["status"] == "died"), o["time"]))
         first, rest = failures[0], failures[1:]
         others = [f"rank {o['rank']}: {o['exc_type']}" for o in rest]
-        raise RankFailed(first["rank"], first["exc_type"], first["message"], first["traceback"], others)
+        self._failure = RankFailed(first["rank"], first["exc_type"], first["message"], first["traceback"], others)
+        raise self._failure
 
 
 def _death_report(rank: int, exitcode: int | None) -> dict:
@@ -252,7 +271,19 @@ def _check_port_free(port: int) -> None:
             raise PortInUse(port_in_use_message(port)) from exc
 
 
-def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, with_channel) -> Instance:
+def _context(start_method: str | None) -> Any:
+    """The multiprocessing context. "forkserver" forks ranks from a server that imported torch once, so every launch
+    after the first starts in a fraction of a second instead of seconds per rank (spawn re-imports torch)."""
+    method = start_method or os.environ.get("SERVELAB_START_METHOD", "spawn")
+    if method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS} (or None), got {method!r}")
+    ctx = mp.get_context(method)
+    if method == "forkserver":  # neither import initialises CUDA, so forked ranks may still pick their GPU
+        ctx.set_forkserver_preload(["torch", "framework.dist.rank"])
+    return ctx
+
+
+def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, start_method, channel) -> Instance:
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     backend = resolve_backend(backend, size)
@@ -269,19 +300,24 @@ def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, w
     else:
         _check_port_free(master_port)
     url = f"tcp://127.0.0.1:{master_port}"
-    ctx = mp.get_context("spawn")
+    ctx = _context(start_method)
+    # A forkserver's ranks inherit the server's environment, not ours: send ours along.
+    env = dict(os.environ) if ctx.get_start_method() == "forkserver" else None
     parent_end = rank0_end = None
-    if with_channel:
+    if channel:
         parent_end, rank0_end = ctx.Pipe(duplex=True)
+    lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     processes, reports = [], []
-    instance = Instance(processes, reports, Channel(parent_end) if with_channel else None)
+    instance = Instance(processes, reports, Channel(parent_end) if channel else None, lifeline_w)
     try:
         for rank in range(size):
             reader, writer = ctx.Pipe(duplex=False)
-            channel = Channel(rank0_end) if with_channel else None
+            # Only rank 0 gets the channel's far end, so the parent reads EOF as soon as rank 0 is gone.
+            rank0_channel = Channel(rank0_end) if channel and rank == 0 else None
+            rank_args = (backend, url, timeout_s, startup_timeout_s, writer, channel, rank0_channel, lifeline_r, env)
             proc = ctx.Process(
                 target=spawned_rank_main,
-                args=(rank, size, fn, args, backend, url, timeout_s, startup_timeout_s, writer, channel, os.getpid()),
+                args=(rank, size, fn, args, *rank_args),
                 name=f"servelab-rank{rank}",
                 daemon=True,
             )
@@ -300,6 +336,7 @@ def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, w
         instance.terminate()
         raise
     finally:
+        lifeline_r.close()
         if rank0_end is not None:
             rank0_end.close()
     return instance
@@ -313,17 +350,19 @@ def launch(
     master_port: int | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    start_method: str | None = None,
 ) -> list[Any]:
     """Run `fn(group, *args)` on `size` ranks and return their return values in rank order.
 
     backend: "auto" (NCCL with one GPU per rank when CUDA is available, else gloo), "gloo" or "nccl".
     master_port: the rendezvous port (a free one is picked when None). timeout_s: every collective's timeout.
+    start_method: "spawn" or "forkserver" (None: $SERVELAB_START_METHOD, else "spawn"); see `_context`.
     Raises RankFailed when a rank raises or dies (after stopping all ranks). Under torchrun, runs fn on this rank
     only and returns every rank's value (gathered with all_gather_object).
     """
     if torchrun_env() is not None:
         return run_torchrun_rank(fn, size, args, backend, timeout_s, startup_timeout_s)
-    instance = _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, with_channel=False)
+    instance = _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, start_method, channel=False)
     try:
         return instance.join()
     finally:
@@ -338,10 +377,11 @@ def start(
     master_port: int | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    start_method: str | None = None,
 ) -> Instance:
     """Start a long-lived instance: every rank runs `fn(group, channel, *args)`, where `channel` is a `Channel` to the
     parent on rank 0 and None on the other ranks. The parent talks to rank 0 with `Instance.send` / `Instance.recv`.
     """
     if torchrun_env() is not None:
         raise RuntimeError("start() spawns local ranks and cannot run under torchrun; use launch() there")
-    return _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, with_channel=True)
+    return _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, start_method, channel=True)

@@ -89,16 +89,21 @@ def shutdown(after_collective_failure: bool) -> None:
     worker.join(DESTROY_WAIT_S)
 
 
-def _exit_when_parent_dies(parent_pid: int) -> None:
-    """A rank whose launcher vanished (SIGKILL, crash) exits instead of lingering as an orphan."""
+def _exit_when_launcher_dies(lifeline: Any) -> None:
+    """A rank whose launcher vanished (SIGKILL, crash) exits instead of lingering as an orphan.
+
+    `lifeline` is the read end of a pipe whose only write end the launcher holds: it reads EOF once the launcher has
+    exited (however it exited) or let go of the instance.
+    """
 
     def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os._exit(3)
+        try:
+            lifeline.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(3)
 
-    threading.Thread(target=watch, daemon=True, name="parent_watch").start()
+    threading.Thread(target=watch, daemon=True, name="launcher_watch").start()
 
 
 def _pickle(obj: Any) -> bytes:
@@ -129,18 +134,23 @@ def spawned_rank_main(
     timeout_s: float | None,
     startup_timeout_s: float,
     report: Any,
+    takes_channel: bool,
     channel: Any,
-    parent_pid: int,
+    lifeline: Any,
+    env: dict[str, str] | None,
 ) -> None:
     """Entry point of a spawned rank: call fn, send ONE report ({"status": "ok"|"error", ...}) on `report`, exit."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops every rank
-    _exit_when_parent_dies(parent_pid)
+    _exit_when_launcher_dies(lifeline)
     if backend == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     failed_collective = False
     try:
         group = init_group(rank, size, rank, backend, url, timeout_s, startup_timeout_s)
-        extra = (channel if rank == 0 else None,) if channel is not None else ()
+        extra = (channel,) if takes_channel else ()  # start(): fn(group, channel, *args), channel None on rank > 0
         result = fn(group, *extra, *args)
         try:
             message = _pickle({"status": "ok", "rank": rank, "result": result})
