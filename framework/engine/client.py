@@ -97,6 +97,7 @@ class EngineClient:
         engine = self.engine
         while not self._stop.is_set():
             self._drain(block=not engine.scheduler.has_work())
+            self._info = engine.server_info()      # a request just added shows as queued
             try:
                 out = engine.step()
             except Exception as e:           # noqa: BLE001 - a dead engine must fail its requests, not hang them

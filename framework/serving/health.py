@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from yarl import URL
+
+from framework.serving.errors import ApiError
+
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 
@@ -69,6 +73,14 @@ class WorkerState:
 
     def __post_init__(self) -> None:
         self.idle.set()
+        self._endpoints: dict[str, URL] = {}
+
+    def endpoint(self, path: str) -> URL:
+        """``url + path`` as a parsed URL, built once per path (aiohttp would parse a string on every request)."""
+        u = self._endpoints.get(path)
+        if u is None:
+            u = self._endpoints[path] = URL(self.url + path)
+        return u
 
     def routable(self, now: float) -> bool:
         return self.healthy and not self.draining and self.breaker.available(now)
@@ -88,3 +100,18 @@ class WorkerState:
         return {"url": self.url, "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
                 "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
                 "last_health_error": self.last_health_error}
+
+
+def normalize_worker_url(url: str | None) -> str:
+    """A worker's identity: ``http(s)://host:port`` without a trailing slash; a 400 naming ``url`` otherwise."""
+    if not url:
+        raise ApiError(400, "url: query parameter required, e.g. ?url=http://127.0.0.1:30001", param="url")
+    parsed = URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ApiError(400, f"url: {url!r} is not an http(s)://host:port URL", param="url")
+    return str(parsed).rstrip("/")
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

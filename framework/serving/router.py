@@ -24,12 +24,11 @@ from functools import partial
 
 import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
-from framework.serving.health import CircuitBreaker, WorkerState
-from framework.serving.router_stats import RouterMetrics, RouterStats
+from framework.serving.health import CircuitBreaker, WorkerState, describe_error, normalize_worker_url
+from framework.serving.router_stats import RouterStats, router_registry
 from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
 
 log = logging.getLogger(__name__)
@@ -70,15 +69,6 @@ class RouterServiceConfig:
             raise ValueError(f"router.breaker_failure_threshold must be >= 1, got {self.breaker_failure_threshold}")
 
 
-def normalize_worker_url(url: str | None) -> str:
-    if not url:
-        raise ApiError(400, "url: query parameter required, e.g. ?url=http://127.0.0.1:30001", param="url")
-    parsed = URL(url)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ApiError(400, f"url: {url!r} is not an http(s)://host:port URL", param="url")
-    return str(parsed).rstrip("/")
-
-
 @dataclass
 class _Failed:
     """A retriable attempt: the worker's own error response (status + body) or a transport error (status None)."""
@@ -98,18 +88,19 @@ class _Failed:
 @dataclass
 class _Attempt:
     worker: WorkerState
-    verdict: str | None = None  # "ok" | "fail" | None (tells nothing about the worker)
+    verdict: str | None = None  # for the breaker: "ok" | "fail" | None (tells nothing about the worker)
+    outcome: str | None = None  # for the stats, when a relayed stream ended badly: broken_stream | client_disconnect
 
 
 class Router:
     def __init__(self, policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None, seed: int = 0):
         self.policy, self.cfg = policy, cfg or RouterServiceConfig()
         self.workers: dict[str, WorkerState] = {}
-        self.stats, self.metrics = RouterStats(), RouterMetrics()
+        self.stats = RouterStats()
+        self.registry = router_registry(self.stats, lambda: self.workers.values())
         self.session: aiohttp.ClientSession | None = None
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
-        self._removed: list[str] = []
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s,
                                               sock_read=self.cfg.request_timeout_s)
         for url in worker_urls:
@@ -119,7 +110,9 @@ class Router:
 
     async def start(self, app: web.Application | None = None) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)  # no pool cap: the policy bounds the load
-        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        # DummyCookieJar: a proxy must not replay one client's cookies (set by a worker) on other clients' requests
+        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
+                                             cookie_jar=aiohttp.DummyCookieJar())
         await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
         self._tasks = [asyncio.create_task(self._every(self.cfg.health_check_interval_secs, self.check_health)),
                        asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain))]
@@ -160,7 +153,7 @@ class Router:
                 await resp.read()
                 ok, error = resp.status == 200, None if resp.status == 200 else f"/health answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            ok, error = False, _describe(exc)
+            ok, error = False, describe_error(exc)
         if ok != w.healthy:
             log.info("worker %s is now %s%s", w.url, "healthy" if ok else "unhealthy", f" ({error})" if error else "")
         w.healthy, w.last_health_error = ok, error
@@ -189,7 +182,6 @@ class Router:
                         self.cfg.drain_timeout_secs)
         del self.workers[url]
         self.policy.remove_worker(url)
-        self._removed.append(url)
         return {"removed": url, "drained_requests": drained_from, "abandoned_requests": w.in_flight}
 
     # ------------------------------------------------------------------ forwarding
@@ -205,8 +197,7 @@ class Router:
         url = self.policy.select(text, candidates)
         elapsed = time.perf_counter() - t0
         d = self.policy.last_decision
-        self.stats.decision(url, elapsed * 1e6, d.matched_chars, d.request_chars, d.reason)
-        self.metrics.decision(url, d.reason, elapsed)
+        self.stats.decision(url, d.reason, elapsed, d.matched_chars, d.request_chars)
         w = self.workers[url]
         w.begin(now)
         return w
@@ -216,17 +207,17 @@ class Router:
         return d / 2 + self._rng.random() * d / 2
 
     async def forward(self, request: web.Request, route: str) -> web.StreamResponse:
-        raw = await request.read()
-        text = parse_body(ROUTES[route], raw).routing_text()
-        headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
         tried: set[str] = set()
         failed: _Failed | None = None
-        outcome = "client_disconnect"
+        outcome = "invalid_request"
         try:
+            raw = await request.read()
+            text = parse_body(ROUTES[route], raw).routing_text()
+            headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
+            outcome = "client_disconnect"  # until an answer is ready
             for attempt in range(self.cfg.max_retries + 1):
                 if attempt:
                     self.stats.retries += 1
-                    self.metrics.retries.inc()
                     await asyncio.sleep(self._backoff_s(attempt))
                 try:
                     w = self._pick(text, tried)
@@ -236,39 +227,39 @@ class Router:
                         raise
                     break  # nobody left to retry on: answer with the last failure
                 tried.add(w.url)
-                result = await self._attempt(request, w, request.path_qs, raw, headers)
+                att = _Attempt(w)
+                result = await self._attempt(request, att, route, raw, headers)
                 if not isinstance(result, _Failed):
-                    outcome = "ok" if result.status < 400 else "client_error"
+                    outcome = att.outcome or ("ok" if result.status < 400 else "client_error")
                     return result
                 failed = result
             outcome = "upstream_error"
             return failed.response(len(tried))
         finally:
-            self.stats.outcomes[outcome] += 1
-            self.metrics.requests.labels(route, outcome).inc()
+            self.stats.outcomes[route, outcome] += 1
 
-    async def _attempt(self, request: web.Request, w: WorkerState, path: str, raw: bytes,
+    async def _attempt(self, request: web.Request, att: _Attempt, route: str, raw: bytes,
                        headers: dict) -> web.StreamResponse | _Failed:
         """One try on one worker. Returns the final response, or ``_Failed`` when another worker may be tried."""
-        att = _Attempt(w)
+        w = att.worker
         try:
-            async with self.session.post(w.url + path, data=raw, headers=headers) as up:
+            async with self.session.post(w.endpoint(route), data=raw, headers=headers) as up:
+                content_type = up.headers.get("Content-Type", "application/json")
                 if up.status in (408, 429) or up.status >= 500:
                     body = await up.read()
                     att.verdict = "fail" if up.status >= 500 else None  # 408/429: busy, not broken
-                    return _Failed(f"{w.url} answered {up.status}", up.status, body,
-                                   up.headers.get("Content-Type", "application/json"))
-                if up.content_type == "text/event-stream" or up.content_length is None:
-                    return await self._relay(request, w, up, att)
+                    return _Failed(f"{w.url} answered {up.status}", up.status, body, content_type)
+                if content_type.startswith("text/event-stream") or up.content_length is None:
+                    return await self._relay(request, up, att)
                 body = await up.read()  # a complete JSON body: buffered, so a failure mid-body is still retriable
                 att.verdict = "ok"  # a 4xx is the client's fault: it counts in the worker's favour
-                return web.Response(status=up.status, body=body, headers={
-                    "Content-Type": up.headers.get("Content-Type", "application/json"), WORKER_HEADER: w.url})
+                return web.Response(status=up.status, body=body,
+                                    headers={"Content-Type": content_type, WORKER_HEADER: w.url})
         except (aiohttp.ClientError, TimeoutError) as exc:
             att.verdict = "fail"
             if isinstance(exc, aiohttp.ClientConnectorError):
                 w.healthy = False  # refused/unreachable: skip it until a health check passes again
-            return _Failed(f"{w.url}: {_describe(exc)}", timeout=isinstance(exc, TimeoutError))
+            return _Failed(f"{w.url}: {describe_error(exc)}", timeout=isinstance(exc, TimeoutError))
         finally:
             self.policy.on_request_done(w.url)
             w.end()
@@ -280,10 +271,10 @@ class Router:
             else:
                 w.breaker.record_neutral()
 
-    async def _relay(self, request: web.Request, w: WorkerState, up: aiohttp.ClientResponse,
-                     att: _Attempt) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, att: _Attempt) -> web.StreamResponse:
         """Pass a stream through as it arrives. Nothing is sent before the worker's first chunk, so a worker that
         fails before it is still retried; after it, a broken stream ends with an SSE error event."""
+        w = att.worker
         chunk = await up.content.readany()
         resp = web.StreamResponse(status=up.status, headers={
             "Content-Type": up.headers.get("Content-Type", "application/octet-stream"),
@@ -295,14 +286,15 @@ class Router:
                 try:
                     chunk = await up.content.readany()
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    att.verdict = "fail"
-                    msg = f"worker {w.url} broke the stream: {_describe(exc)}"
+                    att.verdict, att.outcome = "fail", "broken_stream"
+                    msg = f"worker {w.url} broke the stream: {describe_error(exc)}"
                     await resp.write(P.sse(data=json_bytes(ApiError(502, msg).to_dict())))
                     await resp.write_eof()
                     return resp
             att.verdict = "ok"
             await resp.write_eof()
         except ConnectionResetError:
+            att.outcome = "client_disconnect"
             up.close()  # the client left: drop the worker connection so the worker aborts the generation
         except asyncio.CancelledError:
             up.close()
@@ -326,9 +318,7 @@ class Router:
         return web.json_response({"status": "ok", "workers": len(self.workers), "healthy_workers": healthy})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        self.metrics.refresh_gauges(self.workers.values(), self._removed)
-        self._removed.clear()
-        return metrics_response(self.metrics.registry)
+        return metrics_response(self.registry)
 
     async def handle_router_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats.snapshot(self.workers.values()))
@@ -344,7 +334,7 @@ class Router:
                 async with self.session.request(method, url + path, timeout=self._control_timeout) as resp:
                     return url, (resp.status, await resp.json(content_type=None))
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                return url, (None, _describe(exc))
+                return url, (None, describe_error(exc))
         urls = [u for u, w in self.workers.items() if w.healthy and not w.draining]
         return dict(await asyncio.gather(*(one(u) for u in urls)))
 
@@ -374,11 +364,6 @@ class Router:
         answers = await self._fan_out("GET", "/v1/models")
         cards = {c["id"]: c for status, body in answers.values() if status == 200 for c in body.get("data", [])}
         return web.json_response({"object": "list", "data": list(cards.values())})
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 ROUTER_KEY = web.AppKey("router", Router)

@@ -1,15 +1,20 @@
-"""The router's own numbers: Prometheus series (``GET /metrics``) and the JSON the bench client reads (``/router_stats``).
+"""The router's own numbers: one set of plain counters, read two ways.
 
-Per-request updates are a few dict and counter operations; anything derived (percentiles, per-worker gauges) is
-computed when scraped, off the request path.
+``GET /metrics`` renders them as Prometheus series through a custom collector (cumulative, never reset), and
+``GET /router_stats`` returns them as JSON for the bench client, relative to the last ``POST /router_stats/reset``.
+The request path only bumps ints and dict entries; prometheus_client's per-call locking and label lookups, and
+anything derived (percentiles, gauges), happen at scrape time.
 """
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import Counter as Tally, deque
-from typing import Iterable
+from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from framework.serving.health import OPEN, WorkerState
 
@@ -27,81 +32,93 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 class RouterStats:
     def __init__(self) -> None:
+        self.decisions: Tally[tuple[str, str]] = Tally()  # (worker, reason) -> count
+        self.outcomes: Tally[tuple[str, str]] = Tally()  # (route, outcome) -> count
+        self.retries = 0
+        self.matched_chars = self.request_chars = 0
+        self.decision_buckets = [0] * (len(DECISION_BUCKETS_S) + 1)  # last one: above the largest bound
+        self.decision_sum_s = 0.0
+        self.decision_us: deque[float] = deque(maxlen=DECISION_WINDOW)
         self.reset()
 
     def reset(self) -> None:
-        self.decisions = 0
-        self.decision_us: deque[float] = deque(maxlen=DECISION_WINDOW)
-        self.matched_chars = self.request_chars = 0
-        self.reasons: Tally[str] = Tally()
-        self.retries = 0
-        self.outcomes: Tally[str] = Tally()
-        self.worker_requests: Tally[str] = Tally()
-        self.since = time.time()
+        """Start a new /router_stats window (the Prometheus series stay cumulative)."""
+        self._base = (Tally(self.decisions), Tally(self.outcomes), self.retries, self.matched_chars,
+                      self.request_chars, time.time())
+        self.decision_us.clear()
 
-    def decision(self, worker: str, elapsed_us: float, matched_chars: int, request_chars: int, reason: str) -> None:
-        self.decisions += 1
-        self.decision_us.append(elapsed_us)
+    def decision(self, worker: str, reason: str, elapsed_s: float, matched_chars: int, request_chars: int) -> None:
+        self.decisions[worker, reason] += 1
+        self.decision_us.append(elapsed_s * 1e6)
+        self.decision_buckets[bisect_left(DECISION_BUCKETS_S, elapsed_s)] += 1
+        self.decision_sum_s += elapsed_s
         self.matched_chars += matched_chars
         self.request_chars += request_chars
-        self.reasons[reason] += 1
-        self.worker_requests[worker] += 1
 
     def snapshot(self, workers: Iterable[WorkerState]) -> dict:
+        decisions0, outcomes0, retries0, matched0, chars0, since = self._base
+        decisions, outcomes = self.decisions - decisions0, self.outcomes - outcomes0
+        matched, chars = self.matched_chars - matched0, self.request_chars - chars0
+        per_worker, reasons, by_outcome = Tally(), Tally(), Tally()
+        for (worker, reason), n in decisions.items():
+            per_worker[worker] += n
+            reasons[reason] += n
+        for (_, outcome), n in outcomes.items():
+            by_outcome[outcome] += n
         us = sorted(self.decision_us)
         return {
-            "decisions": self.decisions,
+            "decisions": sum(decisions.values()),
             "router_decision_us": {"p50": percentile(us, 50), "p99": percentile(us, 99),
                                    "mean": sum(us) / len(us) if us else 0.0, "max": us[-1] if us else 0.0,
                                    "window": len(us)},
-            "estimated_hit_rate": self.matched_chars / self.request_chars if self.request_chars else 0.0,
-            "matched_chars": self.matched_chars, "request_chars": self.request_chars,
-            "reasons": dict(self.reasons),
-            "retries": self.retries,
-            "outcomes": dict(self.outcomes),
-            "per_worker_requests": dict(self.worker_requests),
+            "estimated_hit_rate": matched / chars if chars else 0.0,
+            "matched_chars": matched, "request_chars": chars,
+            "reasons": dict(reasons),
+            "retries": self.retries - retries0,
+            "outcomes": dict(by_outcome),
+            "per_worker_requests": dict(per_worker),
             "workers": [w.describe() for w in workers],
             "process_cpu_s": time.process_time(),  # the router process's CPU, for CPU-per-request figures
-            "since_unix_s": self.since,
+            "since_unix_s": since,
         }
 
 
-class RouterMetrics:
-    """Prometheus series in a per-app registry."""
+class RouterCollector(Collector):
+    """Prometheus view of a router's counters and worker states, built at scrape time."""
 
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter("servelab_router_requests", "Client requests by route and outcome",
-                                ["route", "outcome"], registry=r)
-        self.decisions = Counter("servelab_router_decisions", "Routing decisions by worker and reason",
-                                 ["worker", "reason"], registry=r)
-        self.retries = Counter("servelab_router_retries", "Attempts retried on another worker", registry=r)
-        self.decision_latency = Histogram("servelab_router_decision_latency_seconds", "Time in policy.select",
-                                          buckets=DECISION_BUCKETS_S, registry=r)
-        self.in_flight = Gauge("servelab_router_worker_in_flight", "Requests in flight per worker", ["worker"],
-                               registry=r)
-        self.healthy = Gauge("servelab_router_worker_healthy", "1 if the last health check passed", ["worker"],
-                             registry=r)
-        self.breaker_open = Gauge("servelab_router_worker_breaker_open", "1 while the circuit breaker is open",
-                                  ["worker"], registry=r)
-        self._decision_children: dict[tuple[str, str], object] = {}
+    def __init__(self, stats: RouterStats, workers: Callable[[], Iterable[WorkerState]]):
+        self.stats, self.workers = stats, workers
 
-    def decision(self, worker: str, reason: str, elapsed_s: float) -> None:
-        key = (worker, reason)
-        child = self._decision_children.get(key)
-        if child is None:
-            child = self._decision_children[key] = self.decisions.labels(worker, reason)
-        child.inc()
-        self.decision_latency.observe(elapsed_s)
+    def collect(self):
+        s = self.stats
+        requests = CounterMetricFamily("servelab_router_requests", "Client requests by route and outcome",
+                                       labels=["route", "outcome"])
+        for (route, outcome), n in s.outcomes.items():
+            requests.add_metric([route, outcome], n)
+        decisions = CounterMetricFamily("servelab_router_decisions", "Routing decisions by worker and reason",
+                                        labels=["worker", "reason"])
+        for (worker, reason), n in s.decisions.items():
+            decisions.add_metric([worker, reason], n)
+        retries = CounterMetricFamily("servelab_router_retries", "Attempts retried on another worker",
+                                      value=s.retries)
+        cumulative, buckets = 0, []
+        for bound, n in zip((*map(str, DECISION_BUCKETS_S), "+Inf"), s.decision_buckets):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        latency = HistogramMetricFamily("servelab_router_decision_latency_seconds", "Time in policy.select",
+                                        buckets=buckets, sum_value=s.decision_sum_s)
+        gauges = {name: GaugeMetricFamily(f"servelab_router_worker_{name}", doc, labels=["worker"]) for name, doc in (
+            ("in_flight", "Requests in flight per worker"), ("healthy", "1 if the last health check passed"),
+            ("breaker_open", "1 while the circuit breaker is open"), ("draining", "1 while being removed"))}
+        for w in self.workers():
+            gauges["in_flight"].add_metric([w.url], w.in_flight)
+            gauges["healthy"].add_metric([w.url], int(w.healthy))
+            gauges["breaker_open"].add_metric([w.url], int(w.breaker.state == OPEN))
+            gauges["draining"].add_metric([w.url], int(w.draining))
+        yield from (requests, decisions, retries, latency, *gauges.values())
 
-    def refresh_gauges(self, workers: Iterable[WorkerState], removed: Iterable[str] = ()) -> None:
-        for url in removed:
-            for g in (self.in_flight, self.healthy, self.breaker_open):
-                try:
-                    g.remove(url)
-                except KeyError:
-                    pass
-        for w in workers:
-            self.in_flight.labels(w.url).set(w.in_flight)
-            self.healthy.labels(w.url).set(int(w.healthy))
-            self.breaker_open.labels(w.url).set(int(w.breaker.state == OPEN))
+
+def router_registry(stats: RouterStats, workers: Callable[[], Iterable[WorkerState]]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(stats, workers))
+    return registry

@@ -6,6 +6,7 @@ and ``aclosing`` closes the engine's iterator, which frees the request in the en
 """
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import aclosing
 from functools import partial
@@ -21,10 +22,8 @@ from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, met
 if TYPE_CHECKING:
     from framework.engine.request import SamplingParams
 
+log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-# engine.server_info() keys read for the running/queued gauges (first present wins)
-RUNNING_KEYS = ("running_requests", "num_running_reqs")
-QUEUED_KEYS = ("queued_requests", "num_queued_reqs")
 
 
 class GenerateOutput(Protocol):
@@ -38,6 +37,7 @@ class GenerateOutput(Protocol):
 
 
 class EngineAPI(Protocol):
+    """``error`` (optional): not None once the engine died; ``/health`` then answers 503 so routers skip it."""
     def generate(self, prompt: str, params: SamplingParams) -> AsyncIterator[GenerateOutput]: ...
     def server_info(self) -> dict: ...
     async def flush_cache(self) -> bool: ...
@@ -50,6 +50,7 @@ class _Result:
         self.parts: list[str] = []
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.finish_reason: str | None = None
+        self.failed = False  # the engine failed after the stream had started
         self.first_token_s: float | None = None
 
     def add(self, out: GenerateOutput) -> None:
@@ -95,10 +96,6 @@ class WorkerMetrics:
         self.latency.labels(endpoint).observe(time.perf_counter() - t0)
         if res.first_token_s is not None:
             self.ttft.labels(endpoint).observe(res.first_token_s - t0)
-
-
-def _first(info: dict, keys: tuple[str, ...]) -> float | None:
-    return next((float(info[k]) for k in keys if k in info), None)
 
 
 class _Formatter:
@@ -151,6 +148,7 @@ class WorkerServer:
     """Request handlers over one engine; ``create_worker_app`` wires them into an aiohttp app."""
 
     MODELS = {"generate": P.GenerateRequest, "completions": P.CompletionRequest, "chat": P.ChatCompletionRequest}
+    PROMPT_FIELDS = {"generate": "text", "completions": "prompt", "chat": "messages"}  # named by engine rejections
 
     def __init__(self, engine: EngineAPI, model_name: str):
         self.engine, self.model_name = engine, model_name
@@ -160,19 +158,21 @@ class WorkerServer:
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         req = parse_body(self.MODELS[kind], await request.read())
         prompt = req.prompt_text() if kind == "chat" else (req.text if kind == "generate" else req.prompt)
+        params, field = req.to_sampling_params(), self.PROMPT_FIELDS[kind]
+        start = partial(self._generate, prompt, params, field)
         fmt, res, t0 = _Formatter(kind, req, self.model_name), _Result(), time.perf_counter()
         outcome = "cancelled"
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
             if req.stream:
-                resp = await self._stream(request, fmt, res, prompt, req.to_sampling_params())
+                resp = await self._stream(request, fmt, res, start)
             else:
-                await self._collect(res, prompt, req.to_sampling_params())
+                await self._collect(res, start)
                 resp = web.Response(body=fmt.full(res).model_dump_json(), content_type="application/json")
-            outcome = res.finish_reason or "client_disconnect"
+            outcome = "error" if res.failed else res.finish_reason or "client_disconnect"
             return resp
-        except ApiError:
+        except Exception:
             outcome = "error"
             raise
         finally:
@@ -180,15 +180,15 @@ class WorkerServer:
             self.metrics.in_flight.dec()
             self.metrics.finish(kind, outcome, res, t0)
 
-    async def _collect(self, res: _Result, prompt: str, params) -> None:
-        async with aclosing(self._generate(prompt, params)) as outputs:
+    async def _collect(self, res: _Result, start) -> None:
+        async with aclosing(start()) as outputs:
             async for out in outputs:
                 res.add(out)
 
-    async def _stream(self, request, fmt: _Formatter, res: _Result, prompt: str, params) -> web.StreamResponse:
+    async def _stream(self, request, fmt: _Formatter, res: _Result, start) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         try:
-            async with aclosing(self._generate(prompt, params)) as outputs:
+            async with aclosing(start()) as outputs:
                 async for out in outputs:
                     res.add(out)
                     if not resp.prepared:  # prepared on the first output, so an engine error can still be a 4xx
@@ -200,26 +200,31 @@ class WorkerServer:
         except ApiError as exc:
             if not resp.prepared:
                 raise
+            res.failed = True
             await resp.write(P.sse(data=json_bytes(exc.to_dict())))
         except ConnectionResetError:
             return resp  # the client left; aclosing already freed the engine request
         await resp.write_eof()
         return resp
 
-    async def _generate(self, prompt: str, params) -> AsyncIterator[GenerateOutput]:
+    async def _generate(self, prompt: str, params, field: str) -> AsyncIterator[GenerateOutput]:
         """The engine's iterator, with its input errors turned into a 400 and other failures into a 500."""
         try:
             async with aclosing(self.engine.generate(prompt, params)) as outputs:
                 async for out in outputs:
                     yield out
         except ValueError as exc:  # the engine's way of rejecting a request (e.g. prompt longer than the KV pool)
-            raise ApiError(400, f"text: {exc}", param="text") from exc
-        except (RuntimeError, OSError) as exc:
-            raise ApiError(500, f"engine failed: {exc}") from exc
+            raise ApiError(400, f"{field}: {exc}", param=field) from exc
+        except Exception as exc:  # as an ApiError it can still end a started stream with an error event
+            log.exception("engine failed on a request")
+            raise ApiError(500, f"engine failed: {type(exc).__name__}: {exc}") from exc
 
     # --------------------------------------------------------------- control endpoints
 
     async def handle_health(self, request: web.Request) -> web.Response:
+        error = getattr(self.engine, "error", None)  # set by EngineClient when its engine thread died
+        if error is not None:
+            return web.json_response({"status": "unhealthy", "error": error}, status=503)
         return web.json_response({"status": "ok"})
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
@@ -230,10 +235,9 @@ class WorkerServer:
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         info = self.engine.server_info()
-        for gauge, keys in ((self.metrics.running, RUNNING_KEYS), (self.metrics.queued, QUEUED_KEYS)):
-            value = _first(info, keys)
-            if value is not None:
-                gauge.set(value)
+        for gauge, key in ((self.metrics.running, "running_requests"), (self.metrics.queued, "queued_requests")):
+            if key in info:  # EngineClient.server_info() keys
+                gauge.set(info[key])
         return metrics_response(self.metrics.registry)
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:

@@ -1,0 +1,252 @@
+"""The cache-aware router's approximate radix tree: ONE tree over raw request text shared by every worker.
+
+Each node holds an edge of text and, per tenant (worker), the last time text through that node was sent to it. The
+tree keeps two invariants: a tenant on a node is on every ancestor (it was sent the whole prefix), and every non-root
+node has at least one tenant. ``tenant_size(t)`` counts the characters of the nodes holding ``t`` (= the distinct
+non-empty prefixes of the texts sent to ``t``) and is kept up to date on every change, never recomputed by a walk.
+
+Eviction (LRU per tenant, SGLang's ``evict_tenant_data``) pops (last access, node) entries, oldest first, from a queue
+per tenant filled on insert; entries go stale when the node is touched again or dropped and are skipped when popped,
+so the request path only pays one append and eviction never walks the tree.
+
+The module name starts with ``_`` so that the routing registry does not take it for a plugin key.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+
+class Node:
+    __slots__ = ("text", "children", "tenants", "parent", "end")
+
+    def __init__(self, text: str, parent: "Node | None", end: int):
+        self.text = text
+        self.children: dict[str, Node] = {}  # first character of the child's text -> child
+        self.tenants: dict[str, float] = {}  # tenant -> last access time
+        self.parent = parent  # None for the root and for nodes that were dropped
+        self.end = end  # characters from the root to the end of this node's text
+
+
+class _LruQueue:
+    """A tenant's (stamp, node) entries, popped oldest first. Stamps mostly arrive in order (a monotonic clock), so a
+    deque takes them in O(1); the few that do not (parents queued during eviction, a clock that went back) go to a
+    small heap. Equal stamps pop in arrival order."""
+    __slots__ = ("fifo", "late", "seq")
+
+    def __init__(self) -> None:
+        self.fifo: deque[tuple[float, Node]] = deque()
+        self.late: list[tuple[float, int, Node]] = []
+        self.seq = 0
+
+    def __len__(self) -> int:
+        return len(self.fifo) + len(self.late)
+
+    def push(self, stamp: float, node: Node) -> None:
+        fifo = self.fifo
+        if not fifo or stamp >= fifo[-1][0]:
+            fifo.append((stamp, node))
+        else:
+            self.seq += 1
+            heapq.heappush(self.late, (stamp, self.seq, node))
+
+    def oldest_stamp(self) -> float | None:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0][0] < fifo[0][0]):
+            return late[0][0]
+        return fifo[0][0] if fifo else None
+
+    def pop(self) -> tuple[float, Node]:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0][0] < fifo[0][0]):
+            stamp, _, node = heapq.heappop(late)
+            return stamp, node
+        return fifo.popleft()
+
+    def keep_only(self, tenant: str) -> None:
+        """Drop the entries already stale: node dropped, or the tenant's stamp on it changed."""
+        self.fifo = deque(e for e in self.fifo if e[1].parent is not None and e[1].tenants.get(tenant) == e[0])
+        self.late = [e for e in self.late if e[2].parent is not None and e[2].tenants.get(tenant) == e[0]]
+        heapq.heapify(self.late)
+
+
+def _common_prefix_len(text: str, pos: int, edge: str) -> int:
+    """Length of the common prefix of ``text[pos:]`` and ``edge``, known to share at least the first character."""
+    lo, hi = 1, min(len(edge), len(text) - pos)
+    while lo < hi:  # invariant: text[pos:] starts with edge[:lo]; the answer is in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if text.startswith(edge[lo:mid], pos + lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class RadixTree:
+    def __init__(self) -> None:
+        self.root = Node("", None, 0)
+        self.node_count = 0  # non-root nodes
+        self.total_chars = 0  # characters stored once, whatever the number of tenants
+        self._sizes: dict[str, int] = {}
+        self._queues: dict[str, _LruQueue] = {}
+
+    # -- queries -----------------------------------------------------------------------------------------------------
+    def walk(self, text: str) -> tuple[int, Node]:
+        """(matched characters, deepest node reached). When the match ends inside a node's text, that node is returned
+        and ``matched < node.end``: every tenant on it was sent the whole matched prefix."""
+        node = self.root
+        pos, n = 0, len(text)
+        while pos < n:
+            child = node.children.get(text[pos])
+            if child is None:
+                break
+            edge = child.text
+            if text.startswith(edge, pos):
+                pos += len(edge)
+                node = child
+            else:
+                return pos + _common_prefix_len(text, pos, edge), child
+        return pos, node
+
+    def match(self, text: str) -> tuple[int, dict[str, float], Node]:
+        """(longest prefix of ``text`` sent to any tenant, {tenant: last access} of the tenants that were sent all of
+        it -- empty when nothing matched; read only --, the node the match ended on)."""
+        matched, node = self.walk(text)
+        return matched, node.tenants, node
+
+    def tenant_size(self, tenant: str) -> int:
+        return self._sizes.get(tenant, 0)
+
+    def tenants(self) -> list[str]:
+        return list(self._sizes)
+
+    # -- updates -----------------------------------------------------------------------------------------------------
+    def insert(self, text: str, tenant: str, now: float) -> int:
+        matched, node = self.walk(text)
+        return self.insert_at(text, matched, node, tenant, now)
+
+    def insert_at(self, text: str, matched: int, node: Node, tenant: str, now: float) -> int:
+        """Record that ``text`` was sent to ``tenant`` at ``now``, continuing from ``walk(text)`` (which must be its
+        result on the unchanged tree). Returns how many characters of ``text`` the tenant held before."""
+        root = self.root
+        if node is not root and matched < node.end:
+            node = self._split(node, matched)
+        size = self._sizes.get(tenant, 0)
+        n = len(text)
+        end_node = node
+        if matched < n:
+            end_node = Node(text[matched:], node, n)
+            end_node.tenants[tenant] = now
+            node.children[text[matched]] = end_node
+            size += n - matched
+            self.node_count += 1
+            self.total_chars += n - matched
+        held = 0
+        cur = node
+        while cur is not root:  # stamp the path; the tenant joins the nodes it was missing from
+            tenants = cur.tenants
+            if tenant in tenants:  # the deepest node it already held: so does every ancestor
+                held = cur.end
+                while cur is not root:
+                    cur.tenants[tenant] = now
+                    cur = cur.parent
+                break
+            tenants[tenant] = now
+            size += len(cur.text)
+            cur = cur.parent
+        self._sizes[tenant] = size
+        if end_node is not root:
+            queue = self._queues.get(tenant)
+            if queue is None:
+                queue = self._queues[tenant] = _LruQueue()
+            queue.push(now, end_node)
+        return held
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut ``node`` so that a new parent ends at ``at`` characters; the new parent holds the same tenants."""
+        keep = at - (node.end - len(node.text))
+        parent = node.parent
+        upper = Node(node.text[:keep], parent, at)
+        upper.tenants = dict(node.tenants)
+        node.text = node.text[keep:]
+        node.parent = upper
+        upper.children[node.text[0]] = node
+        parent.children[upper.text[0]] = upper
+        self.node_count += 1
+        return upper
+
+    def evict(self, max_chars_per_tenant: int) -> int:
+        """Drop each tenant's least recently used leaves until it holds at most ``max_chars_per_tenant`` characters.
+        A node left with no tenant is removed. Returns the tenant-characters evicted."""
+        evicted = 0
+        root = self.root
+        for tenant, size in list(self._sizes.items()):
+            if size <= max_chars_per_tenant:
+                continue
+            queue = self._queues.get(tenant)
+            while queue and size > max_chars_per_tenant:
+                stamp, node = queue.pop()
+                while True:
+                    tenants = node.tenants
+                    if node.parent is None or tenants.get(tenant) != stamp:
+                        break  # stale: dropped, evicted, or touched since (a newer entry exists if it is a leaf)
+                    if node.children and any(tenant in c.tenants for c in node.children.values()):
+                        break  # not a leaf for this tenant; it is queued again when its last such child goes
+                    del tenants[tenant]
+                    length = len(node.text)
+                    size -= length
+                    evicted += length
+                    parent = node.parent
+                    if not tenants:  # no tenant implies no child (ancestor invariant)
+                        del parent.children[node.text[0]]
+                        node.parent = None
+                        self.node_count -= 1
+                        self.total_chars -= length
+                    siblings = parent.children
+                    if parent is root or siblings and any(tenant in c.tenants for c in siblings.values()):
+                        break
+                    # The parent became a leaf for this tenant: take it next if it is the oldest, else queue it.
+                    parent_stamp = parent.tenants[tenant]
+                    if size > max_chars_per_tenant:
+                        oldest = queue.oldest_stamp()
+                        if oldest is None or parent_stamp <= oldest:
+                            node, stamp = parent, parent_stamp
+                            continue
+                    queue.push(parent_stamp, parent)
+                    break
+            self._sizes[tenant] = size
+        self.compact_queues()
+        return evicted
+
+    def compact_queues(self, slack: int = 1024) -> None:
+        """Drop stale entries once they outnumber the nodes twice over (keeps memory bounded)."""
+        if sum(map(len, self._queues.values())) > 2 * self.node_count + slack:
+            for tenant, queue in self._queues.items():
+                queue.keep_only(tenant)
+
+    def remove_tenant(self, tenant: str) -> None:
+        """Forget ``tenant`` everywhere; nodes left with no tenant are removed. Only its own subtree is walked."""
+        self._sizes.pop(tenant, None)
+        self._queues.pop(tenant, None)
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for key, child in list(node.children.items()):
+                tenants = child.tenants
+                if tenant not in tenants:
+                    continue  # ancestor invariant: nothing below holds it either
+                del tenants[tenant]
+                if tenants:
+                    stack.append(child)
+                else:  # nothing below holds any tenant: drop the whole subtree
+                    del node.children[key]
+                    self._drop_subtree(child)
+
+    def _drop_subtree(self, top: Node) -> None:
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            node.parent = None
+            self.node_count -= 1
+            self.total_chars -= len(node.text)
+            stack.extend(node.children.values())

@@ -1,0 +1,25 @@
+"""A uniformly random candidate, from a generator seeded by ``seed`` (so runs reproduce)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from framework.registry import ROUTING
+from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
+
+
+@dataclass
+class RandomConfig(RoutingConfig):
+    name: str = "random"
+
+
+@ROUTING.register("random")
+class RandomRouting(RoutingPolicy):
+    Config = RandomConfig
+
+    def __init__(self, cfg: RandomConfig | None = None, seed: int = 0):
+        super().__init__(cfg, seed)
+        self._rng = random.Random(seed)
+
+    def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
+        return RoutingDecision(self._rng.choice(candidates), 0, len(request_text), "random")

@@ -1,0 +1,26 @@
+"""Round robin over the candidates, as SGLang's router: a counter modulo the number of candidates."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.registry import ROUTING
+from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
+
+
+@dataclass
+class RoundRobinConfig(RoutingConfig):
+    name: str = "round_robin"
+
+
+@ROUTING.register("round_robin")
+class RoundRobinRouting(RoutingPolicy):
+    Config = RoundRobinConfig
+
+    def __init__(self, cfg: RoundRobinConfig | None = None, seed: int = 0):
+        super().__init__(cfg, seed)
+        self._next = 0
+
+    def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
+        worker = candidates[self._next % len(candidates)]
+        self._next += 1
+        return RoutingDecision(worker, 0, len(request_text), "round_robin")
