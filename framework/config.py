@@ -32,6 +32,11 @@ class LoggerConfig:
 class ClusterConfig:
     instances: int = 1                # local engine instances
     workers: list[str] = field(default_factory=list)   # URLs of external servers to route to instead
+    http: bool = True                 # workers + router over HTTP; False: the in-process driver on one instance
+    worker_ports: list[int] = field(default_factory=list)   # local workers' ports; default router.port+1, +2, ...
+    startup_timeout_s: float = 120.0  # every worker and the router must answer /health within this
+    request_timeout_s: float = 300.0  # the load client's bound per request, all its tries together
+    client_retries: int = 2           # the load client re-sends a request whose stream broke (its worker died)
 
 
 @dataclass

@@ -23,9 +23,9 @@ class MoEBackend(ABC):
     `token_layout` says what the backend takes: "all" (every rank of the instance holds every token of the step, the
     parallelism plugin gathers them under DP attention) or "local" (each rank passes only its own tokens; the backend
     moves them itself, e.g. all-to-all). `partial` says whether the output is a partial sum that the parallelism
-    plugin must reduce across ranks (the plugin then also shards the shared experts, so they sum alike). Both are
-    class attributes by default; a backend whose layout depends on its config (ep's `dispatch`) sets them per
-    instance in `__init__`. Shared experts are not the backend's business (the model adds them).
+    plugin must reduce across ranks (the plugin then also shards the shared experts, so they sum alike). An instance
+    carries the values for its config and instance size; `layout(cfg, size)` gives them before any rank starts.
+    Shared experts are not the backend's business (the model adds them).
 
     A rank with no tokens (an IDLE batch) still calls `forward` with `[0, H]` hidden states and `[0, k]` ids, and
     the backend must join every collective its peers make.
@@ -39,6 +39,15 @@ class MoEBackend(ABC):
         """w13: [E, 2*I, H] (gate rows then up rows), w2: [E, H, I]: the full expert weights of the layer;
         the backend keeps the part its rank owns."""
         self.cfg, self.group = cfg, group
+        self.token_layout, self.partial = self.layout(cfg, group.size)
+        if self.token_layout not in TOKEN_LAYOUTS:
+            raise ValueError(f"{type(self).__name__}.token_layout={self.token_layout!r} is not one of "
+                             f"{', '.join(TOKEN_LAYOUTS)}")
+
+    @classmethod
+    def layout(cls, cfg, size: int) -> tuple[str, bool]:
+        """(token_layout, partial) of this backend with `cfg` on `size` ranks. A partial sum needs size > 1."""
+        return cls.token_layout, cls.partial and size > 1
 
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

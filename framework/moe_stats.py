@@ -26,6 +26,22 @@ def reset_expert_load(model) -> None:
         layer.expert_counts.zero_()
 
 
+def rank_expert_counts(model) -> tuple[dict[int, list[int]], bool]:
+    """This rank's counts per MoE layer, and whether they are a share to be summed over the instance's ranks
+    (token layout "local") rather than the whole instance's (layout "all")."""
+    layers = _moe_layers(model)
+    local = any(layer.backend is not None and layer.backend.token_layout == "local" for _, layer in layers)
+    return {i: layer.expert_counts.cpu().tolist() for i, layer in layers}, local
+
+
+def combine_rank_counts(per_rank: list[tuple[dict[int, list[int]], bool]]) -> dict[int, list[int]]:
+    """The instance's counts from every rank's `rank_expert_counts` (no collective: the parent combines)."""
+    first, local = per_rank[0]
+    if not local:
+        return first
+    return {i: [sum(c[i][e] for c, _ in per_rank) for e in range(len(first[i]))] for i in first}
+
+
 def instance_expert_counts(model, group=None) -> dict[int, list[int]]:
     """Transformer layer index -> slots per expert for the whole engine instance.
 
@@ -55,8 +71,11 @@ def expert_load_stats(model, group=None) -> dict[str, Any]:
     experts under moe=ep); over all layers `expert_imbalance_max` and `expert_imbalance_mean`. Nested:
     `expert_load` = {"layer{i}": slots per expert}. A collective when `group` has several ranks (see
     instance_expert_counts)."""
-    per_layer = instance_expert_counts(model, group)
-    size = 1 if group is None else group.size
+    return load_stats(instance_expert_counts(model, group), 1 if group is None else group.size)
+
+
+def load_stats(per_layer: dict[int, list[int]], size: int = 1) -> dict[str, Any]:
+    """The results keys of `expert_load_stats` from an instance's counts on `size` ranks."""
     out: dict[str, Any] = {}
     for i, counts in per_layer.items():
         out[f"moe_layer{i}_routed_slots"] = sum(counts)

@@ -26,12 +26,14 @@ class GenerateOutput:
     cached_tokens: int = 0
 
 
-class _Stream:
-    """Per-request state on the engine thread: where to deliver, and an incremental UTF-8 decoder."""
+class Stream:
+    """Per-request delivery state: where outputs go, an incremental UTF-8 decoder, and text held back while it
+    could still turn out to be the start of a stop string (a stop string is cut from the returned text)."""
 
     def __init__(self, req: Req, loop: asyncio.AbstractEventLoop, sink: asyncio.Queue):
         self.req, self.loop, self.sink, self.sent = req, loop, sink, 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.held = ""
 
     def push(self, item) -> None:
         self.loop.call_soon_threadsafe(self.sink.put_nowait, item)
@@ -40,9 +42,24 @@ class _Stream:
         req = self.req
         new = req.output_ids[self.sent:]
         self.sent = len(req.output_ids)
-        text = self.decoder.decode(bytes(t for t in new if t < 256), final=req.finished)
+        text = self.held + self.decoder.decode(bytes(t for t in new if t < 256), final=req.finished)
+        text, self.held = _split_stop(text, req.params.stop, req.finished)
         self.push(GenerateOutput(text, new, req.finished, req.finish_reason, len(req.prompt_ids),
                                  len(req.output_ids), max(req.cached_tokens, 0)))
+
+
+def _split_stop(text: str, stops: list[str], finished: bool) -> tuple[str, str]:
+    """(text to send now, text to hold back). Cut at the first stop string; hold a tail that may begin one."""
+    if not stops:
+        return text, ""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut], ""
+    if finished:
+        return text, ""
+    hold = max((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
+               default=0)
+    return (text[:-hold], text[-hold:]) if hold else (text, "")
 
 
 class EngineClient:
@@ -50,7 +67,7 @@ class EngineClient:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._info: dict = engine.server_info()
         self._stop = threading.Event()
         self.error: str | None = None          # set when the engine thread died: the worker reports unhealthy
@@ -66,7 +83,9 @@ class EngineClient:
             raise RuntimeError(f"engine is down: {self.error}")
         req = Req(self.tokenizer.encode(prompt), params)
         sink: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(("add", _Stream(req, asyncio.get_running_loop(), sink)))
+        self._inbox.put(("add", Stream(req, asyncio.get_running_loop(), sink)))
+        if self.error is not None or not self._thread.is_alive():   # died while we queued: fail, do not wait
+            self._fail_pending(self.error or "engine thread stopped")
         finished = False
         try:
             while not finished:
@@ -103,18 +122,32 @@ class EngineClient:
             except Exception as e:           # noqa: BLE001 - a dead engine must fail its requests, not hang them
                 log.exception("engine step failed")
                 self.error = f"{type(e).__name__}: {e}"
-                for stream in self._streams.values():
-                    stream.push(RuntimeError(f"engine step failed: {self.error}"))
-                self._streams.clear()
+                self._fail_pending(self.error)
                 return
+            self._info = engine.server_info()      # before the outputs: a finished request no longer shows
             for req in out or ():
                 stream = self._streams.get(req.rid)
                 if stream is not None:
                     stream.emit()
                     if req.finished:
                         del self._streams[req.rid]
-            self._info = engine.server_info()
+        self._fail_pending("the engine client was closed")
 
+    def _fail_pending(self, why: str) -> None:
+        """Nothing waits forever: requests still queued or in flight when the loop ends get an error."""
+        self.error = self.error or why
+        for stream in self._streams.values():
+            stream.push(RuntimeError(f"engine is down: {self.error}"))
+        self._streams.clear()
+        while True:
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                arg.push(RuntimeError(f"engine is down: {self.error}"))
+            elif kind == "flush":
+                arg.get_loop().call_soon_threadsafe(arg.set_result, False)
     def _drain(self, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()

@@ -46,7 +46,8 @@ class Engine:
                            getattr(torch, model_cfg.dtype), self.device)
         self.scheduler = Scheduler(engine_cfg, self.pool, self.tokenizer.eos_token_id,
                                    lambda ids: self.tokenizer.decode(ids), par.cfg.schedule_conservativeness)
-        self.generator = torch.Generator().manual_seed(seed * 1009 + par.rank)
+        # TP ranks run one batch and must draw the same tokens; DP ranks serve different requests
+        self.generator = torch.Generator().manual_seed(seed * 1009 + par.sampling_seed_offset)
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0, "steps": 0}
 

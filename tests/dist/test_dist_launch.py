@@ -161,6 +161,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow   # torchrun's rendezvous plus two interpreters: ~5 s, and load-sensitive on a shared 2-core box
 def test_launch_runs_in_process_under_torchrun(tmp_path):
     script = tmp_path / "under_torchrun.py"
     script.write_text(textwrap.dedent(f"""

@@ -58,10 +58,13 @@ def test_radix_cache_matches_brute_force(operations):
         elif op == "unlock" and locks:
             cache.dec_lock_ref(locks.pop(n % len(locks)))
         elif op == "evict":
-            before = cache.evictable_size()
+            before, total = cache.evictable_size(), cache.total_size()
             got = cache.evict(n)
+            assert total - cache.total_size() == got
             assert got >= min(n, before) or cache.evictable_size() == 0
-            inserted = {k for k in inserted if cache.match_prefix(list(k))[0].shape[0] == len(k)}
+            # eviction only cuts suffixes: each inserted key survives as one of its prefixes
+            survivors = {k[:cache.match_prefix(list(k))[0].shape[0]] for k in inserted}
+            inserted = {k for k in survivors if k}
         _check(cache, freed, next_slot)
     for node in locks:
         cache.dec_lock_ref(node)

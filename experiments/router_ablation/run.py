@@ -1,0 +1,144 @@
+"""Router ablation: round_robin vs random vs cache_aware (v0.4 defaults) vs cache_aware_v2 (2025 defaults), on the
+shared_prefix and multi_turn workloads, through one real cluster of 4 engine instances over HTTP.
+
+One set of 4 workers serves every run (each run starts its own router process with that policy, after every worker's
+prefix cache is flushed), so all runs see the same engines, KV budgets and request sequences (same seed). The per-worker
+KV budget is small on purpose: the caches compete, so where a request lands decides whether its prefix is cached.
+
+    python experiments/router_ablation/run.py            # ~3-4 minutes on the shared 2-core CPU
+    python experiments/router_ablation/run.py --quick    # a smoke run at tiny size (tests use it)
+
+Prints one table and writes results.json beside this file (or to --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from framework.config import register_configs, to_objects  # noqa: E402
+from framework.metrics import git_sha  # noqa: E402
+from framework.registry import WORKLOAD  # noqa: E402
+from framework.serving.cluster import Cluster  # noqa: E402
+from framework.serving.cluster_bench import bench  # noqa: E402
+
+POLICIES = ("round_robin", "random", "cache_aware", "cache_aware_v2")   # conf/router/<option>
+# Scaled from SGLang's setup (several long shared-prefix groups, 8 workers): a 6 MB KV budget is 4,915 tokens per
+# worker, room for a quarter of the 32 group prefixes (8 x 514 tokens) but far from all of them (16,448).
+WORKLOADS = {
+    "shared_prefix": ["workload=shared_prefix", "workload.num_groups=32", "workload.prompts_per_group=8",
+                      "workload.system_prompt_len=512", "workload.question_len=32", "workload.output_len=8",
+                      "workload.max_concurrency=16"],
+    # a short shared system prompt: a new conversation's first turn matches < cache_threshold, so it is spread
+    "multi_turn": ["workload=multi_turn", "workload.num_conversations=32", "workload.turns=6",
+                   "workload.system_prompt_len=16", "workload.user_len=96", "workload.output_len=8",
+                   "workload.max_concurrency=16"],
+    # not run by default: a long system prompt shared by every conversation (the default multi_turn shape); each
+    # first turn matches it above cache_threshold, so cache-aware sends every conversation to the first worker
+    # until the load gap exceeds balance_abs_threshold, which 16 concurrent conversations never reach
+    "multi_turn_long_system": ["workload=multi_turn", "workload.num_conversations=32", "workload.turns=6",
+                               "workload.system_prompt_len=256", "workload.user_len=48", "workload.output_len=8",
+                               "workload.max_concurrency=16"],
+}
+DEFAULT_WORKLOADS = ("shared_prefix", "multi_turn")
+COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled", "seed=0"]
+QUICK = ["cluster.instances=2", "workload.max_concurrency=1", "workload.system_prompt_len=64", "engine.kv_budget_mb=1"]
+QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"]}   # else: 8 requests
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return to_objects(hydra_compose("config", overrides=overrides))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny smoke run")
+    ap.add_argument("--port", type=int, default=31300, help="router port (workers on the following ports)")
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--repeats", type=int, default=1, help="runs per cell; the table shows medians")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    register_configs()
+    extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else [])
+    size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) for w in args.workloads}
+    cfgs = {w: compose(WORKLOADS[w] + extra + size[w]) for w in args.workloads}
+    routers = {p: compose([f"router={p}"] + extra).router for p in args.policies}
+    trials: dict[tuple[str, str], list[dict]] = {(w, p): [] for w in cfgs for p in routers}
+    t0 = time.time()
+    cluster = Cluster(next(iter(cfgs.values())))    # the workers depend on model and engine only: one set for all
+    try:
+        cluster.start_workers()
+        cluster.warm_up()
+        for rep in range(args.repeats):             # repeats interleaved, so machine noise spreads over all
+            for (w, p), results_list in trials.items():
+                cfg = cfgs[w]
+                cluster.start_router(routers[p])
+                cluster.flush_caches()
+                sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
+                results, _ = bench(cluster, cfg, sessions)
+                results_list.append({**results, "workload": w, "router": p, "repeat": rep})
+                print(f"  {w:<13} {p:<15} hit {results['cache_hit_rate']:.3f}  "
+                      f"{results['output_throughput_tok_s']:7.1f} out tok/s  {results['duration_s']:5.1f} s",
+                      flush=True)
+    finally:
+        cluster.stop()
+    runs = [median_run(rs) for rs in trials.values()]
+    add_ratios(runs)
+    print(table(runs))
+    out = {"experiment": "router_ablation", "git_sha": git_sha(), "wall_s": time.time() - t0,
+           "repeats": args.repeats, "overrides": {w: WORKLOADS[w] + extra + size[w] for w in args.workloads},
+           "runs": runs, "trials": [t for rs in trials.values() for t in rs]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"results: {args.out / 'results.json'}  ({out['wall_s']:.0f} s)")
+    if any(r["requests_failed"] for r in runs):
+        sys.exit("some requests failed: see requests_failed in the table")
+
+
+def median_run(trials: list[dict]) -> dict:
+    """One row per cell: the median of every number over its repeats (the first trial's other fields)."""
+    row = dict(trials[0])
+    for k, v in row.items():
+        if k == "requests_failed":
+            row[k] = sum(t[k] for t in trials)         # failures of every repeat count
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat":
+            row[k] = statistics.median(t[k] for t in trials)
+    row.pop("repeat", None)
+    return row
+
+
+def add_ratios(runs: list[dict]) -> None:
+    for r in runs:
+        base = next((b for b in runs if b["workload"] == r["workload"] and b["router"] == "round_robin"), None)
+        for key, name in (("cache_hit_rate", "hit_rate_vs_rr"), ("output_throughput_tok_s", "throughput_vs_rr"),
+                          ("ttft_p50_ms", "ttft_p50_vs_rr")):
+            r[name] = r[key] / base[key] if base and base[key] else float("nan")
+
+
+def table(runs: list[dict]) -> str:
+    cols = [("workload", "workload", "{}"), ("router", "router", "{}"), ("hit rate", "cache_hit_rate", "{:.3f}"),
+            ("router est.", "router_estimated_hit_rate", "{:.3f}"), ("out tok/s", "output_throughput_tok_s", "{:.1f}"),
+            ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
+            ("imbalance", "load_imbalance", "{:.2f}"), ("hit x RR", "hit_rate_vs_rr", "{:.2f}"),
+            ("tput x RR", "throughput_vs_rr", "{:.2f}"), ("failed", "requests_failed", "{}")]
+    rows = [[c[0] for c in cols]] + [[fmt.format(r[k]) for _, k, fmt in cols] for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    lines = [" | ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""A local serving cluster: N engine instances as HTTP workers behind the router, each in its own process.
+
+`Cluster` starts the workers (each `python -m framework.serving.cluster_proc worker`, one engine instance: a single
+rank, or `parallel.size` ranks through framework.engine.instance), waits until each answers /health, then starts the
+router process (`router=` policy) in front of them -- or in front of `cluster.workers`, URLs of servers started
+elsewhere (servelab, SGLang or vLLM). Every child leads its own process group (an instance's ranks join it) and dies
+with this process; `stop()` (also at exit, on SIGTERM, on Ctrl-C, on any failure) signals each group, waits, then
+kills what is left, so no process outlives the cluster.
+
+`run_cluster_bench` drives the workload through the router with the HTTP load client and reports (see cluster_bench.py)
+the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries and
+its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C. The cluster's children die with
+the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that outlives it (the main thread).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from framework.serving.cluster_proc import RouterSpec, WorkerSpec
+
+log = logging.getLogger("servelab.cluster")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STOP_GRACE_S = 10.0         # SIGTERM -> SIGKILL
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start or a run through it failed: one message naming the process and the cause."""
+
+
+@dataclass
+class _Child:
+    name: str
+    url: str
+    popen: subprocess.Popen
+    status_fd: int
+    buf: bytes = b""
+    ready: bool = False
+    messages: list[dict] = field(default_factory=list)
+
+
+def _url_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0") else host
+
+
+def http_json(method: str, url: str, timeout: float = 5.0, data: bytes | None = None) -> dict:
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+class Cluster:
+    def __init__(self, cfg):
+        self.cfg, self.router_cfg = cfg, cfg.router
+        cc = cfg.cluster
+        host, port = cfg.router.host, cfg.router.port
+        self.router_url = f"http://{_url_host(host)}:{port}"
+        self.external = [u.rstrip("/") for u in cc.workers]
+        if self.external:
+            self.worker_ports: list[int] = []
+            self.worker_urls = list(self.external)
+        else:
+            if cc.instances < 1:
+                raise ClusterError(f"cluster.instances={cc.instances}: need at least 1 (or cluster.workers=[urls])")
+            ports = list(cc.worker_ports) or [port + 1 + i for i in range(cc.instances)]
+            if len(ports) != cc.instances:
+                raise ClusterError(f"cluster.worker_ports has {len(ports)} ports for cluster.instances="
+                                   f"{cc.instances}; give one port per instance, or none (router.port+1, +2, ...)")
+            if len(set(ports + [port])) != len(ports) + 1:
+                raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
+            self.worker_ports = ports
+            self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
+        if cfg.cluster.startup_timeout_s <= 0:
+            raise ClusterError(f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s} must be > 0")
+        self.workers: list[_Child] = []
+        self.router: _Child | None = None
+        self._old_sigterm = None
+
+    # -- lifetime -----------------------------------------------------------------------------------------------
+    def __enter__(self) -> "Cluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.start_workers()
+        self.start_router()
+
+    def start_workers(self) -> None:
+        self._arm_cleanup()
+        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
+        if self.external:
+            self._wait_health(self.worker_urls, deadline)
+            return
+        host = self.cfg.router.host
+        for i, p in enumerate(self.worker_ports):
+            _check_port_free(host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
+        c = self.cfg
+        for i, (p, url) in enumerate(zip(self.worker_ports, self.worker_urls)):
+            name = f"worker {i} ({url})"
+            spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, host, p, name)
+            self.workers.append(self._spawn("worker", spec, name, url))
+        self._wait_ready(self.workers, deadline)
+        self._wait_health(self.worker_urls, deadline)
+
+    def start_router(self, router_cfg=None) -> None:
+        """Start the router (again, with another policy if given) in front of the workers."""
+        self._arm_cleanup()
+        self.stop_router()
+        self.router_cfg = rc = router_cfg or self.router_cfg
+        self.router_url = f"http://{_url_host(rc.host)}:{rc.port}"
+        _check_port_free(self.router_cfg.host, self.router_cfg.port, "the router", "set router.port=...")
+        spec = RouterSpec(self.router_cfg, self.worker_urls, self.cfg.seed)
+        self.router = self._spawn("router", spec, f"router {self.router_cfg.name} ({self.router_url})",
+                                  self.router_url)
+        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
+        self._wait_ready([self.router], deadline)
+        while True:    # the router checks every worker's /health at start; wait until it routes to all of them
+            try:
+                if http_json("GET", self.router_url + "/health")["healthy_workers"] == len(self.worker_urls):
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                try:
+                    listed = http_json("GET", self.router_url + "/list_workers").get("workers", [])
+                    down = [f"{w['url']} ({w.get('last_health_error')})" for w in listed if not w.get("healthy")]
+                except (OSError, ValueError) as e:
+                    down = [f"the router itself does not answer: {e}"]
+                raise ClusterError(f"after {self.cfg.cluster.startup_timeout_s:g}s the router still does not "
+                                   f"route to every worker; not healthy: {down}")
+            time.sleep(0.1)
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            _terminate([self.router])
+            self.router = None
+
+    def stop(self) -> None:
+        """Stop every child (idempotent; safe from atexit and signal paths)."""
+        _terminate(([self.router] if self.router else []) + self.workers)
+        self.router, self.workers = None, []
+        atexit.unregister(self.stop)
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker i and its ranks at once (tests: a worker dying mid-run)."""
+        _signal_group(self.workers[i].popen, signal.SIGKILL)
+        self.workers[i].popen.wait()
+
+    def dead(self) -> list[str]:
+        """Children that exited, with their status."""
+        children = self.workers + ([self.router] if self.router else [])
+        return [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
+
+    # -- what the bench reads -----------------------------------------------------------------------------------
+    def flush_caches(self, timeout: float = 30.0) -> None:
+        """Empty every worker's prefix cache (each must be idle), so runs start cold."""
+        deadline = time.monotonic() + timeout
+        for url in self.worker_urls:
+            while True:
+                try:
+                    http_json("POST", url + "/flush_cache", data=b"{}")
+                    break
+                except urllib.error.HTTPError as e:
+                    if e.code != 409 or time.monotonic() > deadline:
+                        raise ClusterError(f"POST {url}/flush_cache failed: HTTP {e.code} {e.read()[:200]!r}")
+                    time.sleep(0.1)
+
+    def warm_up(self) -> None:
+        """One short request to each worker directly (the first forward pays one-time costs), then a cold cache."""
+        body = json.dumps({"text": "warm up", "sampling_params": {"max_new_tokens": 2}}).encode()
+        for url in self.worker_urls:
+            http_json("POST", url + "/generate", timeout=60, data=body)
+        self.flush_caches()
+
+    def worker_infos(self) -> dict[str, dict]:
+        infos = {}
+        for url in self.worker_urls:
+            try:
+                infos[url] = http_json("GET", url + "/get_server_info")
+            except (OSError, ValueError) as e:
+                infos[url] = {"error": f"{type(e).__name__}: {e}"}
+        return infos
+
+    def router_stats(self, reset: bool = False) -> dict:
+        if reset:
+            return http_json("POST", self.router_url + "/router_stats/reset", data=b"{}")
+        return http_json("GET", self.router_url + "/router_stats")
+
+    # -- internals ----------------------------------------------------------------------------------------------
+    def _arm_cleanup(self) -> None:
+        atexit.register(self.stop)
+        if self._old_sigterm is None and threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+
+    def _spawn(self, role: str, spec, name: str, url: str) -> _Child:
+        r, w = os.pipe()
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        try:
+            popen = subprocess.Popen([sys.executable, "-m", "framework.serving.cluster_proc", role, str(w)],
+                                     stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True, env=env,
+                                     cwd=str(REPO_ROOT))
+        finally:
+            os.close(w)
+        child = _Child(name, url, popen, r)
+        try:
+            popen.stdin.write(pickle.dumps((os.getpid(), spec)))
+            popen.stdin.close()
+        except BrokenPipeError:
+            pass           # it died at once; _wait_ready says so
+        return child
+
+    def _wait_ready(self, children: list[_Child], deadline: float) -> None:
+        pending = {c.status_fd: c for c in children if not c.ready}
+        while pending:
+            readable, _, _ = select.select(list(pending), [], [], max(0.0, min(0.2, deadline - time.monotonic())))
+            for fd in readable:
+                c = pending[fd]
+                data = os.read(fd, 65536)
+                c.buf += data
+                while b"\n" in c.buf:
+                    line, c.buf = c.buf.split(b"\n", 1)
+                    msg = json.loads(line)
+                    if msg.get("event") == "error":
+                        detail = f"{msg['message']}\n{msg.get('traceback', '')}".rstrip()
+                        raise ClusterError(f"{c.name} failed to start: {detail}")
+                    c.ready = msg.get("event") == "ready"
+                if c.ready or not data:
+                    del pending[fd]
+                    os.close(fd)
+            for fd, c in list(pending.items()):
+                if c.popen.poll() is not None and not select.select([fd], [], [], 0)[0]:
+                    raise ClusterError(f"{c.name} exited with status {c.popen.returncode} before it was ready "
+                                       f"(its stderr is above)")
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in pending.values())
+                raise ClusterError(f"{names} did not come up within cluster.startup_timeout_s="
+                                   f"{self.cfg.cluster.startup_timeout_s:g}s")
+        for c in children:
+            if not c.ready:
+                raise ClusterError(f"{c.name} closed its status pipe without saying it was ready "
+                                   f"(exit status {c.popen.poll()})")
+
+    def _wait_health(self, urls: list[str], deadline: float) -> None:
+        for url in urls:
+            while True:
+                try:
+                    http_json("GET", url + "/health", timeout=2.0)
+                    break
+                except (OSError, ValueError) as e:
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"worker {url} did not answer GET /health within cluster."
+                                           f"startup_timeout_s={self.cfg.cluster.startup_timeout_s:g}s "
+                                           f"(last error: {e})") from None
+                time.sleep(0.1)
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)         # unwinds `with Cluster(...)`, which stops every child
+
+
+def _check_port_free(host: str, port: int, what: str, hint: str) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as the servers bind: TIME_WAIT is no obstacle
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ClusterError(f"port {port} on {host} for {what} is not available ({e.strerror}); stop whatever "
+                               f"holds it, or {hint}") from None
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)          # the child leads its own group (start_new_session); ranks are in it
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _terminate(children: list[_Child]) -> None:
+    for c in children:
+        _signal_group(c.popen, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for c in children:
+        try:
+            c.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs of SIGTERM: killing it", c.name, STOP_GRACE_S)
+            _signal_group(c.popen, signal.SIGKILL)
+            c.popen.wait()
+        _signal_group(c.popen, signal.SIGKILL)    # anything of its group still there (a stuck rank)
+        if not c.ready and c.status_fd >= 0:
+            try:
+                os.close(c.status_fd)
+            except OSError:
+                pass
+            c.status_fd = -1
+
+
+# -- bench and serve ------------------------------------------------------------------------------------------------
+def _sessions(cfg):
+    from framework.registry import WORKLOAD
+    try:
+        return WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
+    except (ValueError, OSError) as e:
+        raise ClusterError(str(e)) from None
+
+
+def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
+    """mode=bench over HTTP: start the cluster, run the workload through the router, report, stop. Returns output
+    tok/s. Raises ClusterError when the cluster cannot start or any request failed."""
+    from framework.metrics import report
+    from framework.serving.cluster_bench import bench
+    sessions = _sessions(cfg)
+    with Cluster(cfg) as cluster:
+        cluster.warm_up()
+        results, records = bench(cluster, cfg, sessions, progress=sys.stderr.isatty())
+    where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
+        f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
+    report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
+                                                  f"{where}")
+    if results["requests_failed"]:
+        raise ClusterError(f"{results['requests_failed']} request(s) failed; first error: "
+                           f"{next(r.error for r in records if not r.ok)}")
+    return results["output_throughput_tok_s"]
+
+
+def serve_cluster(cfg) -> float:
+    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM); a child that dies ends it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
+    with Cluster(cfg) as cluster:
+        print(f"router: {cluster.router_url}  (router={cfg.router.name}; workers: {', '.join(cluster.worker_urls)})\n"
+              f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
+              flush=True)
+        try:
+            while not (dead := cluster.dead()):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            print("stopping the cluster", flush=True)
+            return 0.0
+    raise ClusterError("; ".join(dead) + " (its stderr is above); the cluster was stopped")

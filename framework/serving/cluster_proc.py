@@ -1,0 +1,131 @@
+"""What runs inside each process `framework.serving.cluster.Cluster` starts: one engine instance behind the worker
+HTTP app, or the router. Started as `python -m framework.serving.cluster_proc {worker,router} STATUS_FD`, with a
+pickled spec on stdin; it reports one JSON line on STATUS_FD ({"event": "ready"} or {"event": "error", ...}) and then
+serves until SIGTERM/SIGINT, or until its parent dies (PR_SET_PDEATHSIG), so it never outlives the cluster.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass
+class WorkerSpec:
+    model: Any
+    engine: Any
+    parallel: Any
+    moe: Any
+    seed: int
+    host: str
+    port: int
+    name: str                      # "worker 0 (http://127.0.0.1:30001)": for messages
+
+
+@dataclass
+class RouterSpec:
+    router: Any                    # the routing plugin's Config (name, host, port, policy parameters)
+    worker_urls: list[str]
+    seed: int
+    name: str = "router"
+
+
+def build_engine_client(spec: WorkerSpec):
+    """An object with EngineClient's async interface (generate, server_info, flush_cache, close, error).
+    One rank: Engine + EngineClient in this process. More: a multi-rank instance (framework.engine.instance)."""
+    import torch
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    if spec.parallel.size == 1:
+        from framework.dist.group import Group
+        from framework.engine.client import EngineClient
+        from framework.engine.engine import Engine
+        from framework.registry import PARALLELISM
+        par = PARALLELISM.build(spec.parallel.name, spec.parallel, Group())
+        return EngineClient(Engine(spec.model, spec.engine, par, spec.moe, spec.seed))
+    from framework.engine.instance import InstanceSpec
+    from framework.engine.instance_client import InstanceClient
+    return InstanceClient(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed))
+
+
+def router_service_config(router_cfg, host: str, port: int):
+    """The router service's settings: every RouterServiceConfig field the routing plugin's Config also has
+    (so `router.health_check_interval_secs=...` works once a plugin Config carries it), host and port given."""
+    from framework.serving.router import RouterServiceConfig
+    shared = {f.name: getattr(router_cfg, f.name) for f in fields(RouterServiceConfig) if hasattr(router_cfg, f.name)}
+    return RouterServiceConfig(**{**shared, "host": host, "port": port})
+
+
+async def _serve(role: str, spec, report) -> None:
+    from framework.serving.server_base import start_app
+    client = None
+    if role == "worker":   # (the spec's class is framework.serving.cluster_proc's, not this __main__'s)
+        from framework.serving.worker import create_worker_app
+        client = build_engine_client(spec)
+        app, host, port = create_worker_app(client), spec.host, spec.port
+    else:
+        from framework.registry import ROUTING
+        from framework.serving.router import create_router_app
+        policy = ROUTING.get(spec.router.name)(spec.router, spec.seed)
+        cfg = router_service_config(spec.router, spec.router.host, spec.router.port)
+        app, host, port = create_router_app(policy, spec.worker_urls, cfg, spec.seed), cfg.host, cfg.port
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        try:
+            runner = await start_app(app, host, port)
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        report({"event": "ready", "pid": os.getpid()})
+        await stop.wait()
+        await runner.cleanup()
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when the parent dies, even by SIGKILL (Linux); elsewhere the parent's cleanup must do."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:        # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str]) -> int:
+    role, status_fd = argv[0], int(argv[1])
+    logging.basicConfig(level=logging.WARNING, format=f"[{role} %(process)d] %(levelname)s %(name)s: %(message)s")
+
+    def report(msg: dict) -> None:
+        data = (json.dumps(msg)[:3500] + "\n").encode()    # one write under PIPE_BUF: the parent reads whole lines
+        try:
+            os.write(status_fd, data)
+        except OSError:
+            pass
+
+    try:
+        parent_pid, spec = pickle.load(sys.stdin.buffer)
+        _die_with_parent(parent_pid)
+        asyncio.run(_serve(role, spec, report))
+        return 0
+    except Exception as e:  # noqa: BLE001 - whatever stops startup goes to the parent as one message
+        expected = isinstance(e, (OSError, ValueError, KeyError))     # bad config, busy port: the message says it
+        report({"event": "error", "message": f"{type(e).__name__}: {e}",
+                "traceback": "" if expected else traceback.format_exc()})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
