@@ -38,6 +38,16 @@ class Stream:
     def push(self, item) -> None:
         self.loop.call_soon_threadsafe(self.sink.put_nowait, item)
 
+    async def outputs(self) -> AsyncIterator[GenerateOutput]:
+        """On the asyncio side: each output until the finished one; an error pushed by the engine side is raised."""
+        while True:
+            item = await self.sink.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finished:
+                return
+
     def emit(self) -> None:
         req = self.req
         new = req.output_ids[self.sent:]
@@ -82,16 +92,13 @@ class EngineClient:
         if self.error is not None:
             raise RuntimeError(f"engine is down: {self.error}")
         req = Req(self.tokenizer.encode(prompt), params)
-        sink: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(("add", Stream(req, asyncio.get_running_loop(), sink)))
+        stream = Stream(req, asyncio.get_running_loop(), asyncio.Queue())
+        self._inbox.put(("add", stream))
         if self.error is not None or not self._thread.is_alive():   # died while we queued: fail, do not wait
             self._fail_pending(self.error or "engine thread stopped")
         finished = False
         try:
-            while not finished:
-                item = await sink.get()
-                if isinstance(item, Exception):
-                    raise item
+            async for item in stream.outputs():
                 finished = item.finished
                 yield item
         finally:

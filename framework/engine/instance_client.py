@@ -161,17 +161,14 @@ class InstanceClient:
             raise RuntimeError(f"engine is down: {self.error}")
         req = Req(self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt), params)
         self._check(req)
-        sink: asyncio.Queue = asyncio.Queue()
+        stream = Stream(req, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             self._reqs[req.rid] = req
-            self._streams[req.rid] = Stream(req, asyncio.get_running_loop(), sink)
+            self._streams[req.rid] = stream
         self._send(("add", req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank))
         finished = False
         try:
-            while not finished:
-                item = await sink.get()
-                if isinstance(item, Exception):
-                    raise item
+            async for item in stream.outputs():
                 finished = item.finished
                 yield item
         finally:
