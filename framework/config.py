@@ -79,22 +79,34 @@ def to_objects(cfg) -> Any:
     return OmegaConf.to_object(cfg)
 
 
+CONF_DIR = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose_dict(overrides: list[str]):
+    """What `python run.py <overrides>` composes, as a DictConfig (for scripts and tests that skip run.py)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def compose(overrides: list[str]) -> RootConfig:
+    """`compose_dict` as plain dataclass objects."""
+    return to_objects(compose_dict(overrides))
+
+
 def check_overrides(argv: list[str]) -> None:
     """Compose once before Hydra runs, so a misspelt key or a wrong type ends in one sentence naming the valid
     keys (Hydra's own message names only the bad one). Sweeps (-m) are left to Hydra."""
     import sys
-    from pathlib import Path
 
-    from hydra import compose, initialize_config_dir
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
         return
     overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
-    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
     try:
-        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            compose("config", overrides=overrides)
+        compose_dict(overrides)
         return
     except Exception as e:                      # noqa: BLE001 - we only reword what we recognise
         err = e

@@ -27,17 +27,11 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from framework.app import run  # noqa: E402
-from framework.config import register_configs, to_objects  # noqa: E402
+from framework.config import compose  # noqa: E402
 
 KEYS = ("kv_capacity_tokens_per_rank", "kv_capacity_tokens_instance", "max_running_requests",
         "output_throughput_tok_s", "tpot_p50_ms", "retractions", "idle_steps", "graph_eligible_frac", "duration_s")
 RATIOS = ("kv_capacity_tokens_instance", "max_running_requests", "output_throughput_tok_s")
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_objects(hydra_compose("config", overrides=overrides))
 
 
 def bench(overrides: list[str], out_dir: Path) -> dict:
@@ -55,7 +49,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    register_configs()
     plan = OmegaConf.to_container(OmegaConf.load(HERE / "config.yaml"))
     overrides = plan["overrides"] + (plan["tiny"]["overrides"] if args.tiny else [])
     sizes = args.sizes or (plan["tiny"]["sizes"] if args.tiny else plan["sizes"])

@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from framework.config import register_configs, to_objects  # noqa: E402
+from framework.config import compose  # noqa: E402
 from framework.metrics import git_sha  # noqa: E402
 from framework.registry import WORKLOAD  # noqa: E402
 from framework.serving.cluster import Cluster  # noqa: E402
@@ -54,12 +54,6 @@ QUICK = ["cluster.instances=2", "workload.max_concurrency=1", "workload.system_p
 QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"]}   # else: 8 requests
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_objects(hydra_compose("config", overrides=overrides))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -70,7 +64,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    register_configs()
     extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else [])
     size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) for w in args.workloads}
     cfgs = {w: compose(WORKLOADS[w] + extra + size[w]) for w in args.workloads}
