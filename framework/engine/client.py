@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from framework.engine.request import Req, SamplingParams
+from framework.moe_stats import rank_expert_counts
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,9 @@ class EngineClient:
                 self._inbox.put(("abort", req.rid))
 
     def server_info(self) -> dict:
-        return dict(self._info)
+        """The engine's last snapshot, plus routed slots per expert of each MoE layer since start (read live:
+        a few small tensors, only when asked)."""
+        return {**self._info, "expert_counts": rank_expert_counts(self.engine.model)[0]}
 
     async def flush_cache(self) -> bool:
         done: asyncio.Future = asyncio.get_running_loop().create_future()
