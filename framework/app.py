@@ -12,7 +12,7 @@ from framework.config import Mode, RootConfig
 from framework.dist.group import Group
 from framework.moe_stats import combine_rank_counts, expert_load_stats, load_stats
 from framework.registry import MOE, PARALLELISM, WORKLOAD
-from framework.serving.dp_controller import POLICIES
+from framework.engine.dp_controller import POLICIES
 
 log = logging.getLogger("servelab")
 

@@ -1,7 +1,7 @@
 """The routing-policy interface shared by the router service, the simulator and the tests.
 
-A policy is plain synchronous Python with no I/O and no threads: the caller owns concurrency (the HTTP router holds one
-lock around ``select``), time (``clock`` and ``maintain(now)``) and retries. The base class keeps the worker list, the
+A policy is plain synchronous Python with no I/O and no threads: the caller owns concurrency (the HTTP router calls it from
+one asyncio thread), time (``clock`` and ``maintain(now)``) and retries. The base class keeps the worker list, the
 router's own in-flight counts (``loads``) and the record of the last decision; a plugin only decides (``_decide``).
 """
 from __future__ import annotations

@@ -39,6 +39,7 @@ class Engine:
         self.model = build_model(model_cfg, seed, self.device)
         for layer in self.model.moe_layers():      # backends first: how the plugin shards shared experts follows them
             layer.backend = MOE.build(moe_cfg.name, moe_cfg, layer.w13, layer.w2, par.group)
+            del layer.w13, layer.w2                # the backend kept its rank's part; the full copy would waste memory
         par.shard(self.model)
         self.kv_bytes_per_token = par.kv_bytes_per_token(model_cfg)
         capacity = int(engine_cfg.kv_budget_mb * 2**20) // self.kv_bytes_per_token

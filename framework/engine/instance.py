@@ -29,7 +29,7 @@ from framework.engine.request import Req
 from framework.model.config import ModelConfig
 from framework.moe_stats import rank_expert_counts
 from framework.registry import PARALLELISM
-from framework.serving.dp_controller import DataParallelController
+from framework.engine.dp_controller import DataParallelController
 
 HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
 INFO_EVERY_S = 0.2     # how often rank 0 pushes a server_info snapshot to the parent while busy

@@ -21,6 +21,7 @@ from typing import AsyncIterator
 import torch
 
 from framework.dist import RankFailed, start
+from framework.engine.scheduler import check_admissible
 from framework.engine.client import GenerateOutput, Stream
 from framework.engine.engine import pick_device
 from framework.engine.instance import InstanceSpec, serve_rank
@@ -192,14 +193,7 @@ class InstanceClient:
     # -- internals ----------------------------------------------------------------------------------------
     def _check(self, req: Req) -> None:
         """The admission checks of Scheduler.add, here, so a hopeless request fails at once and in this process."""
-        req.params.validate()
-        if not req.prompt_ids:
-            raise ValueError("the prompt is empty")
-        need, cap = len(req.prompt_ids) + req.params.max_new_tokens, self._info.get("kv_capacity_tokens_per_rank")
-        if cap is not None and need > cap:
-            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens {req.params.max_new_tokens} "
-                             f"needs {need} KV slots, more than a rank's capacity of {cap} "
-                             f"(raise engine.kv_budget_mb or shorten the request)")
+        check_admissible(req, self._info.get("kv_capacity_tokens_per_rank"))
 
     def _send(self, msg: tuple) -> None:
         self._raise_if_failed()

@@ -20,6 +20,18 @@ from framework.engine.radix_cache import RadixCache
 from framework.engine.request import Req
 
 
+def check_admissible(req: Req, capacity: int | None) -> None:
+    """Raise ValueError, in one sentence, for a request that could never run on a rank of `capacity` KV slots."""
+    req.params.validate()
+    if not req.prompt_ids:
+        raise ValueError("the prompt is empty")
+    need = len(req.prompt_ids) + req.params.max_new_tokens
+    if capacity is not None and need > capacity:
+        raise ValueError(f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens {req.params.max_new_tokens} "
+                         f"needs {need} KV slots, more than this rank's capacity of {capacity} "
+                         f"(raise engine.kv_budget_mb or shorten the request)")
+
+
 class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: KVPool, eos_id: int, decode_tail, conservativeness: float = 1.0):
         self.cfg, self.pool, self.eos_id, self.decode_tail = cfg, pool, eos_id, decode_tail
@@ -36,14 +48,7 @@ class Scheduler:
     # -- intake ------------------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         """Queue a request. Raises ValueError (one clear sentence) when it can never fit on this rank."""
-        req.params.validate()
-        if not req.prompt_ids:
-            raise ValueError("the prompt is empty")
-        need = len(req.prompt_ids) + req.params.max_new_tokens
-        if need > self.pool.capacity:
-            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens + max_new_tokens {req.params.max_new_tokens} "
-                             f"needs {need} KV slots, more than this rank's capacity of {self.pool.capacity} "
-                             f"(raise engine.kv_budget_mb or shorten the request)")
+        check_admissible(req, self.pool.capacity)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -55,10 +60,13 @@ class Scheduler:
     # -- batch formation ---------------------------------------------------------------------------------
     def next_batch(self) -> ForwardBatch | None:
         batch = None
-        if not (self._last_mode is ForwardMode.EXTEND and self.running):
+        prefill_first = not (self._last_mode is ForwardMode.EXTEND and self.running)
+        if prefill_first:
             batch = self._prefill_batch()
         if batch is None and self.running:
             batch = self._decode_batch()
+        if batch is None and not prefill_first:     # every decode was retracted: the prefill goes on now
+            batch = self._prefill_batch()
         self._last_mode = batch.mode if batch else None
         return batch
 
@@ -132,6 +140,8 @@ class Scheduler:
         while self.pool.available() < len(self.running):    # evict, then retract the newest, until all fit
             if self.cache.evict(len(self.running) - self.pool.available()) == 0:
                 self._retract_one()
+        if not self.running:        # all retracted (a chunked prefill holds the pool): let the prefill go on
+            return None
         reqs = list(self.running)
         out_slots = self.pool.alloc(len(reqs))
         lengths = []
@@ -156,8 +166,12 @@ class Scheduler:
         req.retractions += 1
         self.stats["retractions"] += 1
         self.waiting.insert(0, req)
-        # SGLang: after a retraction, reserve more for the requests that stay
-        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1 * self.conservativeness + 0.1)
+        # SGLang's retract_decode: re-estimate the ratio from what the remaining requests have decoded so far,
+        # plus 20 steps' worth of headroom each
+        if self.running:
+            decoded = sum(len(r.output_ids) for r in self.running)
+            budget = sum(r.params.max_new_tokens for r in self.running)
+            self.new_token_ratio = min(1.0, (decoded + 20 * len(self.running)) / budget)
 
     def _alloc(self, n: int) -> torch.Tensor:
         """n slots: evict unlocked cache entries first, then retract running requests (never over-commit)."""

@@ -109,7 +109,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"[{role} %(process)d] %(levelname)s %(name)s: %(message)s")
 
     def report(msg: dict) -> None:
-        data = (json.dumps(msg)[:3500] + "\n").encode()    # one write under PIPE_BUF: the parent reads whole lines
+        # one write under PIPE_BUF so the parent reads whole lines: shorten the fields, never the JSON itself
+        msg = {k: (v[-1200:] if k == "traceback" else v[:1200]) if isinstance(v, str) else v for k, v in msg.items()}
+        data = (json.dumps(msg) + "\n").encode()
         try:
             os.write(status_fd, data)
         except OSError:

@@ -74,7 +74,8 @@ class EPMoE(MoEBackend):
         super().__init__(cfg, w13, w2, group)
         self.first, self.last = local_expert_range(w13.shape[0], group.rank, group.size)
         self.experts_per_rank = self.last - self.first
-        self.w13, self.w2 = w13[self.first:self.last], w2[self.first:self.last]   # views: no copy
+        # copies: the layer's full tensors are freed once every backend is built (framework/engine/engine.py)
+        self.w13, self.w2 = w13[self.first:self.last].clone(), w2[self.first:self.last].clone()
         self.fused_moe, self.device_name = fused_moe_for(cfg.kernel, w13.device)
 
     def _local_experts(self, hidden, topk_ids, topk_weights) -> torch.Tensor:

@@ -133,3 +133,25 @@ def test_sampling_is_seeded():
             engine.step()
         return req.output_ids
     assert run(1) == run(1)
+
+
+@pytest.mark.parametrize("prompt_len", [84, 88, 94])
+def test_chunked_prefill_holding_the_pool_retracts_the_last_decode_and_finishes(prompt_len):
+    """A prefill in small chunks fills the pool while the only other request decodes: the decode is retracted
+    (not crashed), the prefill finishes, the retracted request resumes; nothing is lost."""
+    engine = make_engine(kv_budget_mb=100 * KV_PER_TOKEN / 2**20, chunked_prefill_tokens=4, new_token_ratio=0.0,
+                         min_new_token_ratio=0.0)
+    decoding = Req([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=95, ignore_eos=True))
+    engine.add(decoding)
+    engine.step()
+    engine.step()
+    prefill = Req([200 + i % 50 for i in range(prompt_len)], SamplingParams(max_new_tokens=1, ignore_eos=True))
+    engine.add(prefill)
+    steps = 0
+    while engine.scheduler.has_work():
+        engine.step()
+        assert engine.pool.used() <= engine.capacity
+        steps += 1
+        assert steps < 2000
+    assert len(decoding.output_ids) == 95 and len(prefill.output_ids) == 1
+    assert engine.scheduler.stats["retractions"] >= 1

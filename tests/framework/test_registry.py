@@ -49,24 +49,29 @@ def test_builtins_load_lazily_by_name():
     assert "round_robin" in ROUTING.keys()
 
 
-def test_entry_point_plugins_register(monkeypatch):
-    """A third-party package's `servelab.plugins` entry point runs its register() before a lookup misses."""
+def test_entry_point_plugins_register(tmp_path, monkeypatch):
+    """A third-party package (a real dist-info on sys.path) registers through `servelab.plugins` before a lookup
+    misses, and its key is listed among the known ones."""
     import framework.registry as registry
 
-    calls = []
-
-    class FakeEntryPoint:
-        def load(self):
-            def register():
-                calls.append(1)
-                registry.MOE.register("third_party")(type("ThirdParty", (), {}))
-            return register
-
+    pkg = tmp_path / "servelab_thirdparty"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from framework.registry import MOE\n\n"
+        "class ThirdParty:\n    pass\n\n"
+        "def register():\n    MOE.register('third_party')(ThirdParty)\n")
+    dist = tmp_path / "servelab_thirdparty-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: servelab-thirdparty\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[servelab.plugins]\nthirdparty = servelab_thirdparty:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEntryPoint()] if group == "servelab.plugins" else [])
-    assert registry.MOE.get("third_party").__name__ == "ThirdParty"
-    assert calls == [1]
-    registry.MOE._items.pop("third_party")
+    try:
+        assert registry.MOE.get("third_party").__name__ == "ThirdParty"
+        assert "third_party" in registry.MOE.keys()
+    finally:
+        registry.MOE._items.pop("third_party", None)
+        monkeypatch.setattr(registry, "_entry_points_loaded", False)
 
 
 def test_framework_imports_no_plugin_module():
