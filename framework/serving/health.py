@@ -1,4 +1,5 @@
-"""Per-worker reliability state for the router: health, circuit breaker, in-flight count and draining.
+"""Per-worker reliability state for the router: health, circuit breaker, in-flight count and draining; and the
+timeout on a worker that stays silent.
 
 A worker receives new requests only when it is ``routable``: its last health check passed, it is not being drained,
 and its circuit breaker lets traffic through. Health (a periodic ``GET /health``) and the breaker (consecutive request
@@ -7,6 +8,7 @@ failures) are separate signals: a worker can answer /health while its engine fai
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from yarl import URL
@@ -100,6 +102,45 @@ class WorkerState:
         return {"url": self.url, "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
                 "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
                 "last_health_error": self.last_health_error}
+
+
+class SilenceTimeout:
+    """Gives up on a worker that stays silent for ``timeout_s``, with one periodic ``sweep`` instead of a timer each.
+
+    Why not aiohttp's ``sock_read`` timeout: it schedules and cancels asyncio timer handles (pure-Python objects,
+    kept in a heap through pure-Python comparisons) on every request and every chunk; ~3% of the router's CPU per
+    request (experiments/bench_router). Here a wait costs a dict insert and delete; the price is precision: a silent
+    worker is given up on between ``timeout_s`` and ``timeout_s + tick_s`` after the wait began.
+
+    Each wait on a worker runs inside ``with silence:``: the response head together with a buffered body (a worker
+    sends them together), or one stream chunk. The sweep cancels a task whose wait is too old, and leaving the block
+    turns that cancellation into ``TimeoutError``, as ``asyncio.timeout`` does; a cancellation from elsewhere (the
+    client left) passes through unchanged. A task waits on one thing at a time, so tasks are the keys.
+    """
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.tick_s = min(1.0, timeout_s / 10)  # how often the router calls sweep
+        self._waiting: dict[asyncio.Task, float] = {}  # task -> when its current wait began (time.monotonic)
+        self._expired: set[asyncio.Task] = set()  # tasks the sweep cancelled
+
+    def __enter__(self) -> None:
+        self._waiting[asyncio.current_task()] = time.monotonic()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        task = asyncio.current_task()
+        del self._waiting[task]
+        if task in self._expired:
+            self._expired.discard(task)
+            # uncancel() == 0: nobody else asked to cancel this task meanwhile (Python >= 3.11)
+            if exc_type is asyncio.CancelledError and task.uncancel() == 0:
+                raise TimeoutError(f"the worker was silent for {self.timeout_s:g}s (request_timeout_s)") from None
+
+    def sweep(self, now: float) -> None:
+        for task, since in self._waiting.items():
+            if now - since > self.timeout_s and task not in self._expired:
+                self._expired.add(task)
+                task.cancel()
 
 
 def normalize_worker_url(url: str | None) -> str:

@@ -7,6 +7,8 @@ It speaks the workers' client APIs (native ``/generate``, OpenAI completions and
   join when their first check passes;
 - connection errors, timeouts and 408/429/5xx are retried on a *different* worker (when there is one), at most
   ``max_retries`` times, with exponential backoff and jitter; other 4xx are the client's fault and pass straight back;
+- a worker silent for ``request_timeout_s`` (no answer, or no next stream chunk) is given up on
+  (``health.SilenceTimeout``: one periodic sweep rather than a timer per request);
 - a per-worker circuit breaker (``health.CircuitBreaker``) counts consecutive connection errors, timeouts and 5xx;
 - the policy's in-flight count is released exactly once per attempt, in a ``finally`` (success, error, client
   disconnect, broken stream);
@@ -27,9 +29,11 @@ from aiohttp import web
 
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
-from framework.serving.health import CircuitBreaker, WorkerState, describe_error, normalize_worker_url
+from framework.serving.health import (CircuitBreaker, SilenceTimeout, WorkerState, describe_error,
+                                      normalize_worker_url)
 from framework.serving.router_stats import RouterStats, router_registry
-from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
+from framework.serving.server_base import (DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever,
+                                           tune_gc_for_serving)
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +105,12 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s,
-                                              sock_read=self.cfg.request_timeout_s)
+        # Built once. No total: a stream may run for as long as its worker keeps talking; the silence between the
+        # worker's bytes is bounded by self._silence (request_timeout_s), not by aiohttp's per-request sock_read timer.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s)
+        self._silence = SilenceTimeout(self.cfg.request_timeout_s)
+        self._health_timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs)
+        self._control_timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs * 5)
         for url in worker_urls:
             self._register(normalize_worker_url(url))
 
@@ -115,7 +123,8 @@ class Router:
                                              cookie_jar=aiohttp.DummyCookieJar())
         await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
         self._tasks = [asyncio.create_task(self._every(self.cfg.health_check_interval_secs, self.check_health)),
-                       asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain))]
+                       asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain)),
+                       asyncio.create_task(self._every(self._silence.tick_s, self._sweep_silent))]
 
     async def close(self, app: web.Application | None = None) -> None:
         for t in self._tasks:
@@ -135,6 +144,9 @@ class Router:
     async def _maintain(self) -> None:
         self.policy.maintain(time.monotonic())
 
+    async def _sweep_silent(self) -> None:
+        self._silence.sweep(time.monotonic())
+
     # ------------------------------------------------------------------ workers
 
     def _register(self, url: str) -> WorkerState:
@@ -148,8 +160,7 @@ class Router:
 
     async def _check(self, w: WorkerState) -> None:
         try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs)
-            async with self.session.get(w.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(w.url + "/health", timeout=self._health_timeout) as resp:
                 await resp.read()
                 ok, error = resp.status == 200, None if resp.status == 200 else f"/health answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -188,16 +199,15 @@ class Router:
 
     def _pick(self, text: str, tried: set[str]) -> WorkerState:
         now = time.monotonic()
-        routable = [u for u, w in self.workers.items() if w.routable(now)]
-        candidates = [u for u in routable if u not in tried] or routable
+        candidates = [u for u, w in self.workers.items() if w.routable(now)]
+        if tried:  # a retry: another worker when there is one
+            candidates = [u for u in candidates if u not in tried] or candidates
         if not candidates:
             raise ApiError(503, f"no healthy worker available ({len(self.workers)} registered: "
                                 f"{[w.describe() for w in self.workers.values()]})")
         t0 = time.perf_counter()
         url = self.policy.select(text, candidates)
-        elapsed = time.perf_counter() - t0
-        d = self.policy.last_decision
-        self.stats.decision(url, d.reason, elapsed, d.matched_chars, d.request_chars)
+        self.stats.decision(self.policy.last_decision, time.perf_counter() - t0)
         w = self.workers[url]
         w.begin(now)
         return w
@@ -242,25 +252,30 @@ class Router:
                        headers: dict) -> web.StreamResponse | _Failed:
         """One try on one worker. Returns the final response, or ``_Failed`` when another worker may be tried."""
         w = att.worker
+        up = None
         try:
-            async with self.session.post(w.endpoint(route), data=raw, headers=headers) as up:
+            with self._silence:  # the response head, then the whole body unless it is a stream
+                up = await self.session.post(w.endpoint(route), data=raw, headers=headers)
                 content_type = up.headers.get("Content-Type", "application/json")
-                if up.status in (408, 429) or up.status >= 500:
-                    body = await up.read()
-                    att.verdict = "fail" if up.status >= 500 else None  # 408/429: busy, not broken
-                    return _Failed(f"{w.url} answered {up.status}", up.status, body, content_type)
-                if content_type.startswith("text/event-stream") or up.content_length is None:
-                    return await self._relay(request, up, att)
-                body = await up.read()  # a complete JSON body: buffered, so a failure mid-body is still retriable
-                att.verdict = "ok"  # a 4xx is the client's fault: it counts in the worker's favour
-                return web.Response(status=up.status, body=body,
-                                    headers={"Content-Type": content_type, WORKER_HEADER: w.url})
+                retriable = up.status in (408, 429) or up.status >= 500
+                relay = not retriable and (content_type.startswith("text/event-stream") or up.content_length is None)
+                body = b"" if relay else await up.read()  # buffered: a failure mid-body is still retriable
+            if retriable:
+                att.verdict = "fail" if up.status >= 500 else None  # 408/429: busy, not broken
+                return _Failed(f"{w.url} answered {up.status}", up.status, body, content_type)
+            if relay:
+                return await self._relay(request, up, att)
+            att.verdict = "ok"  # a 4xx is the client's fault: it counts in the worker's favour
+            return web.Response(status=up.status, body=body,
+                                headers={"Content-Type": content_type, WORKER_HEADER: w.url})
         except (aiohttp.ClientError, TimeoutError) as exc:
             att.verdict = "fail"
             if isinstance(exc, aiohttp.ClientConnectorError):
                 w.healthy = False  # refused/unreachable: skip it until a health check passes again
             return _Failed(f"{w.url}: {describe_error(exc)}", timeout=isinstance(exc, TimeoutError))
         finally:
+            if up is not None:
+                up.release()  # the connection goes back to the pool when the body was read to the end
             self.policy.on_request_done(w.url)
             w.end()
             if att.verdict == "ok":
@@ -273,9 +288,11 @@ class Router:
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, att: _Attempt) -> web.StreamResponse:
         """Pass a stream through as it arrives. Nothing is sent before the worker's first chunk, so a worker that
-        fails before it is still retried; after it, a broken stream ends with an SSE error event."""
+        fails before it is still retried; after it, a broken stream ends with an SSE error event. Only the waits on
+        the worker count towards its silence: a slow client holding up ``resp.write`` does not."""
         w = att.worker
-        chunk = await up.content.readany()
+        with self._silence:
+            chunk = await up.content.readany()
         resp = web.StreamResponse(status=up.status, headers={
             "Content-Type": up.headers.get("Content-Type", "application/octet-stream"),
             "Cache-Control": "no-cache", WORKER_HEADER: w.url})
@@ -284,7 +301,8 @@ class Router:
             while chunk:
                 await resp.write(chunk)
                 try:
-                    chunk = await up.content.readany()
+                    with self._silence:
+                        chunk = await up.content.readany()
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     att.verdict, att.outcome = "fail", "broken_stream"
                     msg = f"worker {w.url} broke the stream: {describe_error(exc)}"
@@ -338,10 +356,6 @@ class Router:
         urls = [u for u, w in self.workers.items() if w.healthy and not w.draining]
         return dict(await asyncio.gather(*(one(u) for u in urls)))
 
-    @property
-    def _control_timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_secs * 5)
-
     async def handle_server_info(self, request: web.Request) -> web.Response:
         answers = await self._fan_out("GET", "/get_server_info")
         per_worker = {u: body if status == 200 else {"error": body} for u, (status, body) in answers.items()}
@@ -393,6 +407,8 @@ def create_router_app(policy, worker_urls: list[str] = (), cfg: RouterServiceCon
 
 
 async def serve_router(policy, worker_urls: list[str], cfg: RouterServiceConfig | None = None, seed: int = 0) -> None:
-    """Serve the router on ``cfg.host:cfg.port`` until the calling task is cancelled."""
+    """Serve the router on ``cfg.host:cfg.port`` until the calling task is cancelled. Meant as a process's main
+    task: it tunes the process's garbage collector (server_base.tune_gc_for_serving)."""
     app = create_router_app(policy, worker_urls, cfg, seed)
+    tune_gc_for_serving()
     await serve_forever(app, app[ROUTER_KEY].cfg.host, app[ROUTER_KEY].cfg.port)

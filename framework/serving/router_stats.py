@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from framework.routing import RoutingDecision
 from framework.serving.health import OPEN, WorkerState
 
 DECISION_WINDOW = 100_000  # decisions kept for the percentiles in /router_stats
@@ -47,13 +48,13 @@ class RouterStats:
                       self.request_chars, time.time())
         self.decision_us.clear()
 
-    def decision(self, worker: str, reason: str, elapsed_s: float, matched_chars: int, request_chars: int) -> None:
-        self.decisions[worker, reason] += 1
+    def decision(self, d: RoutingDecision, elapsed_s: float) -> None:
+        self.decisions[d.worker, d.reason] += 1
         self.decision_us.append(elapsed_s * 1e6)
         self.decision_buckets[bisect_left(DECISION_BUCKETS_S, elapsed_s)] += 1
         self.decision_sum_s += elapsed_s
-        self.matched_chars += matched_chars
-        self.request_chars += request_chars
+        self.matched_chars += d.matched_chars
+        self.request_chars += d.request_chars
 
     def snapshot(self, workers: Iterable[WorkerState]) -> dict:
         decisions0, outcomes0, retries0, matched0, chars0, since = self._base
