@@ -64,7 +64,7 @@ def router_service_config(router_cfg, host: str, port: int):
 
 
 async def _serve(role: str, spec, report) -> None:
-    from framework.serving.server_base import start_app
+    from framework.serving.server_base import start_app, tune_gc_for_serving
     client = None
     if role == "worker":   # (the spec's class is framework.serving.cluster_proc's, not this __main__'s)
         from framework.serving.worker import create_worker_app
@@ -76,6 +76,7 @@ async def _serve(role: str, spec, report) -> None:
         policy = ROUTING.get(spec.router.name)(spec.router, spec.seed)
         cfg = router_service_config(spec.router, spec.router.host, spec.router.port)
         app, host, port = create_router_app(policy, spec.worker_urls, cfg, spec.seed), cfg.host, cfg.port
+        tune_gc_for_serving()        # a long-lived router: no GC pauses over the objects in-flight requests hold
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
