@@ -96,7 +96,7 @@ def _instance_errors(what: str):
 
 
 def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
-    from framework.metrics import report
+    from framework.metrics import failure_summary, report
     from framework.workload.inprocess import play
     try:
         sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
@@ -110,9 +110,8 @@ def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
             return 0.0
     report(results, out_dir, resolved, cfg.logger, f"bench: {cfg.workload.name}, parallel={cfg.parallel.name} "
                                                       f"x{cfg.parallel.size}, moe={cfg.moe.name}")
-    if results["requests_failed"]:
-        raise UserError(f"{results['requests_failed']} request(s) failed; first error: "
-                        f"{next(r.error for r in records if not r.ok)}")
+    if failure := failure_summary(records):
+        raise UserError(failure)
     return results["output_throughput_tok_s"]
 
 

@@ -52,6 +52,12 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]
     }
 
 
+def failure_summary(records: list[RequestRecord]) -> str | None:
+    """One sentence about the run's failed requests, or None when every request completed."""
+    failed = [r for r in records if not r.ok]
+    return f"{len(failed)} request(s) failed; first error: {failed[0].error}" if failed else None
+
+
 def git_sha() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,

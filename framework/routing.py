@@ -16,27 +16,25 @@ REASONS = ("balance", "cache_hit", "cache_miss", "round_robin", "random")
 
 @dataclass
 class RoutingConfig:
-    """Fields every routing plugin's ``Config`` inherits (it redefines ``name``, which stays the first field).
-
-    The rest configure the router service around the policy (framework/serving/router.py: RouterServiceConfig checks
-    them); the policies ignore them. They live here so that ``router.port=...`` or ``router.max_retries=...`` compose
-    with whichever ``router=`` plugin is chosen.
-    """
+    """What every routing plugin's ``Config`` inherits: ``name`` (each plugin redefines it; it stays the first field)
+    and the router service's settings (framework/serving/router.py: RouterServiceConfig checks them), so
+    ``router.port=...`` or ``router.max_retries=...`` compose with whichever ``router=`` plugin is chosen; the policies
+    themselves ignore them."""
     name: str = ""
     host: str = "127.0.0.1"
     port: int = 30000
     health_check_interval_secs: float = 10.0
     health_check_timeout_secs: float = 2.0
-    max_retries: int = 3                    # extra attempts after the first, each on a different worker
-    retry_backoff_base_s: float = 0.05
+    max_retries: int = 3                    # extra attempts after the first, each on another worker when there is one
+    retry_backoff_base_s: float = 0.05      # attempt k waits in [d/2, d], d = min(max, base * 2**(k-1))
     retry_backoff_max_s: float = 2.0
     breaker_failure_threshold: int = 5      # consecutive failures that open a worker's circuit breaker
-    breaker_cooldown_secs: float = 30.0
-    request_timeout_s: float = 600.0
+    breaker_cooldown_secs: float = 30.0     # open -> half-open (one probe request) after this long
+    request_timeout_s: float = 600.0        # longest a worker may stay silent (no header / no chunk)
     connect_timeout_s: float = 5.0
-    drain_timeout_secs: float = 600.0
+    drain_timeout_secs: float = 600.0       # remove_worker waits this long for in-flight requests at most
     maintain_interval_secs: float = 1.0     # how often the policy's periodic work (cache eviction) runs
-    client_max_size: int = 8 * 2**20        # request body limit, bytes
+    client_max_size: int = 8 * 2**20        # request body limit, bytes (larger: a 413 JSON error)
 
 
 class RoutingDecision(NamedTuple):

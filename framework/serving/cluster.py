@@ -332,7 +332,7 @@ def _sessions(cfg):
 def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
     """mode=bench over HTTP: start the cluster, run the workload through the router, report, stop. Returns output
     tok/s. Raises ClusterError when the cluster cannot start or any request failed."""
-    from framework.metrics import report
+    from framework.metrics import failure_summary, report
     from framework.serving.cluster_bench import bench
     sessions = _sessions(cfg)
     with Cluster(cfg) as cluster:
@@ -342,9 +342,8 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
         f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
     report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
                                                   f"{where}")
-    if results["requests_failed"]:
-        raise ClusterError(f"{results['requests_failed']} request(s) failed; first error: "
-                           f"{next(r.error for r in records if not r.ok)}")
+    if failure := failure_summary(records):
+        raise ClusterError(failure)
     return results["output_throughput_tok_s"]
 
 

@@ -56,8 +56,8 @@ def build_engine_client(spec: WorkerSpec):
 
 
 def router_service_config(router_cfg, host: str, port: int):
-    """The router service's settings: every RouterServiceConfig field the routing plugin's Config also has
-    (so `router.health_check_interval_secs=...` works once a plugin Config carries it), host and port given."""
+    """The router service's settings from the routing plugin's Config (which carries them all when it inherits
+    RoutingConfig, as every built-in does), host and port given."""
     from framework.serving.router import RouterServiceConfig
     shared = {f.name: getattr(router_cfg, f.name) for f in fields(RouterServiceConfig) if hasattr(router_cfg, f.name)}
     return RouterServiceConfig(**{**shared, "host": host, "port": port})

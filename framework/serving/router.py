@@ -27,12 +27,13 @@ from functools import partial
 import aiohttp
 from aiohttp import web
 
+from framework.routing import RoutingConfig
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
 from framework.serving.health import (CircuitBreaker, SilenceTimeout, WorkerState, describe_error,
                                       normalize_worker_url)
 from framework.serving.router_stats import RouterStats, router_registry
-from framework.serving.server_base import (DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever,
+from framework.serving.server_base import (make_app, metrics_response, serve_forever,
                                            tune_gc_for_serving)
 
 log = logging.getLogger(__name__)
@@ -44,21 +45,8 @@ WORKER_HEADER = "X-Servelab-Worker"  # names the worker that answered (debugging
 
 
 @dataclass
-class RouterServiceConfig:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    health_check_interval_secs: float = 10.0
-    health_check_timeout_secs: float = 2.0
-    max_retries: int = 3  # extra attempts after the first
-    retry_backoff_base_s: float = 0.05  # attempt k waits in [d/2, d], d = min(max, base * 2**(k-1))
-    retry_backoff_max_s: float = 2.0
-    breaker_failure_threshold: int = 5  # consecutive failures that open a worker's breaker
-    breaker_cooldown_secs: float = 30.0  # open -> half-open (one probe request) after this long
-    request_timeout_s: float = 600.0  # longest a worker may stay silent (no header / no chunk) before we give up
-    connect_timeout_s: float = 5.0
-    drain_timeout_secs: float = 600.0  # remove_worker waits this long for in-flight requests at most
-    maintain_interval_secs: float = 1.0  # policy.maintain (cache eviction) period, off the request path
-    client_max_size: int = DEFAULT_CLIENT_MAX_SIZE
+class RouterServiceConfig(RoutingConfig):
+    """The settings the service runs with: the `router.*` keys of framework/routing.py's RoutingConfig, checked."""
 
     def __post_init__(self) -> None:
         positive = ("health_check_interval_secs", "health_check_timeout_secs", "request_timeout_s",
