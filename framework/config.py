@@ -8,9 +8,10 @@ from typing import Any, Optional
 
 from framework.engine.config import EngineConfig
 from framework.model.config import ModelConfig
-from framework.registry import MOE, PARALLELISM, ROUTING, WORKLOAD
+from framework.registry import COST, MOE, PARALLELISM, ROUTING, WORKLOAD
+from framework.sim.cost.hardware import HardwareConfig
 
-PLUGIN_GROUPS = {"parallel": PARALLELISM, "moe": MOE, "router": ROUTING, "workload": WORKLOAD}
+PLUGIN_GROUPS = {"parallel": PARALLELISM, "moe": MOE, "router": ROUTING, "workload": WORKLOAD, "sim/cost": COST}
 
 
 class Mode(enum.Enum):
@@ -46,6 +47,11 @@ class VerifyConfig:
 
 
 @dataclass
+class SimConfig:
+    cost: Any = None                  # the cost model's Config (group sim/cost: `sim/cost=roofline`)
+
+
+@dataclass
 class RootConfig:
     mode: Mode = Mode.bench
     seed: int = 0
@@ -54,6 +60,8 @@ class RootConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)   # the GPU mode=sim prices steps on
+    sim: SimConfig = field(default_factory=SimConfig)
     parallel: Any = None
     moe: Any = None
     router: Any = None
@@ -68,6 +76,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
     for group, registry in PLUGIN_GROUPS.items():
         for key in registry.keys():
             cs.store(group=group, name=f"{key}_schema", node=registry.get(key).Config)

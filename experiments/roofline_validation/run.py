@@ -1,0 +1,138 @@
+"""Roofline validation: fit the roofline's efficiency terms on Vidur's measured GPU profiles, predict every profiled
+operation and collective with them, and report the error per kind; then sanity figures for DeepSeek-V2 on 8xH100.
+
+The fit writes data/gpu-profiles/fit/<gpu>.json (what conf/hardware/*.yaml point to); it is deterministic, and
+tests/sim checks that the shipped terms are what the shipped profiles give. One run prints two tables and writes
+results.json beside this file (or --out).
+
+    python experiments/roofline_validation/run.py [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from framework.config import compose  # noqa: E402
+from framework.registry import COST  # noqa: E402
+from framework.sim.cost import BatchShape, Instance, Step, itemsize  # noqa: E402
+from framework.sim.cost.fit import PROFILED_HARDWARE, fit, predict  # noqa: E402
+from framework.sim.cost.hardware import FIT_DIR  # noqa: E402
+from framework.sim.cost.profiles import CollectiveOp, GemmOp, compute_ops, network_ops  # noqa: E402
+from framework.sim.cost.roofline import Roofline  # noqa: E402
+
+TARGET_PCT = 15.0
+SANITY_BATCHES = (64, 256, 512, 1024, 2048)
+CONTEXT = 256                  # PR #1970: input 1, output 512 -> a request's mean context over its decode
+CUDA_GRAPH_MAX_BS = 160        # SGLang v0.4's default: larger decode batches run eagerly
+MEM_FRACTION_STATIC = 0.83     # SGLang v0.4 at tp 8
+
+
+def kind_of(op) -> str:
+    if isinstance(op, CollectiveOp):
+        return f"{op.kind} x{op.ranks} ({'across nodes' if op.inter_node else 'NVLink'})"
+    return op.kind
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def validate(gpu: str, hw) -> list[dict]:
+    """Fit, save, and predict every profiled operation of `gpu` with the saved terms."""
+    terms = fit(gpu, hw)
+    (FIT_DIR / f"{gpu}.json").write_text(terms.to_json())
+    roofline = Roofline(hw, terms)
+    errors: dict[str, list[float]] = {}
+    for op in compute_ops(gpu) + network_ops(gpu):
+        errors.setdefault(kind_of(op), []).append(100 * (predict(roofline, op) / op.time_s - 1))
+    rows = []
+    for kind, errs in errors.items():
+        absolute = [abs(e) for e in errs]
+        rows.append({"gpu": gpu, "kind": kind, "n": len(errs), "median_abs_err_pct": statistics.median(absolute),
+                     "p90_abs_err_pct": percentile(absolute, 90), "median_err_pct": statistics.median(errs),
+                     "meets_target": statistics.median(absolute) <= TARGET_PCT})
+    return rows
+
+
+def weight_bytes_per_rank(cost) -> float:
+    """Weights one rank holds, from the model's shapes and the layout the roofline prices (fp8: every linear layer
+    but the embedding, lm_head and router gate in fp8). Stands in until the plugins declare their own weight bytes."""
+    m, lay, w, a = cost.m, cost.lay, cost.wbytes, cost.act
+    q_in = m.q_lora_rank or m.hidden_size
+    replicated = (m.hidden_size * m.q_lora_rank if m.q_lora_rank else 0) + m.hidden_size * m.kv_cache_width
+    split = m.num_heads * (q_in * m.qk_head_dim + m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim)
+                           + m.v_head_dim * m.hidden_size)
+    attention = (replicated + split / lay.attn_tp) * w
+    dense = 3 * m.hidden_size * m.intermediate_size / lay.size * w
+    expert = 3 * m.hidden_size * m.moe_intermediate_size
+    shared = m.n_shared_experts * expert / (lay.size if lay.moe_partial else 1)
+    moe = m.n_routed_experts * m.hidden_size * a + (m.n_routed_experts * expert / lay.size + shared) * w
+    return (m.num_layers * attention + m.first_k_dense_replace * dense + cost.moe_layers * moe
+            + 2 * m.vocab_size * m.hidden_size / lay.attn_tp * a)
+
+
+def sanity() -> list[dict]:
+    """DeepSeek-V2 decode on 8xH100 under tp=8 and dp_attn=8 (moe=triton_fused, SGLang v0.4's MoE): step time at a
+    few batch sizes, and the KV each scheme leaves with SGLang's mem_fraction_static 0.83."""
+    cfg = compose(["model=deepseek_v2", "hardware=h100_sxm"])
+    rows = []
+    for weights in ("model", "fp8"):
+        costs = {}
+        for parallel in ("tp", "dp_attn"):
+            inst = Instance(cfg.model, cfg.hardware, parallel=parallel, size=8, moe="triton_fused")
+            costs[parallel] = COST.build("roofline", COST.get("roofline").Config(weights=weights), inst)
+        kv_cell = cfg.model.num_layers * cfg.model.kv_cache_width * itemsize(cfg.model.dtype)
+        for parallel, cost in costs.items():
+            weights_gib = weight_bytes_per_rank(cost) / 2**30
+            kv_tokens = max(0.0, cfg.hardware.hbm_gb * MEM_FRACTION_STATIC - weights_gib) * 2**30 / kv_cell
+            per_instance = kv_tokens * cost.lay.groups
+            row = {"weights": weights, "parallel": parallel, "weights_gib_per_gpu": weights_gib,
+                   "kv_tokens_per_gpu": int(kv_tokens), "kv_tokens_instance": int(per_instance),
+                   "max_batch_at_513_tokens": int(per_instance // 513)}
+            for batch in SANITY_BATCHES:
+                per_group = batch // cost.lay.groups
+                shape = BatchShape("decode", (1,) * per_group, (CONTEXT,) * per_group)
+                step = Step((shape,) * cost.lay.groups, graph=per_group <= CUDA_GRAPH_MAX_BS)
+                row[f"step_ms_b{batch}"] = cost.step_time(step) * 1e3
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    args = ap.parse_args()
+    rows = []
+    for gpu, hardware in PROFILED_HARDWARE.items():
+        rows += validate(gpu, compose([f"hardware={hardware}"]).hardware)
+    print(f"Roofline vs Vidur's measurements (each profiled op / collective, median time), target median <= "
+          f"{TARGET_PCT:.0f}%:\n")
+    print(f"| gpu | kind | n | median abs err % | p90 abs err % | median err % | target |\n|---|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['gpu']} | {r['kind']} | {r['n']} | {r['median_abs_err_pct']:.1f} | {r['p90_abs_err_pct']:.1f} | "
+              f"{r['median_err_pct']:+.1f} | {'ok' if r['meets_target'] else 'MISS'} |")
+    checks = sanity()
+    print(f"\nDeepSeek-V2 decode on 8x H100 SXM (roofline; moe=triton_fused; context {CONTEXT}; CUDA graph when a "
+          f"scheduler's batch <= {CUDA_GRAPH_MAX_BS}; KV at mem_fraction_static {MEM_FRACTION_STATIC}):\n")
+    heads = " | ".join(f"step ms @{b}" for b in SANITY_BATCHES)
+    print(f"| weights | parallel | weights GiB/GPU | KV tokens/GPU | KV tokens/instance | max batch @513 | {heads} |")
+    print("|---|---|---:|---:|---:|---:|" + "---:|" * len(SANITY_BATCHES))
+    for r in checks:
+        steps = " | ".join(f"{r[f'step_ms_b{b}']:.2f}" for b in SANITY_BATCHES)
+        print(f"| {r['weights']} | {r['parallel']} | {r['weights_gib_per_gpu']:.1f} | {r['kv_tokens_per_gpu']:,} | "
+              f"{r['kv_tokens_instance']:,} | {r['max_batch_at_513_tokens']:,} | {steps} |")
+    misses = [f"{r['gpu']} {r['kind']}" for r in rows if not r["meets_target"]]
+    print(f"\n{len(rows) - len(misses)}/{len(rows)} kinds meet the target" + (f"; misses: {', '.join(misses)}" if misses else ""))
+    args.out.write_text(json.dumps({"target_median_abs_err_pct": TARGET_PCT, "validation": rows,
+                                    "deepseek_v2_8xh100": checks}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

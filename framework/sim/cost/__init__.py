@@ -1,0 +1,73 @@
+"""What a simulator asks a cost model (a `sim/cost=` plugin, plugins/cost/): how long one engine step of one
+instance takes. Built once per instance with what does not change (`Instance`), then asked per step (`Step`)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from framework.model.config import ModelConfig
+from framework.sim.cost.hardware import HardwareConfig
+
+MODES = ("extend", "decode", "idle")
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a torch dtype name (a ModelConfig.dtype)."""
+    import torch
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
+@dataclass
+class CostConfig:
+    name: str = "roofline"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a step makes `count` times (e.g. once per layer), as a parallelism or MoE plugin declares it.
+    `nbytes`: the buffer one rank holds, as nccl-tests sizes it: all_reduce the tensor, all_gather the gathered
+    output, reduce_scatter the input, all_to_all everything the busiest rank sends (its own share included)."""
+    kind: str                 # all_gather | all_reduce | reduce_scatter | all_to_all | send_recv
+    nbytes: int
+    ranks: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One scheduler's batch in a step (TP: the instance's one batch; DP attention: one per rank)."""
+    mode: str = "idle"                        # extend | decode | idle
+    new_tokens: tuple[int, ...] = ()          # per request: tokens computed this step (decode: 1 each)
+    prefix: tuple[int, ...] = ()              # per request: tokens already in its KV (cached prefix + context)
+
+
+@dataclass(frozen=True)
+class Step:
+    batches: tuple[BatchShape, ...]            # one per scheduler of the instance
+    graph: bool = False                        # replays a captured CUDA graph (no per-kernel launch cost)
+    collectives: tuple[Collective, ...] | None = None   # the plugins' declarations; None: the cost model's own
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What an engine instance runs on and how it is split: fixed for the instance's life."""
+    model: ModelConfig
+    hardware: HardwareConfig
+    parallel: str = "tp"                       # the parallelism plugin's key
+    size: int = 1                              # GPUs of the instance
+    moe: str = "triton_fused"                  # the MoE backend's key
+    dispatch: str = "all_reduce"               # moe=ep: all_to_all | all_reduce
+    tp_size: int = 1                           # attention TP inside each DP group (parallel=dp_attn_tp)
+
+
+class CostModel(ABC):
+    """A `sim/cost=` plugin: `Config` is its schema, `step_time` its one question."""
+
+    Config = CostConfig
+
+    def __init__(self, cfg, instance: Instance) -> None:
+        self.cfg, self.instance = cfg, instance
+
+    @abstractmethod
+    def step_time(self, step: Step) -> float:
+        """Seconds from the start of the step's forward on every rank to its last rank's logits."""
