@@ -27,7 +27,7 @@ from framework.sim.cost.profiles import CollectiveOp, GemmOp, compute_ops, netwo
 from framework.sim.cost.roofline import Roofline  # noqa: E402
 
 TARGET_PCT = 15.0
-SANITY_BATCHES = (64, 256, 512, 1024, 2048)
+SANITY_BATCHES = (64, 256, 1024, 2048, 4096)
 CONTEXT = 256                  # PR #1970: input 1, output 512 -> a request's mean context over its decode
 CUDA_GRAPH_MAX_BS = 160        # SGLang v0.4's default: larger decode batches run eagerly
 MEM_FRACTION_STATIC = 0.83     # SGLang v0.4 at tp 8
@@ -44,10 +44,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def validate(gpu: str, hw) -> list[dict]:
-    """Fit, save, and predict every profiled operation of `gpu` with the saved terms."""
+def validate(gpu: str, hw, fit_dir: Path) -> list[dict]:
+    """Fit, save, and predict every profiled operation of `gpu` with the fitted terms."""
     terms = fit(gpu, hw)
-    (FIT_DIR / f"{gpu}.json").write_text(terms.to_json())
+    fit_dir.mkdir(parents=True, exist_ok=True)
+    (fit_dir / f"{gpu}.json").write_text(terms.to_json())
     roofline = Roofline(hw, terms)
     errors: dict[str, list[float]] = {}
     for op in compute_ops(gpu) + network_ops(gpu):
@@ -101,6 +102,9 @@ def sanity() -> list[dict]:
                 shape = BatchShape("decode", (1,) * per_group, (CONTEXT,) * per_group)
                 step = Step((shape,) * cost.lay.groups, graph=per_group <= CUDA_GRAPH_MAX_BS)
                 row[f"step_ms_b{batch}"] = cost.step_time(step) * 1e3
+            fitting = [b for b in SANITY_BATCHES if b <= row["max_batch_at_513_tokens"]]
+            row["kv_limited_batch"] = max(fitting, default=0)
+            row["kv_limited_tok_s"] = max((b / row[f"step_ms_b{b}"] * 1e3 for b in fitting), default=0.0)
             rows.append(row)
     return rows
 
@@ -108,10 +112,11 @@ def sanity() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--fit-dir", type=Path, default=FIT_DIR, help="where the fitted terms go (default: shipped)")
     args = ap.parse_args()
     rows = []
     for gpu, hardware in PROFILED_HARDWARE.items():
-        rows += validate(gpu, compose([f"hardware={hardware}"]).hardware)
+        rows += validate(gpu, compose([f"hardware={hardware}"]).hardware, args.fit_dir)
     print(f"Roofline vs Vidur's measurements (each profiled op / collective, median time), target median <= "
           f"{TARGET_PCT:.0f}%:\n")
     print(f"| gpu | kind | n | median abs err % | p90 abs err % | median err % | target |\n|---|---|---:|---:|---:|---:|---|")
@@ -122,12 +127,14 @@ def main() -> None:
     print(f"\nDeepSeek-V2 decode on 8x H100 SXM (roofline; moe=triton_fused; context {CONTEXT}; CUDA graph when a "
           f"scheduler's batch <= {CUDA_GRAPH_MAX_BS}; KV at mem_fraction_static {MEM_FRACTION_STATIC}):\n")
     heads = " | ".join(f"step ms @{b}" for b in SANITY_BATCHES)
-    print(f"| weights | parallel | weights GiB/GPU | KV tokens/GPU | KV tokens/instance | max batch @513 | {heads} |")
-    print("|---|---|---:|---:|---:|---:|" + "---:|" * len(SANITY_BATCHES))
+    print(f"| weights | parallel | weights GiB/GPU | KV tokens/GPU | KV tokens/instance | max batch @513 | {heads} "
+          f"| tok/s at the largest listed batch that fits |")
+    print("|---|---|---:|---:|---:|---:|" + "---:|" * (len(SANITY_BATCHES) + 1))
     for r in checks:
         steps = " | ".join(f"{r[f'step_ms_b{b}']:.2f}" for b in SANITY_BATCHES)
         print(f"| {r['weights']} | {r['parallel']} | {r['weights_gib_per_gpu']:.1f} | {r['kv_tokens_per_gpu']:,} | "
-              f"{r['kv_tokens_instance']:,} | {r['max_batch_at_513_tokens']:,} | {steps} |")
+              f"{r['kv_tokens_instance']:,} | {r['max_batch_at_513_tokens']:,} | {steps} | "
+              f"{r['kv_limited_tok_s']:,.0f} (@{r['kv_limited_batch']}) |")
     misses = [f"{r['gpu']} {r['kind']}" for r in rows if not r["meets_target"]]
     print(f"\n{len(rows) - len(misses)}/{len(rows)} kinds meet the target" + (f"; misses: {', '.join(misses)}" if misses else ""))
     args.out.write_text(json.dumps({"target_median_abs_err_pct": TARGET_PCT, "validation": rows,
