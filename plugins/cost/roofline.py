@@ -152,7 +152,8 @@ class RooflineCost(CostModel):
         if normal:                                        # kv_b: the latent -> per-head keys and values
             latent = (gemm(t, h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),)
         else:                                             # W_UK folds q_nope into latent space, W_UV lifts the out
-            latent = (gemm(t, m.kv_lora_rank, m.qk_nope_head_dim, batch=h), gemm(t, m.v_head_dim, m.kv_lora_rank, batch=h))
+            latent = (gemm(t, m.kv_lora_rank, m.qk_nope_head_dim, batch=h),
+                      gemm(t, m.v_head_dim, m.kv_lora_rank, batch=h))
         return _total(*[rf.memop("rmsnorm", 4 * t * m.hidden_size * a)] * 2,   # fused add + norm, before attn and ffn
                       *q, gemm(t, m.kv_cache_width, m.hidden_size),
                       rf.memop("rmsnorm", 2 * t * m.kv_lora_rank * a),
@@ -175,7 +176,8 @@ class RooflineCost(CostModel):
         (the same unless an all-to-all backend brings each rank the tokens routed to its experts)."""
         m, lay, rf = self.m, self.lay, self.rf
         e, k = m.n_routed_experts, m.num_experts_per_tok
-        gate = _total(self._gemm(t_in, e, m.hidden_size), rf.memop("act", t_in * e * 4))   # logits + fp32 top-k
+        gate = _total(self._gemm(t_in, e, m.hidden_size, quantized=False),
+                      rf.memop("act", t_in * e * 4))                        # logits, then the fp32 top-k
         assigned = t_routed * k / lay.expert_split
         touched = expected_touched(e, k, t_routed) / lay.expert_split
         inter = m.moe_intermediate_size / lay.inter_split
@@ -192,7 +194,9 @@ class RooflineCost(CostModel):
         """Embedding, final norm, lm_head on each request's last token (vocabulary split across attention TP)."""
         m, rf, a = self.m, self.rf, self.act
         return _total(rf.memop("emb", 2 * t * m.hidden_size * a), rf.memop("rmsnorm", 2 * t * m.hidden_size * a),
-                      self._gemm(reqs, m.vocab_size / self.lay.attn_tp, m.hidden_size))
+                      self._gemm(reqs, m.vocab_size / self.lay.attn_tp, m.hidden_size, quantized=False))
 
-    def _gemm(self, t: float, n: float, k: float, batch: float = 1.0) -> float:
-        return self.rf.gemm(t, n, k, batch=batch, dtype=self.wdtype, weight_bytes=self.wbytes, act_bytes=self.act)
+    def _gemm(self, t: float, n: float, k: float, batch: float = 1.0, quantized: bool = True) -> float:
+        """A linear layer; fp8 checkpoints keep the router gate and lm_head in the model's dtype (quantized=False)."""
+        dtype, wbytes = (self.wdtype, self.wbytes) if quantized else (self.m.dtype, self.act)
+        return self.rf.gemm(t, n, k, batch=batch, dtype=dtype, weight_bytes=wbytes, act_bytes=self.act)

@@ -25,6 +25,7 @@ class GemmOp:
     n: int
     k: int
     time_s: float
+    model: str       # the profiled model whose layer this is
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class MemOp:
     memop: str       # the fitted kernel kind
     nbytes: int
     time_s: float
+    model: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def compute_ops(gpu: str) -> list[GemmOp | MemOp]:
     """Every profiled operation of every layer row, as the kernel the roofline would price it as."""
     ops: list[GemmOp | MemOp] = []
     for path in sorted((PROFILES / "compute").glob(f"{gpu}_*_mlp.csv.gz")):
+        model = path.name.split("_")[1]
         for r in _rows(path):
             h, heads, kv_heads = int(r["n_embd"]), int(r["n_head"]), int(r["n_kv_head"])
             inter, tp, t = int(r["n_expanded_embd"]), int(r["num_tensor_parallel_workers"]), int(r["num_tokens"])
@@ -69,10 +72,10 @@ def compute_ops(gpu: str) -> list[GemmOp | MemOp]:
                        "mlp_act": t * (up + inter // tp), "attn_rope": 2 * t * (heads + kv_heads) * head_dim // tp,
                        "add": 3 * t * h, "emb": 2 * t * h}                                  # rows read + written
             for kind, (m, n, k) in gemms.items():
-                ops.append(GemmOp(kind, m, n, k, float(r[f"time_stats.{kind}.median"]) * 1e-3))
+                ops.append(GemmOp(kind, m, n, k, float(r[f"time_stats.{kind}.median"]) * 1e-3, model))
             for kind, values in traffic.items():
                 ops.append(MemOp(kind, MEMOP_KINDS[kind], values * ACT_BYTES,
-                                 float(r[f"time_stats.{kind}.median"]) * 1e-3))
+                                 float(r[f"time_stats.{kind}.median"]) * 1e-3, model))
     return ops
 
 
