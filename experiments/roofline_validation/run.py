@@ -1,9 +1,10 @@
 """Roofline validation: fit the roofline's efficiency terms on Vidur's measured GPU profiles, predict every profiled
-operation and collective with them, and report the error per kind; then sanity figures for DeepSeek-V2 on 8xH100.
+operation and collective with them, and report the error per kind; then GEMMs timed on a real GPU against the
+roofline (data/gpu-profiles/measured/, from measure_gpu.py); then sanity figures for DeepSeek-V2 on 8xH100.
 
 "Held out": each Llama-2 model's operations predicted by terms fitted on the other model alone. The fit writes
 data/gpu-profiles/fit/<gpu>.json (what conf/hardware/*.yaml point to); it is deterministic, and
-tests/sim checks that the shipped terms are what the shipped profiles give. One run prints two tables and writes
+tests/sim checks that the shipped terms are what the shipped profiles give. One run prints three tables and writes
 results.json beside this file (or --out).
 
     python experiments/roofline_validation/run.py [--out PATH]
@@ -25,10 +26,12 @@ from framework.registry import COST  # noqa: E402
 from framework.sim.cost import BatchShape, Instance, Step, itemsize  # noqa: E402
 from framework.sim.cost.fit import PROFILED_HARDWARE, fit, fit_gemm, fit_memops, predict  # noqa: E402
 from framework.sim.cost.hardware import FIT_DIR  # noqa: E402
+from framework.sim.cost.profiles import PROFILES  # noqa: E402
 from framework.sim.cost.profiles import CollectiveOp, GemmOp, MemOp, compute_ops, network_ops  # noqa: E402
 from framework.sim.cost.roofline import Roofline  # noqa: E402
 
 TARGET_PCT = 15.0
+MEASURED = PROFILES / "measured"
 SANITY_BATCHES = (64, 256, 1024, 2048, 4096)
 CONTEXT = 256                  # PR #1970: input 1, output 512 -> a request's mean context over its decode
 CUDA_GRAPH_MAX_BS = 160        # SGLang v0.4's default: larger decode batches run eagerly
@@ -81,6 +84,30 @@ def validate(gpu: str, hw, fit_dir: Path) -> list[dict]:
         rows.append({"gpu": gpu, "kind": kind, "n": len(errs), "median_abs_err_pct": statistics.median(absolute),
                      "p90_abs_err_pct": percentile(absolute, 90), "median_err_pct": statistics.median(errs),
                      "held_out_median_abs_err_pct": unseen, "meets_target": statistics.median(absolute) <= TARGET_PCT})
+    return rows
+
+
+def measured_check() -> list[dict]:
+    """GEMMs timed on a real GPU by measure_gpu.py (data/gpu-profiles/measured/) against the roofline for that
+    hardware: out of sample for the fit (another GPU, today's cuBLAS, fp8 and batched GEMMs)."""
+    rows = []
+    for path in sorted(MEASURED.glob("*_gemms.json")):
+        hardware = path.name.split("_")[0]
+        rf = Roofline(compose([f"hardware={hardware}"]).hardware)
+        errors: dict[tuple, list[float]] = {}
+        for c in json.loads(path.read_text())["cases"]:
+            size = 1 if c["dtype"] == "fp8" else 2
+            predicted = rf.gemm(c["m"], c["n"], c["k"], batch=c["batch"], dtype=c["dtype"], weight_bytes=size,
+                                act_bytes=size)
+            rows_band = "m <= 32" if c["m"] <= 32 else "32 < m <= 512" if c["m"] <= 512 else "m > 512"
+            kind = f"{c['dtype']} {'batched' if c['batch'] > 1 else 'mm'}"
+            for key in ((kind, "all"), (kind, rows_band)):
+                errors.setdefault(key, []).append(100 * (predicted / c["hbm_s"] - 1))
+        for (kind, band), errs in errors.items():
+            absolute = [abs(e) for e in errs]
+            rows.append({"hardware": hardware, "kind": kind, "rows": band, "n": len(errs),
+                         "median_abs_err_pct": statistics.median(absolute), "p90_abs_err_pct": percentile(absolute, 90),
+                         "median_err_pct": statistics.median(errs)})
     return rows
 
 
@@ -148,6 +175,13 @@ def main() -> None:
         print(f"| {r['gpu']} | {r['kind']} | {r['n']} | {r['median_abs_err_pct']:.1f} | {r['p90_abs_err_pct']:.1f} | "
               f"{r['median_err_pct']:+.1f} | {'ok' if r['meets_target'] else 'MISS'} | "
               f"{'' if unseen is None else f'{unseen:.1f}'} |")
+    measured = measured_check()
+    print("\nGEMMs timed on a real GPU (measure_gpu.py: CUDA-graph replays, weights streamed from HBM) against the "
+          "roofline for that hardware:\n")
+    print("| hardware | kind | rows | n | median abs err % | p90 abs err % | median err % |\n|---|---|---|---:|---:|---:|---:|")
+    for r in measured:
+        print(f"| {r['hardware']} | {r['kind']} | {r['rows']} | {r['n']} | {r['median_abs_err_pct']:.1f} | "
+              f"{r['p90_abs_err_pct']:.1f} | {r['median_err_pct']:+.1f} |")
     checks = sanity()
     print(f"\nDeepSeek-V2 decode on 8x H100 SXM (roofline; moe=triton_fused; context {CONTEXT}; CUDA graph when a "
           f"scheduler's batch <= {CUDA_GRAPH_MAX_BS}; KV at mem_fraction_static {MEM_FRACTION_STATIC}):\n")
@@ -163,7 +197,7 @@ def main() -> None:
     misses = [f"{r['gpu']} {r['kind']}" for r in rows if not r["meets_target"]]
     print(f"\n{len(rows) - len(misses)}/{len(rows)} kinds meet the target" + (f"; misses: {', '.join(misses)}" if misses else ""))
     args.out.write_text(json.dumps({"target_median_abs_err_pct": TARGET_PCT, "validation": rows,
-                                    "deepseek_v2_8xh100": checks}, indent=1) + "\n")
+                                    "measured_gemms": measured, "deepseek_v2_8xh100": checks}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,5 +19,6 @@ def test_roofline_validation_runs(tmp_path):
     assert ("h100", "mlp_up_proj") in kinds and ("a100", "all_reduce x8 (NVLink)") in kinds
     assert {(row["weights"], row["parallel"]) for row in results["deepseek_v2_8xh100"]} == {
         (w, p) for w in ("model", "fp8") for p in ("tp", "dp_attn")}
+    assert {row["kind"] for row in results["measured_gemms"]} == {"bfloat16 mm", "fp8 mm", "bfloat16 batched"}
     assert "| h100 | attn_pre_proj |" in r.stdout and "DeepSeek-V2 decode on 8x H100 SXM" in r.stdout
     assert sorted(p.name for p in (tmp_path / "fit").glob("*.json")) == sorted(p.name for p in FIT_DIR.glob("*.json"))
