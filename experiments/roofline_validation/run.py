@@ -178,7 +178,8 @@ def main() -> None:
     measured = measured_check()
     print("\nGEMMs timed on a real GPU (measure_gpu.py: CUDA-graph replays, weights streamed from HBM) against the "
           "roofline for that hardware:\n")
-    print("| hardware | kind | rows | n | median abs err % | p90 abs err % | median err % |\n|---|---|---|---:|---:|---:|---:|")
+    print("| hardware | kind | rows | n | median abs err % | p90 abs err % | median err % |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for r in measured:
         print(f"| {r['hardware']} | {r['kind']} | {r['rows']} | {r['n']} | {r['median_abs_err_pct']:.1f} | "
               f"{r['p90_abs_err_pct']:.1f} | {r['median_err_pct']:+.1f} |")
@@ -195,7 +196,8 @@ def main() -> None:
               f"{r['kv_tokens_instance']:,} | {r['max_batch_at_513_tokens']:,} | {steps} | "
               f"{r['kv_limited_tok_s']:,.0f} (@{r['kv_limited_batch']}) |")
     misses = [f"{r['gpu']} {r['kind']}" for r in rows if not r["meets_target"]]
-    print(f"\n{len(rows) - len(misses)}/{len(rows)} kinds meet the target" + (f"; misses: {', '.join(misses)}" if misses else ""))
+    print(f"\n{len(rows) - len(misses)}/{len(rows)} kinds meet the target"
+          + (f"; misses: {', '.join(misses)}" if misses else ""))
     args.out.write_text(json.dumps({"target_median_abs_err_pct": TARGET_PCT, "validation": rows,
                                     "measured_gemms": measured, "deepseek_v2_8xh100": checks}, indent=1) + "\n")
 

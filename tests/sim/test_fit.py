@@ -7,7 +7,8 @@ import pytest
 from framework.config import compose
 from framework.sim.cost.fit import PROFILED_HARDWARE, fit, predict
 from framework.sim.cost.hardware import Fit
-from framework.sim.cost.profiles import GEMM_KINDS, MEMOP_KINDS, CollectiveOp, GemmOp, MemOp, compute_ops, gpus, network_ops
+from framework.sim.cost.profiles import (GEMM_KINDS, MEMOP_KINDS, CollectiveOp, GemmOp, MemOp, compute_ops, gpus,
+                                         network_ops)
 from framework.sim.cost.roofline import Roofline
 
 

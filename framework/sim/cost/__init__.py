@@ -40,6 +40,13 @@ class BatchShape:
     new_tokens: tuple[int, ...] = ()          # per request: tokens computed this step (decode: 1 each)
     prefix: tuple[int, ...] = ()              # per request: tokens already in its KV (cached prefix + context)
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"batch mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if len(self.new_tokens) != len(self.prefix):
+            raise ValueError(f"a batch needs one prefix length per request: {len(self.new_tokens)} requests, "
+                             f"{len(self.prefix)} prefix lengths")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -53,10 +60,10 @@ class Instance:
     """What an engine instance runs on and how it is split: fixed for the instance's life."""
     model: ModelConfig
     hardware: HardwareConfig
-    parallel: str = "tp"                       # the parallelism plugin's key
-    size: int = 1                              # GPUs of the instance
-    moe: str = "triton_fused"                  # the MoE backend's key
-    dispatch: str = "all_reduce"               # moe=ep: all_to_all | all_reduce
+    parallel: str                              # the parallelism plugin's key (parallel.name)
+    size: int                                  # GPUs of the instance (parallel.size)
+    moe: str                                   # the MoE backend's key (moe.name)
+    dispatch: str = "all_to_all"               # moe=ep: all_to_all | all_reduce (moe.dispatch)
     tp_size: int = 1                           # attention TP inside each DP group (parallel=dp_attn_tp)
 
 

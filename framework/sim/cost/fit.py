@@ -11,7 +11,7 @@ import numpy as np
 
 from framework.sim.cost.hardware import Fit, GemmFit, HardwareConfig, LinkFit, MemOpFit
 from framework.sim.cost.profiles import ACT_BYTES, CollectiveOp, GemmOp, MemOp, compute_ops, network_ops
-from framework.sim.cost.roofline import _TRAFFIC, Roofline
+from framework.sim.cost.roofline import TRAFFIC, Roofline
 
 PROFILED_HARDWARE = {"h100": "h100_sxm", "a100": "a100_80g"}   # the GPU each profile set was measured on
 SOURCE = "fitted by experiments/roofline_validation/run.py on data/gpu-profiles (Vidur's profiles, MIT)"
@@ -29,8 +29,9 @@ def fit_gemm(ops: list[GemmOp], hw: HardwareConfig) -> GemmFit:
     compute_bound = m >= 256
     for _ in range(100):
         # time = latency + flops * u + flops / m * v (compute-bound) or latency + bytes * w (memory-bound)
-        lat, u, v, w = _relative_lstsq([np.ones_like(t), np.where(compute_bound, flops, 0.0),
-                                        np.where(compute_bound, flops / m, 0.0), np.where(compute_bound, 0.0, nbytes)], t)
+        columns = [np.ones_like(t), np.where(compute_bound, flops, 0.0), np.where(compute_bound, flops / m, 0.0),
+                   np.where(compute_bound, 0.0, nbytes)]
+        lat, u, v, w = _relative_lstsq(columns, t)
         now = flops * u + flops / m * v > nbytes * w
         if (now == compute_bound).all():
             break
@@ -51,7 +52,7 @@ def fit_memops(ops: list[MemOp], hw: HardwareConfig) -> dict[str, MemOpFit]:
 
 def _fit_link(ops: list[CollectiveOp], link_gb_s: float) -> LinkFit:
     t = np.array([o.time_s for o in ops])
-    traffic = np.array([_TRAFFIC[o.kind](o.ranks) * o.nbytes for o in ops])
+    traffic = np.array([TRAFFIC[o.kind](o.ranks) * o.nbytes for o in ops])
     lat, w = _relative_lstsq([np.ones_like(t), traffic], t)
     return LinkFit(latency_us=float(lat * 1e6), bus_eff=float(1 / (w * link_gb_s * 1e9)))
 

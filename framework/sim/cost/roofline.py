@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from framework.sim.cost.hardware import Fit, HardwareConfig, LinkFit
 
-COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv")
 # Bytes each rank moves over its link per byte of the collective's buffer, over n ranks (nccl-tests' bus
 # bandwidth convention): a ring all-reduce is a reduce-scatter then an all-gather, each (n-1)/n of the buffer.
-_TRAFFIC = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+TRAFFIC = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
 
 
 class Roofline:
@@ -62,8 +61,8 @@ class Roofline:
         """`nbytes`: the buffer one rank holds, as nccl-tests sizes it (all_gather: the gathered output,
         reduce_scatter: the input, all_to_all: everything one rank sends). Spans nodes when `ranks` exceeds
         hardware.gpus_per_node unless `inter_node` says otherwise."""
-        if kind not in _TRAFFIC:
-            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+        if kind not in TRAFFIC:
+            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(TRAFFIC)}")
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         if inter_node is None:
@@ -72,7 +71,7 @@ class Roofline:
         if key not in self._links:
             terms = self._link_terms(kind, ranks, inter_node)
             link = self.hw.inter_node_gb_s if inter_node else self.hw.nvlink_gb_s
-            self._links[key] = (terms.latency_us * 1e-6, _TRAFFIC[kind](ranks) / (link * 1e9 * terms.bus_eff))
+            self._links[key] = (terms.latency_us * 1e-6, TRAFFIC[kind](ranks) / (link * 1e9 * terms.bus_eff))
         latency, seconds_per_byte = self._links[key]
         return latency + nbytes * seconds_per_byte
 
