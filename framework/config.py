@@ -114,6 +114,12 @@ def check_overrides(argv: list[str]) -> None:
     if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
         return
     overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
+    for key, _, value in (a.partition("=") for a in overrides):
+        group = key.replace(".", "/")
+        if group != key and group in PLUGIN_GROUPS:      # a nested group is chosen by its path, not a dotted key
+            print(f"config error: {key} is chosen as a config group: {group}={value} (known: "
+                  f"{', '.join(PLUGIN_GROUPS[group].keys())})", file=sys.stderr)
+            sys.exit(2)
     try:
         compose_dict(overrides)
         return

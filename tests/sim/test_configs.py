@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.config import compose
+from framework.config import check_overrides, compose
 from framework.registry import COST
 from framework.sim.cost.hardware import Fit, HardwareConfig
 
@@ -64,3 +64,11 @@ def test_unknown_fit_and_fp8_on_a100_fail_clearly():
         Fit.load("nope")
     with pytest.raises(ValueError, match="a100_80g has no fp8 tensor cores"):
         compose(["hardware=a100_80g"]).hardware.peak_flops("fp8")
+
+
+def test_cost_model_is_chosen_as_a_group(capsys):
+    with pytest.raises(SystemExit) as e:
+        check_overrides(["sim.cost=roofline"])
+    assert e.value.code == 2
+    assert "sim.cost is chosen as a config group: sim/cost=roofline (known: roofline)" in capsys.readouterr().err
+    check_overrides(["sim/cost=roofline", "sim.cost.weights=fp8", "hardware=b200"])
