@@ -11,6 +11,7 @@ size), `output_scale` and `max_output_len` shrink the answers, `time_scale` spee
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import random
@@ -22,14 +23,14 @@ from framework.workload.base import Session, Turn, Workload, WorkloadConfig, ran
 
 TRACE_BLOCK_TOKENS = 512                   # tokens per hash id in the Mooncake traces
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TRACE = "../shared/data/traces/conversation_trace.jsonl"   # relative to the repo (shared/ sits beside it)
+DEFAULT_TRACE = "data/traces/conversation_trace.jsonl.gz"   # shipped in the repository (data/traces/README.md)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 @dataclass
 class TraceConfig(WorkloadConfig):
     name: str = "trace"
-    path: str = DEFAULT_TRACE         # absolute, or relative to the working directory or else to the repo
+    path: str = DEFAULT_TRACE         # absolute, or relative to the working directory or else to the repo; .gz is read
     use_timestamps: bool = True       # False: arrivals by request_rate / max_concurrency instead of the trace clock
     time_scale: float = 1.0           # replay speed: 10 plays the trace ten times faster
     block_tokens: int = TRACE_BLOCK_TOKENS   # characters per hash-id block (512 = the trace's real size)
@@ -53,15 +54,16 @@ def resolve_trace_path(path: str) -> Path:
             return c.resolve()
     looked = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(
-        f"workload.path={path!r}: no trace file there (looked at {looked}). The default is "
-        f"<repo>/{DEFAULT_TRACE}, i.e. shared/data/traces/ beside the repository; point workload.path at a "
-        f"Mooncake-format JSONL (one object a line with {', '.join(FIELDS)})")
+        f"workload.path={path!r}: no trace file there (looked at {looked}). The repository ships "
+        f"{DEFAULT_TRACE} and data/traces/synthetic_trace.jsonl.gz; point workload.path at one of them or at a "
+        f"Mooncake-format JSONL, plain or .gz (one object a line with {', '.join(FIELDS)})")
 
 
 def read_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
     """The first `limit` requests (0: all), each line checked, errors naming file and line."""
     out = []
-    with open(path) as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
         for lineno, line in enumerate(f, 1):
             if limit and len(out) >= limit:
                 break
