@@ -11,7 +11,6 @@ size), `output_scale` and `max_output_len` shrink the answers, `time_scale` spee
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import random
@@ -19,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.registry import WORKLOAD
-from framework.workload.base import Session, Turn, Workload, WorkloadConfig, random_text
+from framework.workload.base import (REPO_ROOT, Session, Turn, Workload, WorkloadConfig, open_text, random_text,
+                                     resolve_data_path)
 
 TRACE_BLOCK_TOKENS = 512                   # tokens per hash id in the Mooncake traces
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TRACE = "data/traces/conversation_trace.jsonl.gz"   # shipped in the repository (data/traces/README.md)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -47,23 +46,15 @@ class TraceRequest:
 
 
 def resolve_trace_path(path: str) -> Path:
-    p = Path(path or DEFAULT_TRACE).expanduser()
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, REPO_ROOT / p]
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    looked = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"workload.path={path!r}: no trace file there (looked at {looked}). The repository ships "
-        f"{DEFAULT_TRACE} and data/traces/synthetic_trace.jsonl.gz; point workload.path at one of them or at a "
-        f"Mooncake-format JSONL, plain or .gz (one object a line with {', '.join(FIELDS)})")
+    return resolve_data_path(path or DEFAULT_TRACE, (
+        f"The repository ships {DEFAULT_TRACE} and data/traces/synthetic_trace.jsonl.gz; point workload.path at one "
+        f"of them or at a Mooncake-format JSONL, plain or .gz (one object a line with {', '.join(FIELDS)})"))
 
 
 def read_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
     """The first `limit` requests (0: all), each line checked, errors naming file and line."""
     out = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if limit and len(out) >= limit:
                 break
