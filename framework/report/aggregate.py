@@ -55,12 +55,16 @@ def rows(runs: list[dict], vary: list[str]) -> list[dict]:
         res = r["results"]
         row = {k: r["config"].get(k) for k in vary}
         row.update({m: res[m] for m in METRICS if m in res})
-        row["label"] = ", ".join(f"{k.split('.')[-1] if k.endswith('.name') else k}={r['config'].get(k)}"
-                                 for k in vary) or r["dir"].name
+        row["label"] = ", ".join(f"{_short(k)}={r['config'].get(k)}" for k in vary) or r["dir"].name
         row["error"] = res.get("error", "")
         row["dir"] = str(r["dir"])
         out.append(row)
     return out
+
+
+def _short(key: str) -> str:
+    """"router.name" -> "router": a group's chosen option reads as the override that chose it."""
+    return key.removesuffix(".name")
 
 
 def _fmt(v) -> str:
@@ -94,7 +98,7 @@ def aggregate(paths: list[Path], out: Path) -> tuple[list[dict], list[Path]]:
         others = [k for k in vary if k != RATE]
         series: dict[str, list[dict]] = {}
         for r in ok:
-            name = ", ".join(f"{k}={r[k]}" for k in others)
+            name = ", ".join(f"{_short(k)}={r[k]}" for k in others)
             series.setdefault(name, []).append({**r, "rate": r[RATE]})
         made.append(plots.rate_sweep(series, out / "rate_sweep.png"))
     if any(k.startswith(("router.", "workload.name")) for k in vary) and ok and RATE not in vary:

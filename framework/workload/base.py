@@ -73,7 +73,7 @@ class WorkloadConfig:
     api: Api = Api.generate            # HTTP client API: generate | completions | chat
     model: str = ""                    # OpenAI "model" field; "" = the first id of the server's GET /v1/models
     slo: SloConfig = field(default_factory=SloConfig)
-    sample_interval_s: float = 0.5     # how often the HTTP client samples the router's per-worker load; 0 = never
+    sample_interval_s: float = 0.25    # how often the HTTP client samples the router's per-worker load; 0 = never
 
 
 def check_arrivals(cfg: WorkloadConfig) -> None:
