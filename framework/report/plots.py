@@ -84,7 +84,7 @@ def rate_sweep(series: dict[str, list[dict]], path: Path) -> Path:
               yscale="log")
     for ax in (left, right):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     return _save(fig, path)
 
 
