@@ -2,10 +2,13 @@
 multirun in one W&B group and named by their overrides, free ports for several clusters on one node."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from framework.config import compose
 from framework.multirun import sweep_outcome
@@ -48,3 +51,19 @@ def test_port_zero_takes_free_distinct_ports():
     assign_free_ports(fixed)
     assert fixed.router.port == 31000 and fixed.cluster.worker_ports == []    # asked ports are kept
     assert len(set(free_ports("127.0.0.1", 50))) == 50
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="hydra-joblib-launcher is not installed ('.[studies]')")
+def test_two_clusters_at_once_on_one_node(tmp_path):
+    """hydra/launcher=node runs both points at the same time; router.port=0 keeps their ports apart."""
+    r = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=node", "router.port=0",
+                        "router=round_robin,random", "cluster.instances=1", "workload.num_requests=2",
+                        "workload.num_conversations=1", "logger.mode=disabled", f"hydra.sweep.dir={tmp_path}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("0", "1")]
+    assert all(x["requests_completed"] == 2 for x in runs)
+    ports = [int(next(iter(x["per_worker"])).rsplit(":", 1)[1]) for x in runs]
+    assert ports[0] != ports[1]
