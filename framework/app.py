@@ -38,7 +38,7 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
         raise UserError("mode=sim is not available yet in this version; available: bench, verify, serve")
     if cfg.mode is Mode.verify:
         return _verify(cfg, out_dir, resolved)
-    if cfg.cluster.url:                 # client-only: drive a server started elsewhere (framework/workload/client_bench)
+    if cfg.cluster.url:                 # client-only: drive a server started elsewhere (workload/client_bench.py)
         if cfg.mode is not Mode.bench:
             raise UserError(f"cluster.url drives a server started elsewhere (mode=bench); mode={cfg.mode.value} "
                             f"starts one: drop cluster.url")

@@ -46,7 +46,8 @@ def _stats(name: str, values_s: list[float]) -> dict[str, float]:
     ms = np.asarray(values_s, dtype=float) * 1e3
     if not len(ms):
         return {f"{name}_{k}_ms": float("nan") for k in ("mean", "p50", "p90", "p99")}
-    return {f"{name}_mean_ms": float(ms.mean()), **{f"{name}_p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
+    return {f"{name}_mean_ms": float(ms.mean()),
+            **{f"{name}_p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
 
 
 def meets_slo(r: RequestRecord, slo) -> bool:
@@ -101,7 +102,8 @@ def write_requests(records: list[RequestRecord], path: str | os.PathLike) -> Pat
 def read_requests(path: str | os.PathLike) -> list[RequestRecord]:
     names = set(RequestRecord.__dataclass_fields__)
     with open(path) as f:
-        return [RequestRecord(**{k: v for k, v in json.loads(line).items() if k in names}) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [RequestRecord(**{k: v for k, v in row.items() if k in names}) for row in rows]
 
 
 def git_sha() -> str:

@@ -56,7 +56,7 @@ def sglang_router_args(rc, worker_urls: list[str], port: int, prometheus_port: i
         raise PeerRouterError(f"router.impl=sglang: sglang-router has no policy {rc.name!r}; it runs "
                               f"{', '.join(POLICIES)} (and power_of_two, which servelab does not have)")
     args = ["--host", rc.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
-            "--prometheus-host", rc.host, "--prometheus-port", str(prometheus_port), "--log-level", "warn"]
+            "--prometheus-host", rc.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
     if rc.name == "cache_aware":
         if rc.miss_policy != "least_loaded":
             raise PeerRouterError(

@@ -167,7 +167,8 @@ async def test_openai_apis_report_what_native_reports(worker_url):
     cfg.api = Api.chat
     chat, _ = await LoadClient(worker_url, cfg).play_async(sessions("multi_turn", cfg))
     assert all(r.ok for r in chat), [r.error for r in chat]
-    assert [r.completion_tokens for r in sorted(chat, key=key)] == [r.completion_tokens for r in sorted(native, key=key)]
+    assert [r.completion_tokens for r in sorted(chat, key=key)] == \
+        [r.completion_tokens for r in sorted(native, key=key)]
     assert all(r.cached_tokens > 0 for r in chat if r.turn > 0)
     for r in native:       # the native stream carries every token as an event: one gap per token after the first
         assert len(r.itl_s) == r.completion_tokens - 1 and r.ttft_s + sum(r.itl_s) <= r.e2e_s

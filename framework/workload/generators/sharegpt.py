@@ -46,14 +46,16 @@ def load_conversations(path: str) -> list[list[str]]:
     with open_text(where) as f:
         raw = f.read()
     try:
-        rows = json.loads(raw) if raw.lstrip().startswith("[") else [json.loads(l) for l in raw.splitlines() if l.strip()]
+        lines = [] if raw.lstrip().startswith("[") else [line for line in raw.splitlines() if line.strip()]
+        rows = [json.loads(line) for line in lines] if lines else json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not JSON or JSONL ({e.msg} at line {e.lineno})") from None
     out = []
     for i, row in enumerate(rows):
         conv = row.get("conversations") if isinstance(row, dict) else None
         if not isinstance(conv, list) or not all(isinstance(m, dict) and isinstance(m.get("value"), str) for m in conv):
-            raise ValueError(f"{where}: entry {i} is not {{'conversations': [{{'from': ..., 'value': <string>}}, ...]}}")
+            raise ValueError(f"{where}: entry {i} is not "
+                             f"{{'conversations': [{{'from': ..., 'value': <string>}}, ...]}}")
         out.append([m["value"] for m in conv])
     return out
 
