@@ -67,3 +67,25 @@ def test_two_clusters_at_once_on_one_node(tmp_path):
     assert all(x["requests_completed"] == 2 for x in runs)
     ports = [int(next(iter(x["per_worker"])).rsplit(":", 1)[1]) for x in runs]
     assert ports[0] != ports[1]
+
+
+PLUGINS = {"node": "hydra_joblib_launcher", "slurm": "hydra_submitit_launcher", "ray": "hydra_ray_launcher",
+           "tune_cache_aware": "hydra_optuna_sweeper"}
+
+
+@pytest.mark.parametrize("group, option", [("launcher", "node"), ("launcher", "slurm"), ("launcher", "ray"),
+                                           ("sweeper", "tune_cache_aware")])
+def test_launcher_and_sweeper_configs_compose(group, option):
+    if importlib.util.find_spec(f"hydra_plugins.{PLUGINS[option]}") is None:
+        pytest.skip(f"{PLUGINS[option]} is not installed")
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from framework.config import CONF_DIR, register_configs
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = hydra_compose("config", overrides=[f"hydra/{group}={option}"], return_hydra_config=True)
+    assert PLUGINS[option] in cfg.hydra[group]["_target_"]
+
+
+def test_every_launcher_and_sweeper_config_is_covered():
+    shipped = {p.stem for p in (ROOT / "conf" / "hydra").rglob("*.yaml")}
+    assert shipped == set(PLUGINS)
