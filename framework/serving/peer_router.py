@@ -17,6 +17,9 @@ servelab's router config maps onto its flags as follows; what it cannot express 
 | router.max_retries              | --retry-max-retries (0: --disable-retries)                                   |
 | other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks)              |
 
+The miss behaviour was checked on the 0.3.2 binary: eight unrelated prompts sent one after another in front of two
+idle workers all went to the same worker, where a smallest-tree miss would alternate between them.
+
 SGLang's router reports through Prometheus (`smg_*` series on `--prometheus-port`): per-worker attempts
 (`smg_worker_cb_outcomes_total`), retries (`smg_worker_retries_total`) and requests in flight per worker
 (`smg_worker_requests_active`). `stats()` reads them into the keys servelab's `/router_stats` uses, with the router
@@ -99,7 +102,7 @@ class SglangRouter:
         if version != PINNED:
             log.warning("sglang-router %s is installed; the config mapping was checked against %s", version, PINNED)
         host = "127.0.0.1" if rc.host in ("", "0.0.0.0") else rc.host
-        self.port, prometheus_port = rc.port, free_ports(rc.host, 1)[0]
+        prometheus_port = free_ports(rc.host, 1)[0]
         self.url, self.metrics_url = f"http://{host}:{rc.port}", f"http://{host}:{prometheus_port}/metrics"
         self.args = sglang_router_args(rc, worker_urls, rc.port, prometheus_port) + [
             "--worker-startup-timeout-secs", str(math.ceil(startup_timeout_s)), "--worker-startup-check-interval", "1"]

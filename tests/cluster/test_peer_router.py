@@ -78,3 +78,10 @@ def test_sglang_router_fronts_real_workers():
         cluster.flush_caches()
         results, _ = bench(cluster, cfg, sessions)
         assert results["requests_failed"] == 0 and results["cache_hit_rate"] > 0.5   # each group's prefix reused
+        # why the mapping refuses v0.4's smallest-tree miss: unrelated prompts, one at a time, all go to one idle
+        # worker (least loaded, ties to the first), where a smallest-tree miss would alternate between the two
+        unrelated = compose("workload=random", "workload.num_prompts=6", "workload.input_len=64",
+                            "workload.output_len=2", "workload.max_concurrency=1").workload
+        before = [worker_requests(u) for u in cluster.worker_urls]
+        bench(cluster, cfg, WORKLOAD.build("random", unrelated, 0).sessions())
+        assert sorted(worker_requests(u) - b for u, b in zip(cluster.worker_urls, before)) == [0, 6]
