@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.registry import WORKLOAD
-from framework.workload.base import (REPO_ROOT, Session, Turn, Workload, WorkloadConfig, open_text, random_text,
-                                     resolve_data_path)
+from framework.workload.base import Session, Turn, Workload, WorkloadConfig, open_text, random_text, resolve_data_path
 
 TRACE_BLOCK_TOKENS = 512                   # tokens per hash id in the Mooncake traces
 DEFAULT_TRACE = "data/traces/conversation_trace.jsonl.gz"   # shipped in the repository (data/traces/README.md)
