@@ -8,7 +8,8 @@ delta text per chunk and the usage chunk at the end). `workload.max_concurrency`
 bench_serving's `--max-concurrency`); a multi-turn session holds no slot while it thinks.
 
 Timing per request, from the first byte sent: TTFT at the first chunk that carries output, ITL between consecutive
-such chunks, E2E at the end of the stream. Token counts come from the server (`meta_info`, or OpenAI `usage`, which
+such chunks, E2E at the end of the stream (as bench_serving, which waits for non-empty text; the native API's
+token count also counts, so a first token that decodes to no text yet still starts the clock). Token counts come from the server (`meta_info`, or OpenAI `usage`, which
 carries `prompt_tokens_details.cached_tokens`); a server that sends no usage gets the number of output chunks as its
 completion tokens. A request never raises: a failure becomes a record with `ok=False` and the error. A request that
 failed in a way another try may fix (a connection error, a 408/429/5xx, a stream that broke before it finished) is
