@@ -13,10 +13,18 @@ register_configs()
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     from framework.app import UserError, run
+    from framework.multirun import in_multirun, name_run, record_failure
+    hydra_cfg = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
-        return run(to_objects(cfg), HydraConfig.get().runtime.output_dir, resolved)
-    except UserError as e:
+        objects = to_objects(cfg)
+        name_run(objects.logger, hydra_cfg)
+        return run(objects, hydra_cfg.runtime.output_dir, resolved)
+    except Exception as e:
+        if in_multirun(hydra_cfg):     # one failed point: results.json says why, the sweep goes on
+            return record_failure(hydra_cfg.runtime.output_dir, e, resolved)
+        if not isinstance(e, UserError):
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

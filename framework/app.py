@@ -38,6 +38,12 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
         raise UserError("mode=sim is not available yet in this version; available: bench, verify, serve")
     if cfg.mode is Mode.verify:
         return _verify(cfg, out_dir, resolved)
+    if cfg.cluster.url:                 # client-only: drive a server started elsewhere (workload/client_bench.py)
+        if cfg.mode is not Mode.bench:
+            raise UserError(f"cluster.url drives a server started elsewhere (mode=bench); mode={cfg.mode.value} "
+                            f"starts one: drop cluster.url")
+        from framework.workload.client_bench import run_url_bench
+        return run_url_bench(cfg, out_dir, resolved)
     if cfg.mode is Mode.serve or cfg.cluster.http:
         return _cluster(cfg, out_dir, resolved)
     return _bench(cfg, out_dir, resolved)
@@ -109,7 +115,7 @@ def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
         if results is None:                     # torchrun, rank > 0: rank 0 reports
             return 0.0
     report(results, out_dir, resolved, cfg.logger, f"bench: {cfg.workload.name}, parallel={cfg.parallel.name} "
-                                                      f"x{cfg.parallel.size}, moe={cfg.moe.name}")
+                                                      f"x{cfg.parallel.size}, moe={cfg.moe.name}", records)
     if failure := failure_summary(records):
         raise UserError(failure)
     return results["output_throughput_tok_s"]
@@ -120,7 +126,7 @@ def _bench_one_rank(cfg: RootConfig, sessions, play) -> tuple[dict, list]:
     from framework.metrics import summarize
     engine = Engine(cfg.model, cfg.engine, _single_rank_par(cfg), cfg.moe, cfg.seed)
     records, duration = play(engine, sessions, cfg.workload, progress=sys.stderr.isatty())
-    results = summarize(records, duration)
+    results = summarize(records, duration, cfg.workload.slo)
     timing, stats = engine.timing, engine.par.stats
     results.update({
         "kv_bytes_per_token_per_rank": engine.kv_bytes_per_token,
@@ -151,7 +157,7 @@ def _bench_instance(cfg: RootConfig, sessions, play) -> tuple[dict, list]:
             ranks = client.close()
         finally:
             client.terminate()
-    results = summarize(records, duration)
+    results = summarize(records, duration, cfg.workload.slo)
     results.update(instance_results(cfg.parallel, ranks))
     return results, records
 

@@ -21,18 +21,28 @@ class Mode(enum.Enum):
     sim = "sim"         # the discrete-event simulator
 
 
+class LogMode(enum.Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
 @dataclass
 class LoggerConfig:
-    mode: str = "offline"             # online | offline | disabled (W&B)
+    mode: LogMode = LogMode.offline   # W&B: online | offline (`wandb sync` uploads later) | disabled
     project: str = "servelab"
     entity: Optional[str] = None
     tags: list[str] = field(default_factory=list)
+    group: Optional[str] = None       # None: the multirun's directory, or the W&B sweep's id (one group per study)
+    name: Optional[str] = None        # None: the run's overrides (Hydra's job.override_dirname)
+    plots: bool = True                # PNG plots beside results.json (and to W&B)
 
 
 @dataclass
 class ClusterConfig:
     instances: int = 1                # local engine instances
     workers: list[str] = field(default_factory=list)   # URLs of external servers to route to instead
+    url: str = ""                     # client-only: drive this server (started elsewhere) and start nothing
     http: bool = True                 # workers + router over HTTP; False: the in-process driver on one instance
     worker_ports: list[int] = field(default_factory=list)   # local workers' ports; default router.port+1, +2, ...
     startup_timeout_s: float = 120.0  # every worker and the router must answer /health within this

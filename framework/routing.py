@@ -7,11 +7,18 @@ router's own in-flight counts (``loads``) and the record of the last decision; a
 from __future__ import annotations
 
 import abc
+import enum
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 REASONS = ("balance", "cache_hit", "cache_miss", "round_robin", "random")
+
+
+class RouterImpl(enum.Enum):
+    """Which router process fronts the workers: servelab's own, or SGLang's (framework/serving/peer_router.py)."""
+    servelab = "servelab"
+    sglang = "sglang"
 
 
 @dataclass
@@ -21,8 +28,9 @@ class RoutingConfig:
     ``router.port=...`` or ``router.max_retries=...`` compose with whichever ``router=`` plugin is chosen; the policies
     themselves ignore them."""
     name: str = ""
+    impl: RouterImpl = RouterImpl.servelab  # sglang: SGLang's router (sglang-router 0.3.2) with this policy
     host: str = "127.0.0.1"
-    port: int = 30000
+    port: int = 30000                       # 0: free ports for the router and the local workers
     health_check_interval_secs: float = 10.0
     health_check_timeout_secs: float = 2.0
     max_retries: int = 3                    # extra attempts after the first, each on another worker when there is one

@@ -1,23 +1,27 @@
-"""The router service's own cost: added latency, throughput and CPU per request, with stub workers on loopback.
+"""The router service's own cost: added latency, throughput and CPU per request, with stub workers on loopback,
+beside the other proxies that could stand where it stands, all in the same run.
 
-Four processes: stub workers (two aiohttp apps answering a fixed ~290-byte completion JSON), the router
-(``framework.serving.router`` through ``serve_router``, round_robin policy, one pooled ClientSession), a bare aiohttp
-proxy (the same server and client session with nothing else: no validation, policy, retries or bookkeeping), and this
-client: a minimal keep-alive HTTP/1.1 client on asyncio protocols, so that on a 2-core machine most of the CPU goes to
-what is measured. Bodies are 2 KB ``/v1/completions`` requests.
+Processes: stub workers (two aiohttp apps answering a fixed ~290-byte completion JSON); the proxies compared, each
+round-robin in front of the same stubs: servelab's router (``framework.serving.router`` through ``serve_router``), the
+same router on uvloop's event loop (``router_uvloop``, when uvloop is installed: measured, not adopted unless it
+helps), SGLang's own router (sglang-router 0.3.2, Rust, when installed: ``framework.serving.peer_router``), and a
+bare aiohttp proxy (the same server and client session with nothing else: no validation, policy, retries or
+bookkeeping); and this client, a minimal keep-alive HTTP/1.1 client on asyncio protocols, so that on a 2-core machine
+most of the CPU goes to what is measured. Bodies are 2 KB ``/v1/completions`` requests.
 
 The bare proxy is a naive aiohttp proxy: aiohttp's and Python's defaults, including the per-request timer of
 ClientTimeout(total=300) and the default garbage-collector thresholds. The router avoids both (its silence timeout is
 one periodic sweep; ``serve_router`` tunes the collector), so at c=256 it can cost less CPU than the bare proxy.
 
-  concurrency 1:   latency through the router vs straight to a stub -> added p50 / p99
-  concurrency 256: requests/s through the router
-  router CPU:      time.process_time() of the router process (``GET /router_stats``) / requests
+  concurrency 1:   latency through each proxy vs straight to a stub -> added p50 / p99
+  concurrency 256: requests/s through each proxy
+  proxy CPU:       the proxy process's CPU time over a phase / requests (servelab's router and the bare proxy report
+                   time.process_time() at ``GET /router_stats``; SGLang's router, all its threads, from /proc)
 
-Each phase runs ``--reps`` times, interleaved across router and bare proxy, so that load from other processes on the
-machine hits both alike; the table quotes medians over reps and the router / bare-proxy ratios.
+Each phase runs ``--reps`` times, interleaved across the proxies, so that load from other processes on the machine
+hits all alike; the table quotes medians over reps and the servelab router / other ratios.
 
-    python experiments/bench_router/bench_http.py       # ~30-50 s, writes experiments/bench_router/results_http.json
+    python experiments/bench_router/bench_http.py       # ~1-2 min, writes experiments/bench_router/results_http.json
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from framework.serving.peer_router import installed_version  # noqa: E402
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
 TARGETS = {"router_cpu_us_per_req": 200.0, "added_p50_ms": 0.4, "throughput_c256_req_s": 4000.0}
 STUB_BODY = json.dumps({
@@ -201,90 +207,92 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
 
 
-async def measure(port: int, body: bytes, concurrency: int, requests: int, max_s: float, cpu: bool) -> dict:
-    """One phase against ``port``: latency percentiles, requests/s and (``cpu``) that server's CPU per request."""
-    cpu0 = (await get_json(port, "/router_stats"))["process_cpu_s"] if cpu else 0.0
+async def measure(port: int, body: bytes, concurrency: int, requests: int, max_s: float, cpu) -> dict:
+    """One phase against ``port``: latency percentiles, requests/s and (given ``cpu``, an async reader of the
+    server process's CPU seconds) its CPU per request."""
+    cpu0 = await cpu() if cpu else 0.0
     lat, wall = await load(port, body, concurrency, requests, max_s)
-    cpu1 = (await get_json(port, "/router_stats"))["process_cpu_s"] if cpu else 0.0
+    cpu1 = await cpu() if cpu else 0.0
     return {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "req_s": len(lat) / wall,
             "cpu_us_per_req": (cpu1 - cpu0) / len(lat) * 1e6, "requests": len(lat)}
 
 
-async def bench(args, ports: dict[str, int], stub_ports: list[int]) -> dict:
+def stats_cpu(port: int):
+    async def read() -> float:            # servelab's router and the bare proxy say it themselves
+        return (await get_json(port, "/router_stats"))["process_cpu_s"]
+    return read
+
+
+def proc_cpu(peer):
+    async def read() -> float:            # SGLang's router: its process's CPU time from /proc
+        return peer.cpu_s()
+    return read
+
+
+async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[int]) -> dict:
+    """``proxies``: name -> (port, CPU reader) of every proxy compared, each in front of the same stubs."""
     body = json.dumps({"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode()
-    for p in (*ports.values(), *stub_ports):
+    for p in (*(port for port, _ in proxies.values()), *stub_ports):
         await wait_up(p)
-    while (await get_json(ports["router"], "/health"))["healthy_workers"] < len(stub_ports):
+    while (await get_json(proxies["router"][0], "/health"))["healthy_workers"] < len(stub_ports):
         await asyncio.sleep(0.1)
-    for p in ports.values():
-        await load(p, body, 16, 2000, max_s=2.0)  # warm-up: connection pools, code paths
-    runs: dict[str, list[dict]] = {k: [] for k in ("direct_c1", "bare_c1", "router_c1", "bare_c256", "router_c256")}
+    for port, _ in proxies.values():
+        await load(port, body, 16, 2000, max_s=min(2.0, args.phase_max_s))  # warm-up: connection pools, code paths
+    runs: dict[str, list[dict]] = {"direct_c1": [], **{f"{n}_{c}": [] for n in proxies for c in ("c1", "c256")}}
     for _ in range(args.reps):  # interleaved, so that a burst of load from elsewhere hits every variant alike
         c1, c256 = (args.c1_requests, args.phase_max_s / 2), (args.c256_requests, args.phase_max_s)
-        runs["direct_c1"].append(await measure(stub_ports[0], body, 1, *c1, cpu=False))
-        for name in ("bare", "router"):
-            runs[f"{name}_c1"].append(await measure(ports[name], body, 1, *c1, cpu=True))
-        for name in ("bare", "router"):
-            runs[f"{name}_c256"].append(await measure(ports[name], body, 256, *c256, cpu=True))
+        runs["direct_c1"].append(await measure(stub_ports[0], body, 1, *c1, cpu=None))
+        for name, (port, cpu) in proxies.items():
+            runs[f"{name}_c1"].append(await measure(port, body, 1, *c1, cpu=cpu))
+        for name, (port, cpu) in proxies.items():
+            runs[f"{name}_c256"].append(await measure(port, body, 256, *c256, cpu=cpu))
     med = {f"{phase}_{k}": statistics.median(r[k] for r in rs) for phase, rs in runs.items() for k in rs[0]}
-    stats = await get_json(ports["router"], "/router_stats")
-    return {
-        "body_bytes": len(body), "reps": args.reps,
-        "c1_requests": statistics.median(r["requests"] for r in runs["router_c1"]),
-        "c256_requests": statistics.median(r["requests"] for r in runs["router_c256"]),
-        "direct_p50_ms": med["direct_c1_p50_ms"], "direct_p99_ms": med["direct_c1_p99_ms"],
-        "router_p50_ms": med["router_c1_p50_ms"], "router_p99_ms": med["router_c1_p99_ms"],
-        "added_p50_ms": med["router_c1_p50_ms"] - med["direct_c1_p50_ms"],
-        "added_p99_ms": med["router_c1_p99_ms"] - med["direct_c1_p99_ms"],
-        "router_cpu_us_per_req_c1": med["router_c1_cpu_us_per_req"],
-        "router_cpu_us_per_req_c256": med["router_c256_cpu_us_per_req"],
-        "throughput_c256_req_s": med["router_c256_req_s"],
-        "c256_p50_ms": med["router_c256_p50_ms"], "c256_p99_ms": med["router_c256_p99_ms"],
-        "bare_proxy_added_p50_ms": med["bare_c1_p50_ms"] - med["direct_c1_p50_ms"],
-        "bare_proxy_cpu_us_per_req_c1": med["bare_c1_cpu_us_per_req"],
-        "bare_proxy_cpu_us_per_req_c256": med["bare_c256_cpu_us_per_req"],
-        "bare_proxy_throughput_c256_req_s": med["bare_c256_req_s"],
-        "router_vs_bare_cpu_ratio_c256": med["router_c256_cpu_us_per_req"] / med["bare_c256_cpu_us_per_req"],
-        "router_vs_bare_throughput_ratio_c256": med["router_c256_req_s"] / med["bare_c256_req_s"],
-        "router_decision_us_p50": stats["router_decision_us"]["p50"],
-        "router_decision_us_p99": stats["router_decision_us"]["p99"],
-        "router_retries": stats["retries"],
-        "throughput_c256_per_rep_req_s": [r["req_s"] for r in runs["router_c256"]],
-        "router_cpu_us_per_req_c256_per_rep": [r["cpu_us_per_req"] for r in runs["router_c256"]],
-    }
+    stats = await get_json(proxies["router"][0], "/router_stats")
+    out = {"body_bytes": len(body), "reps": args.reps, "proxies": list(proxies),
+           "direct_p50_ms": med["direct_c1_p50_ms"], "direct_p99_ms": med["direct_c1_p99_ms"],
+           "router_decision_us_p50": stats["router_decision_us"]["p50"],
+           "router_decision_us_p99": stats["router_decision_us"]["p99"], "router_retries": stats["retries"]}
+    for n in proxies:       # per proxy: added latency at c=1, CPU per request at c=1 and c=256, c=256 throughput
+        out.update({f"{n}_added_p50_ms": med[f"{n}_c1_p50_ms"] - med["direct_c1_p50_ms"],
+                    f"{n}_added_p99_ms": med[f"{n}_c1_p99_ms"] - med["direct_c1_p99_ms"],
+                    f"{n}_cpu_us_per_req_c1": med[f"{n}_c1_cpu_us_per_req"],
+                    f"{n}_cpu_us_per_req_c256": med[f"{n}_c256_cpu_us_per_req"],
+                    f"{n}_throughput_c256_req_s": med[f"{n}_c256_req_s"],
+                    f"{n}_c256_p50_ms": med[f"{n}_c256_p50_ms"], f"{n}_c256_p99_ms": med[f"{n}_c256_p99_ms"],
+                    f"{n}_cpu_us_per_req_c256_per_rep": [r["cpu_us_per_req"] for r in runs[f"{n}_c256"]]})
+    for n in proxies:
+        if n != "router":
+            out[f"router_vs_{n}_cpu_ratio_c256"] = out["router_cpu_us_per_req_c256"] / out[f"{n}_cpu_us_per_req_c256"]
+    return out
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+NAMES = {"router": "servelab router", "router_uvloop": "servelab router + uvloop", "sglang": "SGLang router 0.3.2",
+         "bare": "bare aiohttp proxy"}
 
 
 def report(r: dict) -> None:
-    t = TARGETS
-    cpu = max(r["router_cpu_us_per_req_c1"], r["router_cpu_us_per_req_c256"])
-    rows = [
-        ("", "servelab router", "bare aiohttp proxy", "target"),
-        ("added latency p50, c=1 (ms)", f"{r['added_p50_ms']:.3f}", f"{r['bare_proxy_added_p50_ms']:.3f}",
-         f"< {t['added_p50_ms']}  {_verdict(r['added_p50_ms'] < t['added_p50_ms'])}"),
-        ("added latency p99, c=1 (ms)", f"{r['added_p99_ms']:.3f}", "", ""),
-        ("throughput, c=256 (req/s)", f"{r['throughput_c256_req_s']:.0f}",
-         f"{r['bare_proxy_throughput_c256_req_s']:.0f}",
-         f"> {t['throughput_c256_req_s']:.0f}  {_verdict(r['throughput_c256_req_s'] > t['throughput_c256_req_s'])}"),
-        ("CPU per request, c=1 (us)", f"{r['router_cpu_us_per_req_c1']:.0f}", f"{r['bare_proxy_cpu_us_per_req_c1']:.0f}",
-         ""),
-        ("CPU per request, c=256 (us)", f"{r['router_cpu_us_per_req_c256']:.0f}",
-         f"{r['bare_proxy_cpu_us_per_req_c256']:.0f}",
-         f"< {t['router_cpu_us_per_req']:.0f}  {_verdict(cpu < t['router_cpu_us_per_req'])}"),
-        ("latency p50 / p99, c=256 (ms)", f"{r['c256_p50_ms']:.1f} / {r['c256_p99_ms']:.1f}", "", ""),
-        ("policy.select p50 / p99 (us)", f"{r['router_decision_us_p50']:.1f} / {r['router_decision_us_p99']:.1f}", "",
-         ""),
-    ]
+    t, names = TARGETS, r["proxies"]
+    rows = [("", *(NAMES[n] for n in names), "target (servelab router)")]
+    for label, key, fmt, target in (
+            ("added latency p50, c=1 (ms)", "added_p50_ms", "{:.3f}", f"< {t['added_p50_ms']}"),
+            ("added latency p99, c=1 (ms)", "added_p99_ms", "{:.3f}", ""),
+            ("throughput, c=256 (req/s)", "throughput_c256_req_s", "{:.0f}", f"> {t['throughput_c256_req_s']:.0f}"),
+            ("CPU per request, c=1 (us)", "cpu_us_per_req_c1", "{:.0f}", ""),
+            ("CPU per request, c=256 (us)", "cpu_us_per_req_c256", "{:.0f}", f"< {t['router_cpu_us_per_req']:.0f}"),
+            ("latency p50, c=256 (ms)", "c256_p50_ms", "{:.1f}", ""),
+            ("latency p99, c=256 (ms)", "c256_p99_ms", "{:.1f}", "")):
+        rows.append((label, *(fmt.format(r[f"{n}_{key}"]) for n in names), target))
     print(f"router HTTP overhead: {r['body_bytes']}-byte bodies, stub p50 {r['direct_p50_ms']:.3f} ms direct, "
-          f"median of {r['reps']} reps")
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+          f"median of {r['reps']} reps, interleaved")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  " + "  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    print(f"  router / bare proxy: CPU x{r['router_vs_bare_cpu_ratio_c256']:.2f}, "
-          f"throughput x{r['router_vs_bare_throughput_ratio_c256']:.2f} (c=256)")
+        print("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))))
+    print(f"  servelab policy.select p50 / p99: {r['router_decision_us_p50']:.1f} / "
+          f"{r['router_decision_us_p99']:.1f} us")
+    for n in names:
+        if n != "router":
+            print(f"  servelab router / {NAMES[n]}: CPU per request x{r[f'router_vs_{n}_cpu_ratio_c256']:.2f} (c=256)")
 
 
 def main() -> None:
@@ -292,6 +300,10 @@ def main() -> None:
     ap.add_argument("--role", choices=["bench", "stubs", "router", "bare_proxy"], default="bench")
     ap.add_argument("--ports", default="", help="stubs: comma-separated ports; router: its port")
     ap.add_argument("--workers", default="", help="router: comma-separated worker URLs")
+    ap.add_argument("--uvloop", action="store_true", help="router: run on uvloop's event loop")
+    ap.add_argument("--proxies", nargs="+", default=[n for n in NAMES if n != "router_uvloop" or _has("uvloop")
+                                                     if n != "sglang" or installed_version()],
+                    choices=list(NAMES), help="what to compare (default: all that are installed)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--c1-requests", type=int, default=1000)
     ap.add_argument("--c256-requests", type=int, default=8000)
@@ -302,33 +314,53 @@ def main() -> None:
     if args.role == "stubs":
         return asyncio.run(run_stubs([int(p) for p in args.ports.split(",")]))
     if args.role in ("router", "bare_proxy"):
+        if args.uvloop:
+            import uvloop
+            uvloop.install()
         serve = run_router if args.role == "router" else run_bare_proxy
         return asyncio.run(serve(int(args.ports), args.workers.split(",")))
 
-    import socket
+    from framework.config import compose
+    from framework.serving.peer_router import SglangRouter
+    from framework.serving.ports import free_ports
 
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    stub_ports, ports = [free_port(), free_port()], {"router": free_port(), "bare": free_port()}
+    names = ["router", *(n for n in args.proxies if n != "router")]
+    stub_ports, ports = free_ports("127.0.0.1", 2), dict(zip(names, free_ports("127.0.0.1", len(names))))
     me = [sys.executable, str(Path(__file__).resolve())]
     workers = ",".join(f"http://127.0.0.1:{p}" for p in stub_ports)
-    procs = [subprocess.Popen([*me, "--role", "stubs", "--ports", ",".join(map(str, stub_ports))]),
-             subprocess.Popen([*me, "--role", "router", "--ports", str(ports["router"]), "--workers", workers]),
-             subprocess.Popen([*me, "--role", "bare_proxy", "--ports", str(ports["bare"]), "--workers", workers])]
+    procs = [subprocess.Popen([*me, "--role", "stubs", "--ports", ",".join(map(str, stub_ports))])]
+    roles = {"router": ["--role", "router"], "router_uvloop": ["--role", "router", "--uvloop"],
+             "bare": ["--role", "bare_proxy"]}
+    proxies, peer = {}, None
     try:
-        results = asyncio.run(bench(args, ports, stub_ports))
+        for n in names:
+            if n == "sglang":
+                continue
+            procs.append(subprocess.Popen([*me, *roles[n], "--ports", str(ports[n]), "--workers", workers]))
+            proxies[n] = (ports[n], stats_cpu(ports[n]))
+        if "sglang" in names:    # the same stubs, round robin, SGLang's defaults otherwise
+            asyncio.run(wait_up(stub_ports[0]))
+            rc = compose(["router=round_robin", "router.impl=sglang", f"router.port={ports['sglang']}"]).router
+            peer = SglangRouter(rc, workers.split(","), startup_timeout_s=60)
+            proxies["sglang"] = (ports["sglang"], proc_cpu(peer))
+        results = asyncio.run(bench(args, proxies, stub_ports))
     finally:
+        if peer is not None:
+            peer.stop()
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=10)
     results["targets"] = TARGETS
+    results["sglang_router"] = installed_version() if peer is not None else None
     report(results)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """Router ablation: round_robin vs random vs cache_aware (v0.4 defaults) vs cache_aware_v2 (2025 defaults), on the
-shared_prefix and multi_turn workloads, through one real cluster of 4 engine instances over HTTP.
+shared_prefix and multi_turn workloads, through one real cluster of 4 engine instances over HTTP; each policy run by
+servelab's router and, beside it in the same run, by SGLang's own router (sglang-router 0.3.2, `--impls`), wherever
+SGLang's router can express the policy (not v0.4's smallest-tree miss: see framework/serving/peer_router.py).
 
 One set of 4 workers serves every run (each run starts its own router process with that policy, after every worker's
 prefix cache is flushed), so all runs see the same engines, KV budgets and request sequences (same seed). The per-worker
 KV budget is small on purpose: the caches compete, so where a request lands decides whether its prefix is cached.
+Router CPU per request is the router process's CPU time over the run (servelab: its /router_stats; SGLang: /proc)
+divided by the requests.
 
     python experiments/router_ablation/run.py            # ~3-4 minutes on the shared 2-core CPU
     python experiments/router_ablation/run.py --quick    # a smoke run at tiny size (tests use it)
@@ -29,8 +33,10 @@ from framework.metrics import git_sha  # noqa: E402
 from framework.registry import WORKLOAD  # noqa: E402
 from framework.serving.cluster import Cluster  # noqa: E402
 from framework.serving.cluster_bench import bench  # noqa: E402
+from framework.serving.peer_router import PeerRouterError, installed_version, sglang_router_args  # noqa: E402
 
 POLICIES = ("round_robin", "random", "cache_aware", "cache_aware_v2")   # conf/router/<option>
+IMPLS = ("servelab", "sglang")                                         # router.impl
 # Scaled from SGLang's setup (several long shared-prefix groups, 8 workers): a 6 MB KV budget is 4,915 tokens per
 # worker, room for a quarter of the 32 group prefixes (8 x 514 tokens) but far from all of them (16,448).
 WORKLOADS = {
@@ -49,7 +55,8 @@ WORKLOADS = {
                                "workload.max_concurrency=16"],
 }
 DEFAULT_WORKLOADS = ("shared_prefix", "multi_turn")
-COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled", "seed=0"]
+COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled", "seed=0",
+          "workload.sample_interval_s=0"]    # no /metrics scrapes: they would count in the router's CPU
 QUICK = ["cluster.instances=2", "workload.max_concurrency=1", "workload.system_prompt_len=64", "engine.kv_budget_mb=1"]
 QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"]}   # else: 8 requests
 
@@ -57,8 +64,10 @@ QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_g
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
-    ap.add_argument("--port", type=int, default=31300, help="router port (workers on the following ports)")
+    ap.add_argument("--port", type=int, default=0, help="router port, workers on the following ones (0: free ports)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--impls", nargs="+", default=[i for i in IMPLS if i == "servelab" or installed_version()],
+                    choices=IMPLS, help="router implementations (default: sglang too when sglang-router is installed)")
     ap.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell; the table shows medians")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
@@ -67,22 +76,35 @@ def main() -> None:
     extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else [])
     size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) for w in args.workloads}
     cfgs = {w: compose(WORKLOADS[w] + extra + size[w]) for w in args.workloads}
-    routers = {p: compose([f"router={p}"] + extra).router for p in args.policies}
-    trials: dict[tuple[str, str], list[dict]] = {(w, p): [] for w in cfgs for p in routers}
+    routers = {}
+    for p in args.policies:
+        for impl in args.impls:
+            rc = compose([f"router={p}", f"router.impl={impl}"] + extra).router
+            try:
+                if impl == "sglang":
+                    sglang_router_args(rc, ["http://w"], 1, 2)
+                routers[p, impl] = rc
+            except PeerRouterError as e:
+                print(f"  skipped {p} on {impl}: {e}")
+    trials: dict[tuple, list[dict]] = {(w, *r): [] for w in cfgs for r in routers}
     t0 = time.time()
     cluster = Cluster(next(iter(cfgs.values())))    # the workers depend on model and engine only: one set for all
     try:
         cluster.start_workers()
         cluster.warm_up()
         for rep in range(args.repeats):             # repeats interleaved, so machine noise spreads over all
-            for (w, p), results_list in trials.items():
+            for (w, p, impl), results_list in trials.items():
                 cfg = cfgs[w]
-                cluster.start_router(routers[p])
+                cluster.start_router(routers[p, impl])
                 cluster.flush_caches()
                 sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
+                cpu0 = cluster.router_stats()["process_cpu_s"]
                 results, _ = bench(cluster, cfg, sessions)
-                results_list.append({**results, "workload": w, "router": p, "repeat": rep})
-                print(f"  {w:<13} {p:<15} hit {results['cache_hit_rate']:.3f}  "
+                cpu = cluster.router_stats()["process_cpu_s"] - cpu0
+                results.pop("worker_load_timeline", None)
+                results_list.append({**results, "workload": w, "router": p, "impl": impl, "repeat": rep,
+                                     "router_cpu_us_per_req": cpu / max(results["requests_completed"], 1) * 1e6})
+                print(f"  {w:<13} {p:<15} {impl:<9} hit {results['cache_hit_rate']:.3f}  "
                       f"{results['output_throughput_tok_s']:7.1f} out tok/s  {results['duration_s']:5.1f} s",
                       flush=True)
     finally:
@@ -91,7 +113,8 @@ def main() -> None:
     add_ratios(runs)
     print(table(runs))
     out = {"experiment": "router_ablation", "git_sha": git_sha(), "wall_s": time.time() - t0,
-           "repeats": args.repeats, "overrides": {w: WORKLOADS[w] + extra + size[w] for w in args.workloads},
+           "repeats": args.repeats, "sglang_router": installed_version(),
+           "overrides": {w: WORKLOADS[w] + extra + size[w] for w in args.workloads},
            "runs": runs, "trials": [t for rs in trials.values() for t in rs]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -113,22 +136,25 @@ def median_run(trials: list[dict]) -> dict:
 
 
 def add_ratios(runs: list[dict]) -> None:
+    """Against round-robin on the same workload and router implementation."""
     for r in runs:
-        base = next((b for b in runs if b["workload"] == r["workload"] and b["router"] == "round_robin"), None)
+        base = next((b for b in runs if b["workload"] == r["workload"] and b["router"] == "round_robin"
+                     and b["impl"] == r["impl"]), None)
         for key, name in (("cache_hit_rate", "hit_rate_vs_rr"), ("output_throughput_tok_s", "throughput_vs_rr"),
                           ("ttft_p50_ms", "ttft_p50_vs_rr")):
             r[name] = r[key] / base[key] if base and base[key] else float("nan")
 
 
 def table(runs: list[dict]) -> str:
-    cols = [("workload", "workload", "{}"), ("router", "router", "{}"), ("hit rate", "cache_hit_rate", "{:.3f}"),
-            ("router est.", "router_estimated_hit_rate", "{:.3f}"), ("out tok/s", "output_throughput_tok_s", "{:.1f}"),
-            ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"), ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
-            ("imbalance", "load_imbalance", "{:.2f}"), ("hit x RR", "hit_rate_vs_rr", "{:.2f}"),
+    cols = [("workload", "workload", "{}"), ("router", "router", "{}"), ("impl", "impl", "{}"),
+            ("hit rate", "cache_hit_rate", "{:.3f}"), ("router est.", "router_estimated_hit_rate", "{:.3f}"),
+            ("out tok/s", "output_throughput_tok_s", "{:.1f}"), ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
+            ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"), ("imbalance", "load_imbalance", "{:.2f}"),
+            ("router CPU us/req", "router_cpu_us_per_req", "{:.0f}"), ("hit x RR", "hit_rate_vs_rr", "{:.2f}"),
             ("tput x RR", "throughput_vs_rr", "{:.2f}"), ("failed", "requests_failed", "{}")]
     rows = [[c[0] for c in cols]] + [[fmt.format(r[k]) for _, k, fmt in cols] for r in runs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = [" | ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+    lines = [" | ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
              for row in rows]
     return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
 

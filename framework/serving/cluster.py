@@ -31,7 +31,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from framework.routing import RouterImpl
 from framework.serving.cluster_proc import RouterSpec, WorkerSpec
+from framework.serving.ports import assign_free_ports, with_free_port
 
 log = logging.getLogger("servelab.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +67,7 @@ def http_json(method: str, url: str, timeout: float = 5.0, data: bytes | None = 
 
 class Cluster:
     def __init__(self, cfg):
+        assign_free_ports(cfg)             # router.port=0: free ports for the router and the local workers
         self.cfg, self.router_cfg = cfg, cfg.router
         cc = cfg.cluster
         host, port = cfg.router.host, cfg.router.port
@@ -88,6 +91,8 @@ class Cluster:
             raise ClusterError(f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s} must be > 0")
         self.workers: list[_Child] = []
         self.router: _Child | None = None
+        self.peer = None                   # router.impl=sglang: the SglangRouter (peer_router.py)
+        self.metrics_url = self.router_url + "/metrics"
         self._old_sigterm = None
 
     # -- lifetime -----------------------------------------------------------------------------------------------
@@ -127,8 +132,15 @@ class Cluster:
         """Start the router (again, with another policy if given) in front of the workers."""
         self._arm_cleanup()
         self.stop_router()
-        self.router_cfg = rc = router_cfg or self.router_cfg
+        self.router_cfg = rc = with_free_port(router_cfg or self.router_cfg)
         self.router_url = f"http://{_url_host(rc.host)}:{rc.port}"
+        if rc.impl is RouterImpl.sglang:   # SGLang's own router in front of the same workers
+            from framework.serving.peer_router import SglangRouter
+            self.peer = SglangRouter(rc, self.worker_urls, self.cfg.cluster.startup_timeout_s)
+            self.router = _Child(f"sglang-router ({self.router_url})", self.router_url, self.peer.popen, -1, ready=True)
+            self.metrics_url = self.peer.metrics_url
+            return
+        self.peer, self.metrics_url = None, self.router_url + "/metrics"
         _check_port_free(self.router_cfg.host, self.router_cfg.port, "the router", "set router.port=...")
         spec = RouterSpec(self.router_cfg, self.worker_urls, self.cfg.seed)
         self.router = self._spawn("router", spec, f"router {self.router_cfg.name} ({self.router_url})",
@@ -206,6 +218,8 @@ class Cluster:
         return infos
 
     def router_stats(self, reset: bool = False) -> dict:
+        if self.peer is not None:
+            return self.peer.stats(reset)
         if reset:
             return http_json("POST", self.router_url + "/router_stats/reset", data=b"{}")
         return http_json("GET", self.router_url + "/router_stats")
@@ -341,7 +355,7 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
     where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
         f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
     report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
-                                                  f"{where}")
+                                                  f"{where}", records)
     if failure := failure_summary(records):
         raise ClusterError(failure)
     return results["output_throughput_tok_s"]

@@ -14,13 +14,14 @@ def bench(cluster, cfg, sessions, progress: bool = False) -> tuple[dict, list[Re
     cluster.router_stats(reset=True)
     before = cluster.worker_infos()
     client = LoadClient(cluster.router_url, cfg.workload, request_timeout_s=cfg.cluster.request_timeout_s,
-                        retries=cfg.cluster.client_retries, progress=progress)
+                        retries=cfg.cluster.client_retries, progress=progress, metrics_url=cluster.metrics_url)
     records, duration = client.play(sessions)
-    results = summarize(records, duration)
+    results = summarize(records, duration, cfg.workload.slo)
     after = cluster.worker_infos()
     results.update(cluster_figures(records, cluster.worker_urls, cluster.router_stats(), after))
     results.update(engine_figures(before, after))
     results["client_retries"] = client.retries
+    results["worker_load_timeline"] = client.load_timeline
     return results, records
 
 
@@ -44,7 +45,9 @@ def cluster_figures(records: list[RequestRecord], worker_urls: list[str], router
         w["router_attempts"] = router.get("per_worker_requests", {}).get(u, 0)   # retried attempts included
         info = infos.get(u, {})
         w.update({k: info[k] for k in ("cache_tokens", "error") if k in info})
-    counts = [w["requests"] for w in per_worker.values()]
+    # a router that does not name the answering worker (SGLang's): count the attempts it reports per worker
+    attributed = any(r.worker in per_worker for r in records)
+    counts = [w["requests" if attributed else "router_attempts"] for w in per_worker.values()]
     mean = sum(counts) / len(counts) if counts else 0.0
     decision_us = router.get("router_decision_us", {})
     return {
@@ -53,7 +56,7 @@ def cluster_figures(records: list[RequestRecord], worker_urls: list[str], router
         "router_decision_p50_us": decision_us.get("p50", float("nan")),
         "router_decision_p99_us": decision_us.get("p99", float("nan")),
         "router_retries": router.get("retries", 0),
-        "router_estimated_hit_rate": router.get("estimated_hit_rate", 0.0),   # beside the measured cache_hit_rate
+        "router_estimated_hit_rate": router.get("estimated_hit_rate", float("nan")),   # beside cache_hit_rate
         "router_reasons": router.get("reasons", {}),
         "per_worker": per_worker,
     }

@@ -2,8 +2,13 @@
 `workload=` registry) build them; a load client (in-process or over HTTP) plays them."""
 from __future__ import annotations
 
+import enum
+import gzip
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -31,15 +36,53 @@ class Session:
         parts.append(self.turns[k].text)
         return "".join(parts)
 
+    def messages(self, k: int, answers: list[str]) -> list[dict]:
+        """Turn k as OpenAI chat messages: the prefix as the system message, then (multi-turn) every earlier turn
+        and its answer."""
+        msgs = [{"role": "system", "content": self.prefix}] if self.prefix else []
+        if self.carry_history:
+            for i in range(k):
+                msgs += [{"role": "user", "content": self.turns[i].text}, {"role": "assistant", "content": answers[i]}]
+        return msgs + [{"role": "user", "content": self.turns[k].text}]
+
+
+class Api(enum.Enum):
+    """The client API the load generator speaks (streaming, always)."""
+    generate = "generate"           # SGLang native POST /generate
+    completions = "completions"     # OpenAI POST /v1/completions
+    chat = "chat"                   # OpenAI POST /v1/chat/completions
+
+
+@dataclass
+class SloConfig:
+    """Service-level objectives for goodput (vLLM's definition); 0 = not set."""
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    e2e_ms: float = 0.0
+
 
 @dataclass
 class WorkloadConfig:
     name: str = "multi_turn"
     num_requests: int = 0              # cap on requests (turns) in all; 0 = no cap
-    request_rate: float = 0.0          # sessions per second (Poisson arrivals); 0 = all at once
-    max_concurrency: int = 0           # sessions in flight at once; 0 = unlimited
+    request_rate: float = 0.0          # sessions per second; 0 = all at once (SGLang/vLLM: inf)
+    burstiness: float = 1.0            # gamma shape of the gaps between arrivals: 1 = Poisson, < 1 burstier
+    max_concurrency: int = 0           # requests in flight at once (bench_serving's --max-concurrency); 0 = unlimited
     ignore_eos: bool = True            # random weights say EOS at random: keep lengths as asked
     temperature: float = 0.0
+    api: Api = Api.generate            # HTTP client API: generate | completions | chat
+    model: str = ""                    # OpenAI "model" field; "" = the first id of the server's GET /v1/models
+    slo: SloConfig = field(default_factory=SloConfig)
+    sample_interval_s: float = 0.25    # how often the HTTP client samples the router's per-worker load; 0 = never
+
+
+def check_arrivals(cfg: WorkloadConfig) -> None:
+    problems = [f"workload.{k}={getattr(cfg, k)} must be >= 0" for k in
+                ("num_requests", "request_rate", "max_concurrency", "sample_interval_s") if getattr(cfg, k) < 0]
+    if cfg.burstiness <= 0:
+        problems.append(f"workload.burstiness={cfg.burstiness} must be > 0 (1 = Poisson arrivals)")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 class Workload:
@@ -52,13 +95,15 @@ class Workload:
 
     def sessions(self) -> list[Session]:
         """All sessions, in arrival order, capped at cfg.num_requests turns."""
+        check_arrivals(self.cfg)
         sessions = self.generate()
         if not self.timed:
+            rate, shape = self.cfg.request_rate, self.cfg.burstiness
             t = 0.0
-            for s in sessions:
-                if self.cfg.request_rate > 0:
-                    t += self.rng.expovariate(self.cfg.request_rate)
+            for s in sessions:   # the first at 0, then gamma gaps of mean 1/rate (shape 1: exponential), as SGLang
                 s.arrival_s = t
+                if rate > 0:
+                    t += self.rng.gammavariate(shape, 1.0 / (rate * shape))
         return cap_requests(sorted(sessions, key=lambda s: s.arrival_s), self.cfg.num_requests)
 
     def generate(self) -> list[Session]:
@@ -92,3 +137,20 @@ def random_text(rng: random.Random, n_chars: int) -> str:
         words.append(w)
         size += len(w) + 1
     return " ".join(words)[:n_chars]
+
+
+def resolve_data_path(path: str, hint: str) -> Path:
+    """A data file's path: absolute, or relative to the working directory, else to the repository root (where the
+    shipped data lives, whatever directory the user runs from). A miss names where it looked, then `hint`."""
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, REPO_ROOT / p]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise FileNotFoundError(f"workload.path={path!r}: no file there (looked at "
+                            f"{', '.join(str(c) for c in candidates)}). {hint}")
+
+
+def open_text(path: Path):
+    """Open a data file for reading text, gzip-compressed when its name ends in .gz."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")

@@ -1,13 +1,19 @@
 """The async HTTP load client: plays a workload's sessions against a base URL (the router, one worker, or any server
-that speaks SGLang's native API) with streaming `POST /generate`, and returns the same per-request records as the
-in-process driver (`framework.workload.inprocess.play`).
+that speaks SGLang's native API or OpenAI's: an SGLang or vLLM server, a router started elsewhere), streaming, and
+returns the same per-request records as the in-process driver (`framework.workload.inprocess.play`).
 
-Timing per request, from the first byte sent: TTFT at the first event that carries text, e2e at the end of the
-stream; TPOT follows from both and the completion tokens. Token counts (prompt, completion, cached) come from the
-final event's `meta_info`, i.e. from the worker that served it. A request never raises: a failure becomes a record
-with `ok=False` and the error. A request that failed in a way another try may fix (a connection error, a 408/429/5xx,
-a stream that broke before it finished) is sent again up to `retries` times; the router then picks a worker again,
-so a request whose worker died mid-stream completes elsewhere. Every try of a request shares one `request_timeout_s`.
+`workload.api` picks the API: `generate` (native `POST /generate`, cumulative text and `meta_info` per event),
+`completions` or `chat` (OpenAI `POST /v1/completions` / `/v1/chat/completions` with `stream_options.include_usage`,
+delta text per chunk and the usage chunk at the end). `workload.max_concurrency` bounds the requests in flight (as
+bench_serving's `--max-concurrency`); a multi-turn session holds no slot while it thinks.
+
+Timing per request, from the first byte sent: TTFT at the first chunk that carries output, ITL between consecutive
+such chunks, E2E at the end of the stream (as bench_serving, which waits for non-empty text; the native API's
+token count also counts, so a first token that decodes to no text yet still starts the clock). Token counts come from the server (`meta_info`, or OpenAI `usage`, which
+carries `prompt_tokens_details.cached_tokens`); a server that sends no usage gets the number of output chunks as its
+completion tokens. A request never raises: a failure becomes a record with `ok=False` and the error. A request that
+failed in a way another try may fix (a connection error, a 408/429/5xx, a stream that broke before it finished) is
+sent again up to `retries` times; the router then picks a worker again. Every try shares one `request_timeout_s`.
 """
 from __future__ import annotations
 
@@ -15,15 +21,17 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from tqdm import tqdm
 
 from framework.metrics import RequestRecord
-from framework.workload.base import Session, Turn
+from framework.workload.base import Api, Session
+from framework.workload.load_sampler import LoadSampler
 
 WORKER_HEADER = "X-Servelab-Worker"    # set by servelab's router: which worker answered
+ENDPOINTS = {Api.generate: "/generate", Api.completions: "/v1/completions", Api.chat: "/v1/chat/completions"}
 
 
 @dataclass
@@ -33,16 +41,40 @@ class _Try:
     retriable: bool = False
 
 
+@dataclass
+class _Stream:
+    """What one streamed answer has said so far."""
+    t0: float
+    text: str = ""
+    chunks: list[float] = field(default_factory=list)     # arrival times of the chunks that carried output
+    tokens: int = 0                                       # the server's completion-token count so far (native)
+    usage: dict | None = None                             # prompt/completion/cached tokens, once the server says
+
+    def output(self, t: float, piece: str, cumulative: bool, tokens: int | None = None) -> None:
+        """A chunk with `piece` (the whole text so far when `cumulative`). It carries output when the text grew or,
+        native API, the server's completion-token count did (a token can decode to no text yet)."""
+        before = self.text
+        self.text = piece if cumulative and piece.startswith(before) else before + piece
+        grew = tokens is not None and tokens > self.tokens
+        self.tokens = max(self.tokens, tokens or 0)
+        if self.text != before or grew:
+            self.chunks.append(t)
+
+
 class LoadClient:
     def __init__(self, base_url: str, wl_cfg, *, request_timeout_s: float = 300.0, retries: int = 2,
-                 progress: bool = False):
+                 progress: bool = False, metrics_url: str | None = None):
         if request_timeout_s <= 0 or retries < 0:
             raise ValueError(f"request_timeout_s must be > 0 and retries >= 0, got {request_timeout_s}, {retries}")
-        self.url = base_url.rstrip("/") + "/generate"
         self.base_url = base_url.rstrip("/")
+        self.api = Api(wl_cfg.api)
+        self.url = self.base_url + ENDPOINTS[self.api]
+        self.metrics_url = metrics_url if metrics_url is not None else self.base_url + "/metrics"
         self.wl_cfg, self.timeout_s, self.max_retries, self.progress = wl_cfg, request_timeout_s, retries, progress
+        self.model = wl_cfg.model
         self.retries = 0                  # tries beyond the first, over the whole run
         self.records: list[RequestRecord] = []   # filled as requests finish (a test can watch progress)
+        self.load_timeline: dict = {}     # per-worker in-flight requests over the run (see load_sampler)
 
     def play(self, sessions: list[Session]) -> tuple[list[RequestRecord], float]:
         return asyncio.run(self.play_async(sessions))
@@ -57,34 +89,65 @@ class LoadClient:
         connector = aiohttp.TCPConnector(limit=0)      # concurrency is the workload's to bound, not the pool's
         async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                          timeout=aiohttp.ClientTimeout(total=None)) as http:
+            if self.api is not Api.generate and not self.model:
+                self.model = await self._served_model(http)
             start = time.perf_counter()
-            await asyncio.gather(*(self._session(http, s, start, slots, records, bar) for s in sessions))
-            duration = time.perf_counter() - start
+            sampler = LoadSampler(self.metrics_url, self.wl_cfg.sample_interval_s, start)
+            sampling = asyncio.create_task(sampler.run(http)) if self.wl_cfg.sample_interval_s > 0 else None
+            try:
+                await asyncio.gather(*(self._session(http, s, start, slots, records, bar) for s in sessions))
+            finally:
+                duration = time.perf_counter() - start
+                if sampling is not None:
+                    sampling.cancel()
+                    await asyncio.gather(sampling, return_exceptions=True)
+        self.load_timeline = sampler.timeline()
         bar.close()
         return records, duration
 
+    async def _served_model(self, http: aiohttp.ClientSession) -> str:
+        """The first model id the server lists (OpenAI servers such as vLLM require a served model's name)."""
+        try:
+            async with http.get(self.base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return (await resp.json(content_type=None))["data"][0]["id"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError):
+            return "default"
+
     async def _session(self, http, s: Session, start: float, slots, records: list, bar) -> None:
         await asyncio.sleep(max(0.0, s.arrival_s - (time.perf_counter() - start)))
-        async with slots:
-            answers: list[str] = []
-            for k, turn in enumerate(s.turns):
-                if k and turn.think_time_s > 0:
-                    await asyncio.sleep(turn.think_time_s)
-                record, answer = await self.request(http, s.prompt(k, answers), turn)
-                records.append(record)
-                bar.update(1)
-                if not record.ok:          # later turns need this answer: they are not sent
-                    for _ in s.turns[k + 1:]:
-                        records.append(RequestRecord(ok=False, error=f"not sent: turn {k} of {s.sid} failed"))
-                        bar.update(1)
-                    return
-                answers.append(answer)
+        answers: list[str] = []
+        for k, turn in enumerate(s.turns):
+            if k and turn.think_time_s > 0:
+                await asyncio.sleep(turn.think_time_s)
+            async with slots:
+                sent = time.perf_counter() - start
+                record, answer = await self.request(http, self.payload(s, k, answers))
+            record.send_s, record.session, record.turn = sent, s.sid, k
+            records.append(record)
+            bar.update(1)
+            if not record.ok:          # later turns need this answer: they are not sent
+                for j in range(k + 1, len(s.turns)):
+                    records.append(RequestRecord(ok=False, error=f"not sent: turn {k} of {s.sid} failed",
+                                                 send_s=sent, session=s.sid, turn=j))
+                    bar.update(1)
+                return
+            answers.append(answer)
 
-    async def request(self, http: aiohttp.ClientSession, prompt: str, turn: Turn) -> tuple[RequestRecord, str]:
+    def payload(self, s: Session, k: int, answers: list[str]) -> dict:
+        """Turn k of session s as the request body of the chosen API (streaming, always)."""
+        c, turn = self.wl_cfg, s.turns[k]
+        if self.api is Api.generate:
+            return {"text": s.prompt(k, answers), "stream": True,
+                    "sampling_params": {"max_new_tokens": turn.max_new_tokens, "temperature": c.temperature,
+                                        "ignore_eos": c.ignore_eos}}
+        body = {"model": self.model, "max_tokens": turn.max_new_tokens, "temperature": c.temperature,
+                "ignore_eos": c.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
+        if self.api is Api.chat:
+            return {**body, "messages": s.messages(k, answers)}
+        return {**body, "prompt": s.prompt(k, answers)}
+
+    async def request(self, http: aiohttp.ClientSession, payload: dict) -> tuple[RequestRecord, str]:
         """One request, with its retries; never raises (except cancellation)."""
-        payload = {"text": prompt, "stream": True,
-                   "sampling_params": {"max_new_tokens": turn.max_new_tokens, "temperature": self.wl_cfg.temperature,
-                                       "ignore_eos": self.wl_cfg.ignore_eos}}
         t0 = time.perf_counter()
         deadline = t0 + self.timeout_s
         for attempt in range(self.max_retries + 1):
@@ -113,17 +176,16 @@ class LoadClient:
                     body = (await resp.text())[:300]
                     return _Try(RequestRecord(ok=False, worker=worker, error=f"HTTP {resp.status}: {body}"),
                                 retriable=resp.status in (408, 429) or resp.status >= 500)
-                return await self._read_stream(resp, t0, worker)
+                return await self._read_stream(resp, _Stream(t0), worker)
         except (aiohttp.ClientError, ConnectionError) as e:
             return _Try(RequestRecord(ok=False, worker=worker, error=f"{type(e).__name__}: {e}"), retriable=True)
-        except ValueError as e:          # an event that is not JSON: the server speaks something else
-            return _Try(RequestRecord(ok=False, worker=worker, error=f"bad stream event: {e}"), retriable=False)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:   # the server speaks another API
+            return _Try(RequestRecord(ok=False, worker=worker, error=f"bad stream event: {type(e).__name__}: {e}"),
+                        retriable=False)
 
-    @staticmethod
-    async def _read_stream(resp: aiohttp.ClientResponse, t0: float, worker: str) -> _Try:
-        """SSE `data:` events until `[DONE]`. Native events carry the cumulative text (SGLang's default); an event
-        whose text does not extend what came before is taken as a delta (servers that stream increments)."""
-        text, meta, ttft, buf = "", None, None, b""
+    async def _read_stream(self, resp: aiohttp.ClientResponse, st: _Stream, worker: str) -> _Try:
+        """SSE `data:` events until `[DONE]`."""
+        buf = b""
         async for chunk in resp.content.iter_any():
             buf += chunk
             while b"\n\n" in buf:
@@ -132,28 +194,42 @@ class LoadClient:
                 if not data:
                     continue
                 if data == b"[DONE]":
-                    return _finish(text, meta, ttft, time.perf_counter() - t0, worker)
+                    return _finish(st, time.perf_counter(), worker)
                 obj = json.loads(data)
                 if "error" in obj:
                     err = obj["error"]
                     message = err.get("message", err) if isinstance(err, dict) else err
                     return _Try(RequestRecord(ok=False, worker=worker, error=f"stream error: {message}"),
                                 retriable=True)
-                piece = obj.get("text", "")
-                text = piece if piece.startswith(text) else text + piece
-                if ttft is None and text:
-                    ttft = time.perf_counter() - t0
-                meta = obj.get("meta_info") or meta
+                self._event(st, obj, time.perf_counter())
         return _Try(RequestRecord(ok=False, worker=worker, error="stream ended without [DONE]"), retriable=True)
 
+    def _event(self, st: _Stream, obj: dict, t: float) -> None:
+        if self.api is Api.generate:   # cumulative text (SGLang's default); a non-extending text is taken as a delta
+            meta = obj.get("meta_info") or {}
+            st.output(t, obj.get("text", ""), cumulative=True, tokens=meta.get("completion_tokens"))
+            if meta:
+                st.usage = {k: meta.get(k, 0) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+            return
+        for choice in obj.get("choices") or []:
+            piece = choice.get("text") if self.api is Api.completions else (choice.get("delta") or {}).get("content")
+            st.output(t, piece or "", cumulative=False)
+        if usage := obj.get("usage"):
+            st.usage = {"prompt_tokens": usage.get("prompt_tokens", 0),
+                        "completion_tokens": usage.get("completion_tokens", 0),
+                        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0}
 
-def _finish(text: str, meta: dict | None, ttft: float | None, e2e: float, worker: str) -> _Try:
-    if meta is None:
-        return _Try(RequestRecord(ok=False, worker=worker, error="stream had no meta_info"), retriable=False)
-    return _Try(RequestRecord(ok=True, prompt_tokens=int(meta.get("prompt_tokens", 0)),
-                              completion_tokens=int(meta.get("completion_tokens", 0)),
-                              cached_tokens=int(meta.get("cached_tokens", 0) or 0),
-                              ttft_s=ttft if ttft is not None else e2e, e2e_s=e2e, worker=worker), text)
+
+def _finish(st: _Stream, t_end: float, worker: str) -> _Try:
+    if st.usage is None and not st.chunks:
+        return _Try(RequestRecord(ok=False, worker=worker, error="stream carried neither output nor usage"))
+    usage = st.usage or {"prompt_tokens": 0, "completion_tokens": len(st.chunks), "cached_tokens": 0}
+    e2e = t_end - st.t0
+    return _Try(RequestRecord(ok=True, prompt_tokens=int(usage["prompt_tokens"]),
+                              completion_tokens=int(usage["completion_tokens"]),
+                              cached_tokens=int(usage["cached_tokens"]),
+                              ttft_s=st.chunks[0] - st.t0 if st.chunks else e2e, e2e_s=e2e, worker=worker,
+                              itl_s=[b - a for a, b in zip(st.chunks, st.chunks[1:])]), st.text)
 
 
 def play(base_url: str, sessions: list[Session], wl_cfg, progress: bool = True, *, request_timeout_s: float = 300.0,

@@ -13,9 +13,11 @@ def run(tmp_path, *overrides, timeout=300):
 
 
 def test_bench_writes_results_and_offline_wandb(tmp_path):
-    r = run(tmp_path, "workload.num_conversations=4", "workload.turns=2", "logger.mode=offline")
+    r = run(tmp_path, "workload.num_conversations=4", "workload.turns=2", "logger.mode=offline", "router.port=0")
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results["per_worker"]) == 2 and not any(u.endswith(":30001") for u in results["per_worker"])
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 8          # one line per request
     for key in ("requests_completed", "requests_failed", "request_throughput_req_s", "input_throughput_tok_s",
                 "output_throughput_tok_s", "cache_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                 "e2e_p50_ms", "e2e_p99_ms", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
@@ -25,7 +27,13 @@ def test_bench_writes_results_and_offline_wandb(tmp_path):
     assert results["cache_hit_rate"] > 0.3                # shared system prompt + conversation history
     assert results["kv_bytes_per_token_per_rank"] == 1280
     assert "output_throughput_tok_s" in r.stdout           # the console table
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run"
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    media = run_dir / "files" / "media"            # tables as wandb.Table, the run's plots as wandb.Image
+    tables = {p.name.split("_0_")[0] for p in (media / "table").glob("*.table.json")}
+    assert {"per_worker", "expert_load", "worker_load_timeline"} <= tables
+    assert {p.name.split("_0_")[0] for p in (media / "images" / "plots").glob("*.png")} == {"worker_load",
+                                                                                           "expert_load"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {"worker_load.png", "expert_load.png"}
 
 
 def test_verify_passes_and_num_requests_caps(tmp_path):

@@ -3,9 +3,11 @@ failure paths against small stub servers that fail on purpose."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -20,7 +22,9 @@ from framework.registry import MOE, WORKLOAD
 from framework.serving.worker import create_worker_app
 from framework.workload.generators.multi_turn import MultiTurnConfig
 from framework.workload.generators.shared_prefix import SharedPrefixConfig
+from framework.workload.base import Api
 from framework.workload.http_client import LoadClient
+from framework.workload.load_sampler import parse_in_flight
 from framework.workload.inprocess import play as play_inprocess
 
 pytestmark = pytest.mark.anyio
@@ -138,3 +142,69 @@ async def test_a_broken_stream_is_sent_again():
     (r,) = records
     assert r.ok and (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (3, 2, 1)
     await server.close()
+
+
+async def flush(url: str) -> None:
+    async with aiohttp.ClientSession() as http, http.post(url + "/flush_cache", json={}) as resp:
+        assert resp.status == 200
+
+
+async def test_openai_apis_report_what_native_reports(worker_url):
+    """The same multi-turn workload through /v1/completions gives the native API's token counts request for request
+    (the worker's own usage); through chat every request completes, with the history cached."""
+    cfg = MultiTurnConfig(num_conversations=2, turns=3, system_prompt_len=48, user_len=16, output_len=5,
+                          max_concurrency=1)
+    native, _ = await LoadClient(worker_url, cfg).play_async(sessions("multi_turn", cfg))
+    await flush(worker_url)
+    cfg.api = Api.completions
+    client = LoadClient(worker_url, cfg)
+    completions, _ = await client.play_async(sessions("multi_turn", cfg))
+    assert client.model == "servelab"                      # asked GET /v1/models, as vLLM needs
+    key = lambda r: (r.session, r.turn)                    # noqa: E731
+    assert [(r.prompt_tokens, r.completion_tokens, r.cached_tokens) for r in sorted(completions, key=key)] == \
+        [(r.prompt_tokens, r.completion_tokens, r.cached_tokens) for r in sorted(native, key=key)]
+    await flush(worker_url)
+    cfg.api = Api.chat
+    chat, _ = await LoadClient(worker_url, cfg).play_async(sessions("multi_turn", cfg))
+    assert all(r.ok for r in chat), [r.error for r in chat]
+    assert [r.completion_tokens for r in sorted(chat, key=key)] == \
+        [r.completion_tokens for r in sorted(native, key=key)]
+    assert all(r.cached_tokens > 0 for r in chat if r.turn > 0)
+    for r in native:       # the native stream carries every token as an event: one gap per token after the first
+        assert len(r.itl_s) == r.completion_tokens - 1 and r.ttft_s + sum(r.itl_s) <= r.e2e_s
+
+
+async def test_max_concurrency_counts_requests_not_sessions():
+    """bench_serving's --max-concurrency: at most N requests in flight; a session thinking between turns holds no
+    slot, so other sessions start meanwhile."""
+    state = {"now": 0, "peak": 0}
+
+    async def slow(request):
+        await request.read()
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.05)
+        state["now"] -= 1
+        meta = {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0}
+        return web.Response(text=f"data: {json.dumps({'text': 'a', 'meta_info': meta})}\n\ndata: [DONE]\n\n",
+                            content_type="text/event-stream")
+    app = web.Application()
+    app.router.add_post("/generate", slow)
+    server, url = await serve(app)
+    cfg = MultiTurnConfig(num_conversations=6, turns=2, system_prompt_len=4, max_concurrency=2, think_time_s=0.2,
+                          sample_interval_s=0)
+    records, _ = await LoadClient(url, cfg).play_async(sessions("multi_turn", cfg))
+    assert len(records) == 12 and all(r.ok for r in records) and state["peak"] == 2
+    first_six = sorted(records, key=lambda r: r.send_s)[:6]    # every conversation's first turn before any second
+    assert {(r.session, r.turn) for r in first_six} == {(f"conv-{i}", 0) for i in range(6)}
+    await server.close()
+
+
+def test_the_load_sampler_reads_both_routers_series():
+    servelab = ('# HELP x\nservelab_router_worker_in_flight{worker="http://a:1"} 3.0\n'
+                'servelab_router_worker_healthy{worker="http://a:1"} 1.0\n'
+                'servelab_router_worker_in_flight{worker="http://b:2"} 0.0\n')
+    sglang = 'smg_worker_requests_active{worker="http://a:1"} 7\nsmg_worker_health{worker="http://a:1"} 1\n'
+    assert parse_in_flight(servelab) == {"http://a:1": 3.0, "http://b:2": 0.0}
+    assert parse_in_flight(sglang) == {"http://a:1": 7.0}
+    assert parse_in_flight("vllm:num_requests_running 4\n") == {}

@@ -1,11 +1,13 @@
 """workload=trace: Mooncake-format replay; equal hash ids must mean equal text, and only they."""
+import gzip
 import json
 import math
 
 import pytest
 
 from framework.registry import WORKLOAD
-from framework.workload.generators.trace import DEFAULT_TRACE, REPO_ROOT, TraceConfig, read_trace, resolve_trace_path
+from framework.workload.base import REPO_ROOT
+from framework.workload.generators.trace import DEFAULT_TRACE, TraceConfig, read_trace, resolve_trace_path
 
 ROWS = [
     {"timestamp": 1000, "input_length": 1200, "output_length": 100, "hash_ids": [0, 1, 2]},
@@ -82,16 +84,23 @@ def test_bad_lines_name_file_and_line(tmp_path):
 
 
 def test_missing_file_says_where_it_looked(tmp_path):
-    with pytest.raises(FileNotFoundError, match="workload.path='nowhere.jsonl'.*shared/data/traces"):
+    with pytest.raises(FileNotFoundError, match="workload.path='nowhere.jsonl'.*data/traces/conversation_trace"):
         build("nowhere.jsonl")
 
 
-def test_default_path_is_beside_the_repo_and_parses():
-    """The default works from a clean clone with shared/ beside the repository, whatever the working directory."""
+def test_gzip_reads_as_plain(trace_file, tmp_path):
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(trace_file.read_bytes()))
+    assert [s.prompt(0, []) for s in build(gz)] == [s.prompt(0, []) for s in build(trace_file)]
+
+
+def test_default_path_ships_in_the_repo_and_parses(tmp_path, monkeypatch):
+    """The default works from a fresh clone, whatever the working directory: the traces ship in data/traces/."""
+    monkeypatch.chdir(tmp_path)
     expected = (REPO_ROOT / DEFAULT_TRACE).resolve()
-    if not expected.is_file():
-        pytest.skip(f"no shared trace at {expected}")
+    assert expected.is_file() and expected.parent == REPO_ROOT / "data" / "traces"
     assert resolve_trace_path(DEFAULT_TRACE) == expected
+    assert len(read_trace(resolve_trace_path("data/traces/synthetic_trace.jsonl.gz"))) == 3993
     ss = WORKLOAD.build("trace", TraceConfig(num_requests=300, block_tokens=16), 0).sessions()
     rows = read_trace(expected, 300)
     assert len(ss) == 300

@@ -18,18 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.registry import WORKLOAD
-from framework.workload.base import Session, Turn, Workload, WorkloadConfig, random_text
+from framework.workload.base import Session, Turn, Workload, WorkloadConfig, open_text, random_text, resolve_data_path
 
 TRACE_BLOCK_TOKENS = 512                   # tokens per hash id in the Mooncake traces
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TRACE = "../shared/data/traces/conversation_trace.jsonl"   # relative to the repo (shared/ sits beside it)
+DEFAULT_TRACE = "data/traces/conversation_trace.jsonl.gz"   # shipped in the repository (data/traces/README.md)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 @dataclass
 class TraceConfig(WorkloadConfig):
     name: str = "trace"
-    path: str = DEFAULT_TRACE         # absolute, or relative to the working directory or else to the repo
+    path: str = DEFAULT_TRACE         # absolute, or relative to the working directory or else to the repo; .gz is read
     use_timestamps: bool = True       # False: arrivals by request_rate / max_concurrency instead of the trace clock
     time_scale: float = 1.0           # replay speed: 10 plays the trace ten times faster
     block_tokens: int = TRACE_BLOCK_TOKENS   # characters per hash-id block (512 = the trace's real size)
@@ -46,22 +45,15 @@ class TraceRequest:
 
 
 def resolve_trace_path(path: str) -> Path:
-    p = Path(path or DEFAULT_TRACE).expanduser()
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, REPO_ROOT / p]
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    looked = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"workload.path={path!r}: no trace file there (looked at {looked}). The default is "
-        f"<repo>/{DEFAULT_TRACE}, i.e. shared/data/traces/ beside the repository; point workload.path at a "
-        f"Mooncake-format JSONL (one object a line with {', '.join(FIELDS)})")
+    return resolve_data_path(path or DEFAULT_TRACE, (
+        f"The repository ships {DEFAULT_TRACE} and data/traces/synthetic_trace.jsonl.gz; point workload.path at one "
+        f"of them or at a Mooncake-format JSONL, plain or .gz (one object a line with {', '.join(FIELDS)})"))
 
 
 def read_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
     """The first `limit` requests (0: all), each line checked, errors naming file and line."""
     out = []
-    with open(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if limit and len(out) >= limit:
                 break

@@ -1,0 +1,55 @@
+"""The W&B mirror of a run: the flattened config, every scalar of results.json (summary and one logged step), nested
+figures as wandb.Table (per-worker counts, expert load, router reasons, the load timeline) and the run's plots as
+wandb.Image. Runs of one multirun or sweep share `logger.group`; each is named by `logger.name` (run.py fills both
+from Hydra and the sweep, see framework/multirun.py)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"router": {"name": ...}} -> {"router.name": ...}: a sweep's `router.cache_threshold` parameter then meets the
+    same key, and a sweep's `router=cache_aware` (a config group) never collides with the router's fields."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def tables(results: dict) -> dict:
+    import wandb
+    out = {}
+    for key, value in results.items():
+        if key == "worker_load_timeline" and value:
+            rows = [[t, w, n] for w, counts in value["in_flight"].items() for t, n in zip(value["t_s"], counts)]
+            out[key] = wandb.Table(columns=["t_s", "worker", "in_flight"], data=rows)
+        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            columns = sorted({c for v in value.values() for c in v})
+            out[key] = wandb.Table(columns=["key", *columns],
+                                   data=[[k, *(v.get(c) for c in columns)] for k, v in value.items()])
+        elif isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+            width = max(len(v) for v in value.values())
+            out[key] = wandb.Table(columns=["key", *map(str, range(width))],
+                                   data=[[k, *v, *[None] * (width - len(v))] for k, v in value.items()])
+        elif isinstance(value, dict) and value:
+            out[key] = wandb.Table(columns=["key", "value"], data=[[k, v] for k, v in value.items()])
+    return out
+
+
+def log_run(results: dict, config: dict, logger_cfg, out: Path, plots: list[Path]) -> None:
+    import wandb
+    os.environ.setdefault("WANDB_SILENT", "true")
+    mode = getattr(logger_cfg.mode, "value", logger_cfg.mode)
+    run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=mode, dir=str(out),
+                     config=flatten(config), tags=list(logger_cfg.tags), group=logger_cfg.group,
+                     name=logger_cfg.name, reinit="finish_previous")
+    scalars = {k: v for k, v in results.items() if isinstance(v, (int, float, str, bool))}
+    run.summary.update(scalars)
+    run.log({**{k: v for k, v in scalars.items() if isinstance(v, (int, float))}, **tables(results),
+             **{f"plots/{p.stem}": wandb.Image(str(p)) for p in plots}})
+    run.finish()
