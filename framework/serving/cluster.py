@@ -3,14 +3,16 @@
 `Cluster` starts the workers (each `python -m framework.serving.cluster_proc worker`, one engine instance: a single
 rank, or `parallel.size` ranks through framework.engine.instance), waits until each answers /health, then starts the
 router process (`router=` policy) in front of them -- or in front of `cluster.workers`, URLs of servers started
-elsewhere (servelab, SGLang or vLLM). Every child leads its own process group (an instance's ranks join it) and dies
-with this process; `stop()` (also at exit, on SIGTERM, on Ctrl-C, on any failure) signals each group, waits, then
-kills what is left, so no process outlives the cluster.
+elsewhere (servelab, SGLang or vLLM; those not up yet join when they are). Every child leads its own process group
+(an instance's ranks join it) and dies with this process; `stop()` (also at exit, on SIGTERM, on Ctrl-C, on any
+failure) signals each group, waits, then kills what is left, so no process outlives the cluster. While it runs, a
+`Supervisor` (cluster.restart_workers) restarts a worker or router that dies (see supervisor.py).
 
 `run_cluster_bench` drives the workload through the router with the HTTP load client and reports (see cluster_bench.py)
-the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries and
-its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C. The cluster's children die with
-the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that outlives it (the main thread).
+the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries,
+restarts and its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C or SIGTERM. The
+cluster's children die with the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that
+outlives it (the main thread); restarted children are the supervisor thread's, which lives as long as the cluster.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework.serving.cluster_proc import RouterSpec, WorkerSpec
+from framework.serving.router_config import split_router_config
+from framework.serving.supervisor import Supervisor
 
 log = logging.getLogger("servelab.cluster")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -63,11 +67,19 @@ def http_json(method: str, url: str, timeout: float = 5.0, data: bytes | None = 
         return json.loads(resp.read() or b"{}")
 
 
+def _split(router_cfg):
+    try:
+        return split_router_config(router_cfg)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+
+
 class Cluster:
     def __init__(self, cfg):
-        self.cfg, self.router_cfg = cfg, cfg.router
+        self.cfg = cfg
+        self.policy_cfg, self.service = _split(cfg.router)
         cc = cfg.cluster
-        host, port = cfg.router.host, cfg.router.port
+        host, port = self.service.host, self.service.port
         self.router_url = f"http://{_url_host(host)}:{port}"
         self.external = [u.rstrip("/") for u in cc.workers]
         if self.external:
@@ -84,10 +96,16 @@ class Cluster:
                 raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
             self.worker_ports = ports
             self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
-        if cfg.cluster.startup_timeout_s <= 0:
-            raise ClusterError(f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s} must be > 0")
+        if cc.startup_timeout_s <= 0:
+            raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")
+        if cc.max_restarts < 0 or cc.restart_backoff_s < 0 or cc.restart_window_s <= 0:
+            raise ClusterError(f"cluster.max_restarts={cc.max_restarts} and cluster.restart_backoff_s="
+                               f"{cc.restart_backoff_s} must be >= 0, cluster.restart_window_s="
+                               f"{cc.restart_window_s} > 0")
         self.workers: list[_Child] = []
         self.router: _Child | None = None
+        self.supervisor: Supervisor | None = None
+        self.lock = threading.RLock()  # the supervisor's changes against start_router's and stop's
         self._old_sigterm = None
 
     # -- lifetime -----------------------------------------------------------------------------------------------
@@ -105,75 +123,120 @@ class Cluster:
     def start(self) -> None:
         self.start_workers()
         self.start_router()
+        if self.cfg.cluster.restart_workers:
+            self.supervisor = Supervisor(self)
+            self.supervisor.start()
 
     def start_workers(self) -> None:
         self._arm_cleanup()
-        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         if self.external:
-            self._wait_health(self.worker_urls, deadline)
-            return
-        host = self.cfg.router.host
+            return             # the router adds each as soon as it answers /health
+        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         for i, p in enumerate(self.worker_ports):
-            _check_port_free(host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
-        c = self.cfg
-        for i, (p, url) in enumerate(zip(self.worker_ports, self.worker_urls)):
-            name = f"worker {i} ({url})"
-            spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, host, p, name)
-            self.workers.append(self._spawn("worker", spec, name, url))
+            _check_port_free(self.service.host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
+        self.workers = [self.spawn_worker(i) for i in range(len(self.worker_ports))]
         self._wait_ready(self.workers, deadline)
         self._wait_health(self.worker_urls, deadline)
 
+    def spawn_worker(self, i: int) -> _Child:
+        c, url = self.cfg, self.worker_urls[i]
+        spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
+                          f"worker {i} ({url})")
+        return self._spawn("worker", spec, spec.name, url)
+
+    def spawn_router(self, worker_urls: list[str]) -> _Child:
+        spec = RouterSpec(self.policy_cfg, self.service, worker_urls, self.cfg.seed)
+        return self._spawn("router", spec, f"router {self.policy_cfg.name} ({self.router_url})", self.router_url)
+
     def start_router(self, router_cfg=None) -> None:
-        """Start the router (again, with another policy if given) in front of the workers."""
+        """Start the router (again, with another policy if given) in front of the workers. With external workers,
+        those not up within cluster.startup_timeout_s join later, as long as one is up."""
         self._arm_cleanup()
-        self.stop_router()
-        self.router_cfg = rc = router_cfg or self.router_cfg
-        self.router_url = f"http://{_url_host(rc.host)}:{rc.port}"
-        _check_port_free(self.router_cfg.host, self.router_cfg.port, "the router", "set router.port=...")
-        spec = RouterSpec(self.router_cfg, self.worker_urls, self.cfg.seed)
-        self.router = self._spawn("router", spec, f"router {self.router_cfg.name} ({self.router_url})",
-                                  self.router_url)
-        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
-        self._wait_ready([self.router], deadline)
-        while True:    # the router checks every worker's /health at start; wait until it routes to all of them
+        with self.lock:
+            self.stop_router()
+            if router_cfg is not None:
+                self.policy_cfg, self.service = _split(router_cfg)
+            self.router_url = f"http://{_url_host(self.service.host)}:{self.service.port}"
+            _check_port_free(self.service.host, self.service.port, "the router", "set router.port=...")
+            self.router = self.spawn_router(self.worker_urls)
+            deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
+            self._wait_ready([self.router], deadline)
+            self._wait_routing(deadline)
+
+    def _wait_routing(self, deadline: float) -> None:
+        """Until the router routes to every worker (it checks each one's /health at start)."""
+        while True:
             try:
-                if http_json("GET", self.router_url + "/health")["healthy_workers"] == len(self.worker_urls):
-                    return
+                healthy = http_json("GET", self.router_url + "/health")["healthy_workers"]
             except (OSError, ValueError, KeyError):
-                pass
+                healthy = -1
+            if healthy == len(self.worker_urls):
+                return
             if time.monotonic() > deadline:
                 try:
                     listed = http_json("GET", self.router_url + "/list_workers").get("workers", [])
                     down = [f"{w['url']} ({w.get('last_health_error')})" for w in listed if not w.get("healthy")]
                 except (OSError, ValueError) as e:
                     down = [f"the router itself does not answer: {e}"]
+                if self.external and healthy > 0:
+                    log.warning("not up yet, routed to once they are: %s", down)
+                    return
                 raise ClusterError(f"after {self.cfg.cluster.startup_timeout_s:g}s the router still does not "
-                                   f"route to every worker; not healthy: {down}")
+                                   f"route to {'any' if self.external else 'every'} worker; not healthy: {down}")
             time.sleep(0.1)
 
     def stop_router(self) -> None:
-        if self.router is not None:
-            _terminate([self.router])
-            self.router = None
+        with self.lock:
+            if self.router is not None:
+                _terminate([self.router])
+                self.router = None
 
     def stop(self) -> None:
-        """Stop every child (idempotent; safe from atexit and signal paths)."""
-        _terminate(([self.router] if self.router else []) + self.workers)
+        """Stop the supervisor, then every child (idempotent; safe from atexit and signal paths)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        starting = self.supervisor.starting() if self.supervisor else []
+        _terminate(([self.router] if self.router else []) + self.workers + starting)
         self.router, self.workers = None, []
         atexit.unregister(self.stop)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
-    def kill_worker(self, i: int) -> None:
-        """SIGKILL worker i and its ranks at once (tests: a worker dying mid-run)."""
-        _signal_group(self.workers[i].popen, signal.SIGKILL)
-        self.workers[i].popen.wait()
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Signal worker i and its ranks at once (tests and experiments/chaos: SIGKILL to die, SIGSTOP to hang,
+        SIGCONT to resume)."""
+        _signal_group(self.workers[i].popen, sig)
 
-    def dead(self) -> list[str]:
-        """Children that exited, with their status."""
-        children = self.workers + ([self.router] if self.router else [])
-        return [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
+    def restarts(self) -> dict[str, int]:
+        """worker_restarts, router_restarts, workers_given_up so far (zeros when not supervised)."""
+        counts = {"worker_restarts": 0, "router_restarts": 0, "workers_given_up": 0}
+        return dict(self.supervisor.counts) if self.supervisor else counts
+
+    # -- for the supervisor ---------------------------------------------------------------------------------------
+    def poll_ready(self, child: _Child) -> bool:
+        """Whether ``child`` said it is ready, without waiting; ClusterError when it failed or exited first."""
+        self._wait_ready([child], time.monotonic() + 60, block=False)
+        return child.ready
+
+    @staticmethod
+    def answers_health(url: str) -> bool:
+        try:
+            http_json("GET", url + "/health", timeout=1.0)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def install(self, index: int, child: _Child) -> None:
+        """A restarted child takes the place of the one that died."""
+        if index < 0:
+            self.router = child
+        else:
+            self.workers[index] = child
+
+    @staticmethod
+    def end_children(children: list[_Child]) -> None:
+        _terminate(children)
 
     # -- what the bench reads -----------------------------------------------------------------------------------
     def flush_caches(self, timeout: float = 30.0) -> None:
@@ -234,10 +297,11 @@ class Cluster:
             pass           # it died at once; _wait_ready says so
         return child
 
-    def _wait_ready(self, children: list[_Child], deadline: float) -> None:
-        pending = {c.status_fd: c for c in children if not c.ready}
+    def _wait_ready(self, children: list[_Child], deadline: float, block: bool = True) -> None:
+        pending = {c.status_fd: c for c in children if not c.ready and c.status_fd >= 0}
         while pending:
-            readable, _, _ = select.select(list(pending), [], [], max(0.0, min(0.2, deadline - time.monotonic())))
+            wait = max(0.0, min(0.2, deadline - time.monotonic())) if block else 0.0
+            readable, _, _ = select.select(list(pending), [], [], wait)
             for fd in readable:
                 c = pending[fd]
                 data = os.read(fd, 65536)
@@ -252,6 +316,7 @@ class Cluster:
                 if c.ready or not data:
                     del pending[fd]
                     os.close(fd)
+                    c.status_fd = -1
             for fd, c in list(pending.items()):
                 if c.popen.poll() is not None and not select.select([fd], [], [], 0)[0]:
                     raise ClusterError(f"{c.name} exited with status {c.popen.returncode} before it was ready "
@@ -260,6 +325,8 @@ class Cluster:
                 names = ", ".join(c.name for c in pending.values())
                 raise ClusterError(f"{names} did not come up within cluster.startup_timeout_s="
                                    f"{self.cfg.cluster.startup_timeout_s:g}s")
+            if not block:
+                return
         for c in children:
             if not c.ready:
                 raise ClusterError(f"{c.name} closed its status pipe without saying it was ready "
@@ -312,7 +379,7 @@ def _terminate(children: list[_Child]) -> None:
             _signal_group(c.popen, signal.SIGKILL)
             c.popen.wait()
         _signal_group(c.popen, signal.SIGKILL)    # anything of its group still there (a stuck rank)
-        if not c.ready and c.status_fd >= 0:
+        if c.status_fd >= 0:
             try:
                 os.close(c.status_fd)
             except OSError:
@@ -338,6 +405,7 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
     with Cluster(cfg) as cluster:
         cluster.warm_up()
         results, records = bench(cluster, cfg, sessions, progress=sys.stderr.isatty())
+        results.update(cluster.restarts())
     where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
         f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
     report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
@@ -348,7 +416,8 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
 
 
 def serve_cluster(cfg) -> float:
-    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM); a child that dies ends it."""
+    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM). A worker or the router that dies is
+    restarted (cluster.restart_workers); the cluster ends by itself only when nothing is left to serve with."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
     with Cluster(cfg) as cluster:
@@ -356,9 +425,18 @@ def serve_cluster(cfg) -> float:
               f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
               flush=True)
         try:
-            while not (dead := cluster.dead()):
-                time.sleep(0.5)
+            while not (fatal := _fatal(cluster)):
+                time.sleep(0.2)
         except KeyboardInterrupt:
             print("stopping the cluster", flush=True)
             return 0.0
-    raise ClusterError("; ".join(dead) + " (its stderr is above); the cluster was stopped")
+    raise ClusterError(f"{fatal} (its stderr is above); the cluster was stopped")
+
+
+def _fatal(cluster: Cluster) -> str | None:
+    """Why the cluster cannot serve any more, or None. Unsupervised, any child that exited is fatal."""
+    if cluster.supervisor is not None:
+        return cluster.supervisor.fatal
+    children = cluster.workers + ([cluster.router] if cluster.router else [])
+    dead = [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
+    return "; ".join(dead) or None
