@@ -19,42 +19,20 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
-import pickle
-import select
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from framework.serving.cluster_proc import RouterSpec, WorkerSpec
+from framework.serving.processes import (Child, ClusterError, check_port_free, raise_system_exit, signal_group,
+                                         spawn, terminate, wait_ready)
 from framework.serving.router_config import split_router_config
 from framework.serving.supervisor import Supervisor
 
 log = logging.getLogger("servelab.cluster")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 10.0         # SIGTERM -> SIGKILL
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not start or a run through it failed: one message naming the process and the cause."""
-
-
-@dataclass
-class _Child:
-    name: str
-    url: str
-    popen: subprocess.Popen
-    status_fd: int
-    buf: bytes = b""
-    ready: bool = False
-    messages: list[dict] = field(default_factory=list)
 
 
 def _url_host(host: str) -> str:
@@ -102,8 +80,8 @@ class Cluster:
             raise ClusterError(f"cluster.max_restarts={cc.max_restarts} and cluster.restart_backoff_s="
                                f"{cc.restart_backoff_s} must be >= 0, cluster.restart_window_s="
                                f"{cc.restart_window_s} > 0")
-        self.workers: list[_Child] = []
-        self.router: _Child | None = None
+        self.workers: list[Child] = []
+        self.router: Child | None = None
         self.supervisor: Supervisor | None = None
         self.lock = threading.RLock()  # the supervisor's changes against start_router's and stop's
         self._old_sigterm = None
@@ -133,20 +111,20 @@ class Cluster:
             return             # the router adds each as soon as it answers /health
         deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         for i, p in enumerate(self.worker_ports):
-            _check_port_free(self.service.host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
+            check_port_free(self.service.host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
         self.workers = [self.spawn_worker(i) for i in range(len(self.worker_ports))]
-        self._wait_ready(self.workers, deadline)
+        wait_ready(self.workers, deadline, self.cfg.cluster.startup_timeout_s)
         self._wait_health(self.worker_urls, deadline)
 
-    def spawn_worker(self, i: int) -> _Child:
+    def spawn_worker(self, i: int) -> Child:
         c, url = self.cfg, self.worker_urls[i]
         spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
                           f"worker {i} ({url})")
-        return self._spawn("worker", spec, spec.name, url)
+        return spawn("worker", spec, spec.name, url)
 
-    def spawn_router(self, worker_urls: list[str]) -> _Child:
+    def spawn_router(self, worker_urls: list[str]) -> Child:
         spec = RouterSpec(self.policy_cfg, self.service, worker_urls, self.cfg.seed)
-        return self._spawn("router", spec, f"router {self.policy_cfg.name} ({self.router_url})", self.router_url)
+        return spawn("router", spec, f"router {self.policy_cfg.name} ({self.router_url})", self.router_url)
 
     def start_router(self, router_cfg=None) -> None:
         """Start the router (again, with another policy if given) in front of the workers. With external workers,
@@ -157,10 +135,10 @@ class Cluster:
             if router_cfg is not None:
                 self.policy_cfg, self.service = _split(router_cfg)
             self.router_url = f"http://{_url_host(self.service.host)}:{self.service.port}"
-            _check_port_free(self.service.host, self.service.port, "the router", "set router.port=...")
+            check_port_free(self.service.host, self.service.port, "the router", "set router.port=...")
             self.router = self.spawn_router(self.worker_urls)
             deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
-            self._wait_ready([self.router], deadline)
+            wait_ready([self.router], deadline, self.cfg.cluster.startup_timeout_s)
             self._wait_routing(deadline)
 
     def _wait_routing(self, deadline: float) -> None:
@@ -188,7 +166,7 @@ class Cluster:
     def stop_router(self) -> None:
         with self.lock:
             if self.router is not None:
-                _terminate([self.router])
+                terminate([self.router])
                 self.router = None
 
     def stop(self) -> None:
@@ -196,7 +174,7 @@ class Cluster:
         if self.supervisor is not None:
             self.supervisor.stop()
         starting = self.supervisor.starting() if self.supervisor else []
-        _terminate(([self.router] if self.router else []) + self.workers + starting)
+        terminate(([self.router] if self.router else []) + self.workers + starting)
         self.router, self.workers = None, []
         atexit.unregister(self.stop)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
@@ -206,7 +184,7 @@ class Cluster:
     def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
         """Signal worker i and its ranks at once (tests and experiments/chaos: SIGKILL to die, SIGSTOP to hang,
         SIGCONT to resume)."""
-        _signal_group(self.workers[i].popen, sig)
+        signal_group(self.workers[i].popen, sig)
 
     def restarts(self) -> dict[str, int]:
         """worker_restarts, router_restarts, workers_given_up so far (zeros when not supervised)."""
@@ -214,9 +192,9 @@ class Cluster:
         return dict(self.supervisor.counts) if self.supervisor else counts
 
     # -- for the supervisor ---------------------------------------------------------------------------------------
-    def poll_ready(self, child: _Child) -> bool:
+    def poll_ready(self, child: Child) -> bool:
         """Whether ``child`` said it is ready, without waiting; ClusterError when it failed or exited first."""
-        self._wait_ready([child], time.monotonic() + 60, block=False)
+        wait_ready([child], time.monotonic() + 60, self.cfg.cluster.startup_timeout_s, block=False)
         return child.ready
 
     @staticmethod
@@ -227,7 +205,7 @@ class Cluster:
         except (OSError, ValueError):
             return False
 
-    def install(self, index: int, child: _Child) -> None:
+    def install(self, index: int, child: Child) -> None:
         """A restarted child takes the place of the one that died."""
         if index < 0:
             self.router = child
@@ -235,8 +213,8 @@ class Cluster:
             self.workers[index] = child
 
     @staticmethod
-    def end_children(children: list[_Child]) -> None:
-        _terminate(children)
+    def end_children(children: list[Child]) -> None:
+        terminate(children)
 
     # -- what the bench reads -----------------------------------------------------------------------------------
     def flush_caches(self, timeout: float = 30.0) -> None:
@@ -277,60 +255,7 @@ class Cluster:
     def _arm_cleanup(self) -> None:
         atexit.register(self.stop)
         if self._old_sigterm is None and threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
-
-    def _spawn(self, role: str, spec, name: str, url: str) -> _Child:
-        r, w = os.pipe()
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        try:
-            popen = subprocess.Popen([sys.executable, "-m", "framework.serving.cluster_proc", role, str(w)],
-                                     stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True, env=env,
-                                     cwd=str(REPO_ROOT))
-        finally:
-            os.close(w)
-        child = _Child(name, url, popen, r)
-        try:
-            popen.stdin.write(pickle.dumps((os.getpid(), spec)))
-            popen.stdin.close()
-        except BrokenPipeError:
-            pass           # it died at once; _wait_ready says so
-        return child
-
-    def _wait_ready(self, children: list[_Child], deadline: float, block: bool = True) -> None:
-        pending = {c.status_fd: c for c in children if not c.ready and c.status_fd >= 0}
-        while pending:
-            wait = max(0.0, min(0.2, deadline - time.monotonic())) if block else 0.0
-            readable, _, _ = select.select(list(pending), [], [], wait)
-            for fd in readable:
-                c = pending[fd]
-                data = os.read(fd, 65536)
-                c.buf += data
-                while b"\n" in c.buf:
-                    line, c.buf = c.buf.split(b"\n", 1)
-                    msg = json.loads(line)
-                    if msg.get("event") == "error":
-                        detail = f"{msg['message']}\n{msg.get('traceback', '')}".rstrip()
-                        raise ClusterError(f"{c.name} failed to start: {detail}")
-                    c.ready = msg.get("event") == "ready"
-                if c.ready or not data:
-                    del pending[fd]
-                    os.close(fd)
-                    c.status_fd = -1
-            for fd, c in list(pending.items()):
-                if c.popen.poll() is not None and not select.select([fd], [], [], 0)[0]:
-                    raise ClusterError(f"{c.name} exited with status {c.popen.returncode} before it was ready "
-                                       f"(its stderr is above)")
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(c.name for c in pending.values())
-                raise ClusterError(f"{names} did not come up within cluster.startup_timeout_s="
-                                   f"{self.cfg.cluster.startup_timeout_s:g}s")
-            if not block:
-                return
-        for c in children:
-            if not c.ready:
-                raise ClusterError(f"{c.name} closed its status pipe without saying it was ready "
-                                   f"(exit status {c.popen.poll()})")
+            self._old_sigterm = signal.signal(signal.SIGTERM, raise_system_exit)
 
     def _wait_health(self, urls: list[str], deadline: float) -> None:
         for url in urls:
@@ -344,47 +269,6 @@ class Cluster:
                                            f"startup_timeout_s={self.cfg.cluster.startup_timeout_s:g}s "
                                            f"(last error: {e})") from None
                 time.sleep(0.1)
-
-
-def _raise_system_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)         # unwinds `with Cluster(...)`, which stops every child
-
-
-def _check_port_free(host: str, port: int, what: str, hint: str) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as the servers bind: TIME_WAIT is no obstacle
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ClusterError(f"port {port} on {host} for {what} is not available ({e.strerror}); stop whatever "
-                               f"holds it, or {hint}") from None
-
-
-def _signal_group(popen: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(popen.pid, sig)          # the child leads its own group (start_new_session); ranks are in it
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _terminate(children: list[_Child]) -> None:
-    for c in children:
-        _signal_group(c.popen, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for c in children:
-        try:
-            c.popen.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs of SIGTERM: killing it", c.name, STOP_GRACE_S)
-            _signal_group(c.popen, signal.SIGKILL)
-            c.popen.wait()
-        _signal_group(c.popen, signal.SIGKILL)    # anything of its group still there (a stuck rank)
-        if c.status_fd >= 0:
-            try:
-                os.close(c.status_fd)
-            except OSError:
-                pass
-            c.status_fd = -1
 
 
 # -- bench and serve ------------------------------------------------------------------------------------------------

@@ -40,25 +40,28 @@ class _Slot:
         return self.index < 0
 
 
-class Supervisor(threading.Thread):
+class Supervisor:
     def __init__(self, cluster):
-        super().__init__(name="servelab-supervisor", daemon=True)
         self.cluster, self.cfg = cluster, cluster.cfg.cluster
         self.slots = [_Slot(i) for i in range(len(cluster.workers))] + [_Slot(-1)]  # no slot for external workers
         self.counts = {"worker_restarts": 0, "router_restarts": 0, "workers_given_up": 0}
         self.fatal: str | None = None
         self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servelab-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
 
     def stop(self) -> None:
         self._halt.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def starting(self) -> list:
         """Children being started right now (stop() must end them too)."""
         return [s.starting for s in self.slots if s.starting is not None]
 
-    def run(self) -> None:
+    def _run(self) -> None:
         while not self._halt.wait(POLL_S):
             with self.cluster.lock:
                 for slot in self.slots:
