@@ -273,7 +273,7 @@ class Router(RouterControl):
         w.end()
         if self._is_current(w):  # a worker removed and added again since is another worker: leave it alone
             self.policy.on_request_done(w.url, att.decision, att.served)
-        if att.served:
+        if att.served and att.verdict == "ok":  # answered to the end: its estimated cache hit counts
             self.stats.served(att.decision)
         if att.verdict == "ok":
             w.breaker.record_success()

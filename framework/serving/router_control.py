@@ -95,7 +95,8 @@ class RouterControl:
         return web.json_response(await self.remove_worker(request.query.get("url")))
 
     async def handle_list_workers(self, request: web.Request) -> web.Response:
-        return web.json_response({"urls": list(self.workers), "workers": [w.describe() for w in self.workers.values()]})
+        return web.json_response({"urls": list(self.workers), "workers": [w.describe() for w in self.workers.values()],
+                                  "loads": dict(self.policy.loads)})  # the policy's in-flight counts
 
     async def handle_health(self, request: web.Request) -> web.Response:
         healthy = sum(w.healthy for w in self.workers.values())
