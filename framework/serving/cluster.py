@@ -127,8 +127,8 @@ class Cluster:
         return spawn("router", spec, f"router {self.policy_cfg.name} ({self.router_url})", self.router_url)
 
     def start_router(self, router_cfg=None) -> None:
-        """Start the router (again, with another policy if given) in front of the workers. With external workers,
-        those not up within cluster.startup_timeout_s join later, as long as one is up."""
+        """Start the router (again, with another policy if given) in front of the workers. External workers that are
+        not up yet join when they are (the router checks them every router.health_check_interval_secs)."""
         self._arm_cleanup()
         with self.lock:
             self.stop_router()
@@ -142,13 +142,17 @@ class Cluster:
             self._wait_routing(deadline)
 
     def _wait_routing(self, deadline: float) -> None:
-        """Until the router routes to every worker (it checks each one's /health at start)."""
+        """Until the router routes to every local worker, or to one external worker at least (it checked each one's
+        /health before it said it was ready)."""
         while True:
             try:
                 healthy = http_json("GET", self.router_url + "/health")["healthy_workers"]
             except (OSError, ValueError, KeyError):
                 healthy = -1
-            if healthy == len(self.worker_urls):
+            if healthy == len(self.worker_urls) or (self.external and healthy > 0):
+                if healthy < len(self.worker_urls):
+                    log.warning("routing to %d of %d workers; the others join once they answer /health", healthy,
+                                len(self.worker_urls))
                 return
             if time.monotonic() > deadline:
                 try:
@@ -156,9 +160,6 @@ class Cluster:
                     down = [f"{w['url']} ({w.get('last_health_error')})" for w in listed if not w.get("healthy")]
                 except (OSError, ValueError) as e:
                     down = [f"the router itself does not answer: {e}"]
-                if self.external and healthy > 0:
-                    log.warning("not up yet, routed to once they are: %s", down)
-                    return
                 raise ClusterError(f"after {self.cfg.cluster.startup_timeout_s:g}s the router still does not "
                                    f"route to {'any' if self.external else 'every'} worker; not healthy: {down}")
             time.sleep(0.1)

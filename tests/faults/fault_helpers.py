@@ -16,10 +16,10 @@ from serving_helpers import free_port
 
 
 class BackgroundApp:
-    """``app`` on a free loopback port, served by an event loop in a daemon thread."""
+    """``app`` on a loopback port (a free one unless given), served by an event loop in a daemon thread."""
 
-    def __init__(self, app: web.Application):
-        self.port = free_port()
+    def __init__(self, app: web.Application, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(app, handler_cancellation=True)
