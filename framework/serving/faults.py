@@ -110,15 +110,18 @@ class FaultProxy:
         async with self.session.request(request.method, self.upstream + request.path_qs, data=body,
                                         headers=pass_headers(request.headers, NOT_FORWARDED)) as up:
             resp = web.StreamResponse(status=up.status, headers=pass_headers(up.headers, NOT_RETURNED))
-            await resp.prepare(request)
-            chunks = 0
-            async for chunk in up.content.iter_any():
-                if reset and chunks >= plan.reset_after_chunks:
-                    self._count("reset")
-                    request.transport.abort()
-                    return resp
-                await resp.write(chunk)
-                chunks += 1
-            await resp.write_eof()
+            try:
+                await resp.prepare(request)
+                chunks = 0
+                async for chunk in up.content.iter_any():
+                    if reset and chunks >= plan.reset_after_chunks:
+                        self._count("reset")
+                        request.transport.abort()
+                        return resp
+                    await resp.write(chunk)
+                    chunks += 1
+                await resp.write_eof()
+            except ConnectionResetError:  # the client left: so does the upstream request (closed on exit)
+                return resp
         self.counts["forwarded" if generation else "control"] += 1
         return resp
