@@ -118,8 +118,9 @@ class WorkerTimeout(TimeoutError):
 
 
 class WaitTimer:
-    """Gives up a wait on a worker at the earlier of ``silence_s`` after it began and the client request's deadline,
-    with one periodic ``sweep`` instead of a timer each.
+    """Gives up a wait on a worker at the earlier of ``silence_s`` after it began (streams only: a non-streaming
+    answer is silent by design until it is whole) and the client request's deadline, with one periodic ``sweep``
+    instead of a timer each.
 
     Why not aiohttp's timeouts: they schedule and cancel asyncio timer handles (pure-Python objects, kept in a heap
     through pure-Python comparisons) on every request and every chunk; ~3% of the router's CPU per request
@@ -136,19 +137,23 @@ class WaitTimer:
         self.silence_s, self.tick_s = silence_s, tick_s
         self._waiting: dict[asyncio.Task, tuple[float, str]] = {}  # task -> (expiry, which limit), time.monotonic
         self._expired: dict[asyncio.Task, str] = {}  # tasks the sweep cancelled -> which limit
-        self._deadline: tuple[float, str] = (float("inf"), "")
+        self._next: tuple[float, str, bool] = (float("inf"), "", True)
 
-    def __call__(self, deadline: float, name: str) -> "WaitTimer":
-        """The client request's deadline (and the setting that set it) for the next ``with`` block."""
-        self._deadline = (deadline, name)
+    def __call__(self, deadline: float, name: str, silence: bool = True) -> "WaitTimer":
+        """The next ``with`` block's limits: the client request's deadline (and the setting that set it), and whether
+        the worker's silence counts too."""
+        self._next = (deadline, name, silence)
         return self
 
     def __enter__(self) -> None:
-        expiry, name = time.monotonic() + self.silence_s, ""
-        if self._deadline[0] < expiry:
-            expiry, name = self._deadline
-        self._deadline = (float("inf"), "")
-        self._waiting[asyncio.current_task()] = (expiry, name)
+        deadline, name, silence = self._next
+        self._next = (float("inf"), "", True)
+        expiry = time.monotonic() + self.silence_s if silence else float("inf")
+        if deadline < expiry:
+            expiry, silence_name = deadline, name
+        else:
+            silence_name = ""
+        self._waiting[asyncio.current_task()] = (expiry, silence_name)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         task = asyncio.current_task()

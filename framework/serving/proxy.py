@@ -16,7 +16,7 @@ REQUEST_ID_HEADER = "X-Request-Id"   # set when the client sent none; the worker
 # RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy's own HTTP layer sets for each side
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade"})
-NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
 NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
 MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is honoured for this long (a worker must not park itself forever)
 RETRY_SAME_WORKER = (429, 503)  # busy, not broken: the one answer worth trying the same worker again for

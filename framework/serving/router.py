@@ -7,8 +7,8 @@ removed) and streams chunk by chunk. Reliability, beyond SGLang router 0.1.0 (do
 - periodic ``GET /health`` of every worker; only healthy workers are routed to, and workers that are not up at start
   join when their first check passes (one that was unreachable comes back with its cache estimate dropped);
 - per client request, a first-byte deadline and a total deadline (``first_byte_timeout_s``, ``total_timeout_s``);
-  per attempt, a worker silent for ``request_timeout_s`` is given up on (``health.WaitTimer``: one periodic sweep
-  rather than a timer per request); a request it had received goes elsewhere only once it confirms the abort
+  per attempt, a streaming worker silent for ``request_timeout_s`` is given up on (``health.WaitTimer``: one periodic
+  sweep rather than a timer per request); a request it had received goes elsewhere only once it confirms the abort
   (``POST /abort_request``), or is found dead -- a hung or merely slow worker never causes a second generation;
 - connection errors, confirmed aborts and 408/429/5xx are retried, at most ``max_retries`` times, each retry counted
   when it is sent, after an exponential backoff with jitter: on a worker not tried yet when there is one, else on
@@ -61,6 +61,7 @@ class _Call:
     route: str
     raw: bytes
     text: str  # the routing key
+    stream: bool
     headers: CIMultiDict  # what goes to the worker
     rid: str  # its X-Request-Id: what /abort_request names
     first_byte_by: float  # time.monotonic() deadlines
@@ -172,21 +173,23 @@ class Router(RouterControl):
             return [w], max(backoff, failed.retry_after or 0.0)
         return None
 
-    def _deadline(self, call: _Call) -> tuple[float, str]:
+    def _deadline(self, call: _Call) -> tuple[float, str, bool]:
+        """The limits of the call's next wait on a worker, for ``self._timer``."""
         if not call.answered and call.first_byte_by < call.done_by:
-            return call.first_byte_by, self._first_byte_name
-        return call.done_by, self._total_name
+            return call.first_byte_by, self._first_byte_name, call.stream
+        return call.done_by, self._total_name, call.stream
 
     async def forward(self, request: web.Request, route: str) -> web.StreamResponse:
         outcome = "invalid_request"
         try:
             raw = await request.read()
-            text = parse_body(ROUTES[route], raw).routing_text()
+            view = parse_body(ROUTES[route], raw)
+            text = view.routing_text()
             headers = pass_headers(request.headers, NOT_FORWARDED)
             rid = headers.get(REQUEST_ID_HEADER) or headers.setdefault(REQUEST_ID_HEADER, uuid.uuid4().hex)
             headers.setdefault("Content-Type", "application/json")
             now = time.monotonic()
-            call = _Call(route, raw, text, headers, rid, now + self.cfg.first_byte_timeout_s,
+            call = _Call(route, raw, text, view.stream, headers, rid, now + self.cfg.first_byte_timeout_s,
                          now + self.cfg.total_timeout_s)
             outcome = "no_worker"
             failed = None

@@ -18,7 +18,7 @@ _SCHEMA_SUFFIX = "RouterSchema"
 @dataclass
 class RouterServiceConfig:
     """How the router service runs, whatever the policy. Deadlines are per client request, over all its attempts;
-    ``request_timeout_s`` is per attempt (a worker silent that long is given up on)."""
+    ``request_timeout_s`` is per attempt on a stream (a worker silent that long is given up on)."""
     host: str = "127.0.0.1"
     port: int = 30000
     health_check_interval_secs: float = 10.0
@@ -28,8 +28,8 @@ class RouterServiceConfig:
     retry_backoff_max_s: float = 2.0
     breaker_failure_threshold: int = 5      # consecutive failures (connection errors, 5xx but 503) that open a breaker
     breaker_cooldown_secs: float = 30.0     # open -> half-open (one probe request) after this long
-    request_timeout_s: float = 600.0        # longest a worker may stay silent (no header / no next chunk)
-    first_byte_timeout_s: float = 600.0     # a client request's first response byte, from its arrival
+    request_timeout_s: float = 600.0        # longest a streaming worker may stay silent (no head / no next chunk)
+    first_byte_timeout_s: float = 600.0     # a client request's first response byte (non-streaming: all of it)
     total_timeout_s: float = 3600.0         # a client request's whole response, from its arrival
     abort_timeout_s: float = 2.0            # how long a silent worker has to confirm it aborted a request
     connect_timeout_s: float = 5.0

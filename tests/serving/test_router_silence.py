@@ -1,5 +1,5 @@
-"""The router's waits on a worker: ``request_timeout_s`` (a worker silent that long), and the client request's
-first-byte and total deadlines (health.WaitTimer, one periodic sweep instead of a timer per request). A silent
+"""The router's waits on a worker: ``request_timeout_s`` (a streaming worker silent that long), and the client
+request's first-byte and total deadlines (health.WaitTimer, one periodic sweep instead of a timer per request). A silent
 worker's request goes elsewhere only once the worker confirms it dropped it (``/abort_request``); a hung one, or a
 deadline, ends in a 504; slow-but-talking streams and client disconnects are left alone. Stub workers only."""
 from __future__ import annotations
@@ -97,7 +97,7 @@ async def router_over(*behaviours: str, **cfg):
 
 async def test_a_silent_worker_that_confirms_the_abort_is_retried_elsewhere():
     async with router_over("silent", "ok") as (router, http, stubs, urls):
-        async with http.post("/generate", json={"text": "hi"}) as r:  # round robin: the silent worker first
+        async with http.post("/generate", json={"text": "hi", "stream": True}) as r:  # round robin: silent first
             assert r.status == 200 and await r.json() == {"text": "ok"}
             assert r.headers["X-Servelab-Worker"] == urls[1]
         assert stubs[0].aborts == stubs[0].requests == stubs[1].requests  # one id, aborted where it went first
@@ -108,13 +108,19 @@ async def test_a_silent_worker_that_confirms_the_abort_is_retried_elsewhere():
 
 async def test_a_hung_worker_is_not_doubled_a_504_names_the_setting():
     async with router_over("hung", "ok") as (router, http, stubs, urls):
-        async with http.post("/generate", json={"text": "hi"}, headers={"X-Request-Id": "mine"}) as r:
+        async with http.post("/generate", json={"text": "hi", "stream": True}, headers={"X-Request-Id": "mine"}) as r:
             error = (await r.json())["error"]["message"]
             assert r.status == 504 and r.headers["X-Servelab-Worker"] == urls[0]
         assert "router.request_timeout_s" in error and "did not confirm" in error
         assert stubs[0].requests == stubs[0].aborts == ["mine"] and stubs[1].requests == []  # not generated twice
         assert router.stats.retries == 0 and router.stats.outcomes["/generate", "timeout"] == 1
         assert router.workers[urls[0]].failures == 0
+
+
+async def test_a_non_streaming_answer_is_not_cut_by_the_silence_timeout():
+    async with router_over("late") as (router, http, stubs, urls):  # whole answer after 3 x request_timeout_s
+        async with http.post("/generate", json={"text": "hi"}) as r:
+            assert r.status == 200 and await r.json() == {"text": "late"} and router.stats.retries == 0
 
 
 async def test_the_first_byte_deadline_ends_a_request_without_a_retry():
@@ -152,7 +158,7 @@ async def test_a_slow_stream_that_keeps_talking_is_not_cut():
 
 async def test_a_client_leaving_a_silent_worker_is_a_disconnect_not_a_timeout():
     async with router_over("silent") as (router, http, stubs, urls):
-        pending = asyncio.create_task(http.post("/generate", json={"text": "hi"}))
+        pending = asyncio.create_task(http.post("/generate", json={"text": "hi", "stream": True}))
         await wait_until(lambda: router.workers[urls[0]].in_flight == 1, what="the request to reach the worker")
         pending.cancel()
         await wait_until(lambda: router.stats.outcomes["/generate", "client_disconnect"] == 1,
