@@ -95,7 +95,8 @@ async def run_bare_proxy(port: int, workers: list[str]) -> None:
 
 async def run_router(port: int, workers: list[str]) -> None:
     from framework.registry import ROUTING
-    from framework.serving.router import RouterServiceConfig, serve_router
+    from framework.serving.router import serve_router
+    from framework.serving.router_config import RouterServiceConfig
 
     cfg = RouterServiceConfig(host="127.0.0.1", port=port, health_check_interval_secs=5.0)
     await serve_router(ROUTING.get("round_robin")(), workers, cfg)

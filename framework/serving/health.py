@@ -102,9 +102,11 @@ class WorkerState:
             self.idle.set()
 
     def describe(self) -> dict:
-        return {"url": self.url, "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
+        now = time.monotonic()
+        return {"url": self.url, "routable": self.routable(now), "healthy": self.healthy, "draining": self.draining,
+                "in_flight": self.in_flight,
                 "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
-                "retry_after_s": round(max(0.0, self.not_before - time.monotonic()), 3),
+                "retry_after_s": round(max(0.0, self.not_before - now), 3),
                 "last_health_error": self.last_health_error}
 
 

@@ -8,7 +8,9 @@ non-empty prefixes of the texts sent to ``t``) and is kept up to date on every c
 Eviction (LRU per tenant, SGLang's ``evict_tenant_data``) pops (last access, node) entries, oldest first, from a queue
 per tenant filled on insert; entries go stale when the node is touched again or dropped and are skipped when popped,
 so the request path only pays one append and eviction never walks the tree. Stale entries are dropped once they
-outnumber the live ones (checked in O(1) at every insert), so the queues stay bounded by the tree.
+outnumber the live ones (checked in O(1) at every insert), so the queues stay bounded by the tree; and a tree built
+with ``max_tenant_chars`` evicts a tenant that passes it (by 1/32) at the insert that did it, so the tree itself stays
+bounded whatever the request rate between two periodic ``evict`` passes.
 
 ``undo_insert`` takes back an insert whose request never reached the worker (the router's attempt failed).
 
@@ -20,6 +22,7 @@ import heapq
 from collections import deque
 
 QUEUE_SLACK = 1024  # stale LRU entries tolerated beyond the live ones before the queues are compacted
+INSERT_EVICTION_SLACK_DIV = 32  # a tenant may pass its bound by 1/32 before an insert evicts it back down
 
 
 class Node:
@@ -89,7 +92,12 @@ def _common_prefix_len(text: str, pos: int, edge: str) -> int:
 
 
 class RadixTree:
-    def __init__(self) -> None:
+    def __init__(self, max_tenant_chars: int | None = None):
+        """``max_tenant_chars``: the bound each tenant is evicted down to at insert time, once it passes it by
+        1/INSERT_EVICTION_SLACK_DIV (None: only explicit ``evict`` calls bound the tree)."""
+        self.max_tenant_chars = max_tenant_chars
+        self._evict_above = (float("inf") if max_tenant_chars is None else
+                             max_tenant_chars + max_tenant_chars // INSERT_EVICTION_SLACK_DIV)
         self.root = Node("", None, 0)
         self.node_count = 0  # non-root nodes
         self.total_chars = 0  # characters stored once, whatever the number of tenants
@@ -173,6 +181,8 @@ class RadixTree:
             self._queued += 1
             if self._queued > self._compact_at:
                 self.compact_queues()
+        if size > self._evict_above:
+            self.evict_tenant(tenant, self.max_tenant_chars)
         return held
 
     def undo_insert(self, text: str, tenant: str, held: int, stamp: float) -> int:

@@ -16,8 +16,8 @@ match no longer refreshes the access time of a tenant that is not chosen.
 
 Keeping the estimate honest (docs/fidelity.md): an insert is taken back when the router's attempt fails
 (``on_request_done(ok=False)``), a worker whose cache was flushed or restarted is forgotten (``reset_worker``), and a
-worker's share of the tree is bounded at every insert (evicted down to ``max_tree_size`` once it passes it by
-``max_tree_size / INSERT_EVICTION_SLACK_DIV``), not only by the periodic pass, so memory holds at any request rate.
+worker's share of the tree is bounded at every insert (evicted down to ``max_tree_size`` once it passes it by 1/32,
+see _radix_tree.py), not only by the periodic pass, so memory holds at any request rate.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
 from plugins.routing._radix_tree import RadixTree
 
 TIE_BREAKS = ("node_hash", "least_loaded", "most_recent", "first")
-INSERT_EVICTION_SLACK_DIV = 32  # a worker may pass max_tree_size by 1/32 before an insert evicts it back down
 _MASK64 = 2**64 - 1
 
 
@@ -80,9 +79,8 @@ class CacheAwareRouting(RoutingPolicy):
     def __init__(self, cfg: CacheAwareConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         _check_config(self.cfg)
-        self.tree = RadixTree()
+        self.tree = RadixTree(self.cfg.max_tree_size)  # bounded at every insert, besides the periodic pass
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
-        self._evict_above = self.cfg.max_tree_size + self.cfg.max_tree_size // INSERT_EVICTION_SLACK_DIV
         self._seed_key = _mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
 
@@ -116,8 +114,6 @@ class CacheAwareRouting(RoutingPolicy):
                     worker = min(candidates, key=loads.__getitem__)
         now = self.clock()
         held = tree.insert_at(request_text, matched, node, worker, now)
-        if tree.tenant_size(worker) > self._evict_above:
-            tree.evict_tenant(worker, cfg.max_tree_size)
         return RoutingDecision(worker, held, n, reason, request_text, now)
 
     def _tenant_key(self, worker: str) -> int:

@@ -9,8 +9,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from framework.registry import ROUTING
-from plugins.routing._radix_tree import QUEUE_SLACK, RadixTree
-from plugins.routing.cache_aware import INSERT_EVICTION_SLACK_DIV
+from plugins.routing._radix_tree import INSERT_EVICTION_SLACK_DIV, QUEUE_SLACK, RadixTree
 
 CacheAware = ROUTING.get("cache_aware")
 
