@@ -219,7 +219,7 @@ def _parts_text(v: Any) -> Any:
 
 class _RoutingView(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
-    stream: bool = False  # the router applies request_timeout_s (silence) to streams only
+    stream: bool | None = False  # the router applies request_timeout_s (silence) to streams only; null: not one
 
 
 class GenerateRouting(_RoutingView):

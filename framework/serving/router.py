@@ -189,7 +189,7 @@ class Router(RouterControl):
             rid = headers.get(REQUEST_ID_HEADER) or headers.setdefault(REQUEST_ID_HEADER, uuid.uuid4().hex)
             headers.setdefault("Content-Type", "application/json")
             now = time.monotonic()
-            call = _Call(route, raw, text, view.stream, headers, rid, now + self.cfg.first_byte_timeout_s,
+            call = _Call(route, raw, text, bool(view.stream), headers, rid, now + self.cfg.first_byte_timeout_s,
                          now + self.cfg.total_timeout_s)
             outcome = "no_worker"
             failed = None

@@ -46,6 +46,7 @@ class Supervisor:
         self.slots = [_Slot(i) for i in range(len(cluster.workers))] + [_Slot(-1)]  # no slot for external workers
         self.counts = {"worker_restarts": 0, "router_restarts": 0, "workers_given_up": 0}
         self.fatal: str | None = None
+        self._router_fronts: list[str] = []  # the workers a restarted router was started with
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="servelab-supervisor", daemon=True)
 
@@ -82,9 +83,8 @@ class Supervisor:
             if now >= slot.due:
                 slot.due = None
                 if slot.is_router:
-                    urls = self.cluster.worker_urls
-                    up = [u for s, u in zip(self.slots[:-1], urls) if self._up(s)] if self.cluster.workers else urls
-                    slot.starting = self.cluster.spawn_router(up or urls)
+                    self._router_fronts = self._up_urls()
+                    slot.starting = self.cluster.spawn_router(self._router_fronts or self.cluster.worker_urls)
                 else:
                     slot.starting = self.cluster.spawn_worker(slot.index)
                 slot.started_at = now
@@ -109,17 +109,20 @@ class Supervisor:
         slot.starting = None
         if failure is not None:
             self.cluster.end_children([child])
-            self._exited(slot, failure, now)
+            self._exited(slot, failure, now, in_router=False)
             return
         self.cluster.install(slot.index, child)
         if not slot.is_router:
             self._tell_router("add_worker", child.url)
+        else:  # workers that came back while it was starting
+            for url in set(self._up_urls()) - set(self._router_fronts):
+                self._tell_router("add_worker", url)
         log.warning("%s is serving again (restart %d within %gs)", child.name, len(slot.restarts),
                     self.cfg.restart_window_s)
 
-    def _exited(self, slot: _Slot, why: str, now: float) -> None:
+    def _exited(self, slot: _Slot, why: str, now: float, in_router: bool = True) -> None:
         name = self._name(slot)
-        if not slot.is_router:
+        if not slot.is_router and in_router:
             self._tell_router("remove_worker", self.cluster.worker_urls[slot.index])
         while slot.restarts and now - slot.restarts[0] > self.cfg.restart_window_s:
             slot.restarts.popleft()
@@ -140,9 +143,12 @@ class Supervisor:
         log.warning("%s; restarting %s in %.1fs", why, name, delay)
 
     # -- helpers --------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _up(slot: _Slot) -> bool:
-        return slot.due is None and slot.starting is None and not slot.given_up
+    def _up_urls(self) -> list[str]:
+        """The workers serving now (external ones: all of them)."""
+        urls = self.cluster.worker_urls
+        if not self.cluster.workers:
+            return list(urls)
+        return [u for s, u in zip(self.slots[:-1], urls) if s.due is None and s.starting is None and not s.given_up]
 
     def _current(self, slot: _Slot):
         return self.cluster.router if slot.is_router else self.cluster.workers[slot.index]

@@ -48,6 +48,7 @@ def test_router_views_accept_what_the_worker_accepts_and_reject_a_missing_text()
     (P.CompletionRouting, {"prompt": ["p", "q"]}, "p"),
     (P.CompletionRouting, {"prompt": [1, 2]}, "\x01\x02"),
     (P.CompletionRouting, {"prompt": [[1, 2], [3]]}, "\x01\x02"),
+    (P.CompletionRouting, {"prompt": "p", "stream": None}, "p"),  # OpenAI's optional fields may be null
     # chat: the developer role, content parts of any type (the text parts are the key), null content
     (P.ChatRouting, {"messages": [{"role": "developer", "content": "d"},
                                   {"role": "user", "content": [{"type": "text", "text": "look: "},
