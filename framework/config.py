@@ -48,6 +48,10 @@ class ClusterConfig:
     startup_timeout_s: float = 120.0  # every worker and the router must answer /health within this
     request_timeout_s: float = 300.0  # the load client's bound per request, all its tries together
     client_retries: int = 2           # the load client re-sends a request whose stream broke (its worker died)
+    restart_workers: bool = True      # restart a worker or the router that dies (framework/serving/supervisor.py)
+    max_restarts: int = 5             # ...at most this many times each within restart_window_s, then give up on it
+    restart_window_s: float = 300.0
+    restart_backoff_s: float = 0.5    # the wait before a restart, doubling with each restart in the window (<= 30 s)
 
 
 @dataclass
@@ -79,7 +83,8 @@ class RootConfig:
 
 
 def register_configs() -> None:
-    """Store every schema: the root, the framework's groups, and each registered plugin's Config."""
+    """Store every schema: the root, the framework's groups, and each registered plugin's Config (for `router`, the
+    plugin's Config combined with the router service's settings: framework/serving/router_config.py)."""
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     cs.store(name="servelab_schema", node=RootConfig)
@@ -87,9 +92,11 @@ def register_configs() -> None:
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
     cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
+    from framework.serving.router_config import router_schema
     for group, registry in PLUGIN_GROUPS.items():
         for key in registry.keys():
-            cs.store(group=group, name=f"{key}_schema", node=registry.get(key).Config)
+            node = registry.get(key).Config
+            cs.store(group=group, name=f"{key}_schema", node=router_schema(node) if group == "router" else node)
 
 
 def to_objects(cfg) -> Any:

@@ -7,7 +7,6 @@ router's own in-flight counts (``loads``) and the record of the last decision; a
 from __future__ import annotations
 
 import abc
-import enum
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
@@ -15,44 +14,26 @@ from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 REASONS = ("balance", "cache_hit", "cache_miss", "round_robin", "random")
 
 
-class RouterImpl(enum.Enum):
-    """Which router process fronts the workers: servelab's own, or SGLang's (framework/serving/peer_router.py)."""
-    servelab = "servelab"
-    sglang = "sglang"
-
-
 @dataclass
 class RoutingConfig:
-    """What every routing plugin's ``Config`` inherits: ``name`` (each plugin redefines it; it stays the first field)
-    and the router service's settings (framework/serving/router.py: RouterServiceConfig checks them), so
-    ``router.port=...`` or ``router.max_retries=...`` compose with whichever ``router=`` plugin is chosen; the policies
-    themselves ignore them."""
+    """What every routing plugin's ``Config`` inherits: ``name`` (each plugin redefines it; it stays the first field).
+    A policy's Config holds its own fields only; the router service's settings (``router.port``, ``router.max_retries``
+    ...) are framework/serving/router_config.py's ``RouterServiceConfig``, and the schema Hydra stores for the
+    ``router`` group combines both (``router_schema``), so every ``router.<key>`` composes with any ``router=``."""
     name: str = ""
-    impl: RouterImpl = RouterImpl.servelab  # sglang: SGLang's router (sglang-router 0.3.2) with this policy
-    host: str = "127.0.0.1"
-    port: int = 30000                       # 0: free ports for the router and the local workers
-    health_check_interval_secs: float = 10.0
-    health_check_timeout_secs: float = 2.0
-    max_retries: int = 3                    # extra attempts after the first, each on another worker when there is one
-    retry_backoff_base_s: float = 0.05      # attempt k waits in [d/2, d], d = min(max, base * 2**(k-1))
-    retry_backoff_max_s: float = 2.0
-    breaker_failure_threshold: int = 5      # consecutive failures that open a worker's circuit breaker
-    breaker_cooldown_secs: float = 30.0     # open -> half-open (one probe request) after this long
-    request_timeout_s: float = 600.0        # longest a worker may stay silent (no header / no chunk)
-    connect_timeout_s: float = 5.0
-    drain_timeout_secs: float = 600.0       # remove_worker waits this long for in-flight requests at most
-    maintain_interval_secs: float = 1.0     # how often the policy's periodic work (cache eviction) runs
-    client_max_size: int = 8 * 2**20        # request body limit, bytes (larger: a 413 JSON error)
 
 
 class RoutingDecision(NamedTuple):
     """What the last ``select`` did. ``matched_chars`` is how much of the request's text the chosen worker had already
     been sent (by the policy's own estimate; 0 for policies that keep none), so matched/request chars summed over
-    requests is the router's estimated prefix-cache hit rate."""
+    requests is the router's estimated prefix-cache hit rate. ``text`` and ``at`` (the policy clock's time of the
+    decision) let a policy take back what it credited the worker with when the attempt fails (``on_request_done``)."""
     worker: str
     matched_chars: int
     request_chars: int
     reason: str  # one of REASONS
+    text: str = ""
+    at: float = 0.0
 
 
 class NoWorkerAvailable(RuntimeError):
@@ -117,12 +98,22 @@ class RoutingPolicy(abc.ABC):
         self.last_decision = decision
         return decision.worker
 
-    def on_request_done(self, worker: str, **info: Any) -> None:
+    def on_request_done(self, worker: str, decision: RoutingDecision | None = None, ok: bool = True,
+                        **info: Any) -> None:
         """Release one in-flight request on ``worker``. A worker removed meanwhile, or already at zero, is left alone:
-        the caller makes this call once per request; the count never goes below zero."""
+        the caller makes this call once per request; the count never goes below zero. ``ok=False`` with the request's
+        ``decision``: the attempt failed, so the worker did not get the text (a policy that credited it takes it back)."""
         n = self.loads.get(worker)
         if n:
             self.loads[worker] = n - 1
+        if not ok and decision is not None and worker in self.loads:
+            self._take_back(decision)
+
+    def reset_worker(self, worker: str) -> None:
+        """The worker's cache is known to be empty (flushed, restarted): drop what the policy estimates it holds.
+        Its load count stays."""
+        self._require_known(worker)
+        self._forget(worker)
 
     def maintain(self, now: float | None = None) -> None:
         """Periodic work off the request path. The stateless policies have none."""
@@ -133,7 +124,10 @@ class RoutingPolicy(abc.ABC):
         """Choose among ``candidates`` (non-empty, known, in insertion order). Loads are updated by the caller."""
 
     def _forget(self, worker: str) -> None:
-        """Drop what the policy keeps about a removed worker. The stateless policies keep nothing."""
+        """Drop what the policy keeps about a worker's cache (removed, flushed, restarted). Stateless: nothing."""
+
+    def _take_back(self, decision: RoutingDecision) -> None:
+        """Undo what ``select`` credited ``decision.worker`` with; the attempt failed. Stateless: nothing."""
 
     # -- helpers -----------------------------------------------------------------------------------------------------
     def _refresh_healthy(self) -> None:

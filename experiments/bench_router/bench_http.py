@@ -101,7 +101,8 @@ async def run_bare_proxy(port: int, workers: list[str]) -> None:
 
 async def run_router(port: int, workers: list[str]) -> None:
     from framework.registry import ROUTING
-    from framework.serving.router import RouterServiceConfig, serve_router
+    from framework.serving.router import serve_router
+    from framework.serving.router_config import RouterServiceConfig
 
     cfg = RouterServiceConfig(host="127.0.0.1", port=port, health_check_interval_secs=5.0)
     await serve_router(ROUTING.get("round_robin")(), workers, cfg)
@@ -341,7 +342,7 @@ def main() -> None:
         if "sglang" in names:    # the same stubs, round robin, SGLang's defaults otherwise
             asyncio.run(wait_up(stub_ports[0]))
             rc = compose(["router=round_robin", "router.impl=sglang", f"router.port={ports['sglang']}"]).router
-            peer = SglangRouter(rc, workers.split(","), startup_timeout_s=60)
+            peer = SglangRouter(rc, rc, workers.split(","), startup_timeout_s=60)
             proxies["sglang"] = (ports["sglang"], proc_cpu(peer))
         results = asyncio.run(bench(args, proxies, stub_ports))
     finally:

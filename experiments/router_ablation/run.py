@@ -82,7 +82,7 @@ def main() -> None:
             rc = compose([f"router={p}", f"router.impl={impl}"] + extra).router
             try:
                 if impl == "sglang":
-                    sglang_router_args(rc, ["http://w"], 1, 2)
+                    sglang_router_args(rc, rc, ["http://w"], 1, 2)
                 routers[p, impl] = rc
             except PeerRouterError as e:
                 print(f"  skipped {p} on {impl}: {e}")

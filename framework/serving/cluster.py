@@ -3,56 +3,37 @@
 `Cluster` starts the workers (each `python -m framework.serving.cluster_proc worker`, one engine instance: a single
 rank, or `parallel.size` ranks through framework.engine.instance), waits until each answers /health, then starts the
 router process (`router=` policy) in front of them -- or in front of `cluster.workers`, URLs of servers started
-elsewhere (servelab, SGLang or vLLM). Every child leads its own process group (an instance's ranks join it) and dies
-with this process; `stop()` (also at exit, on SIGTERM, on Ctrl-C, on any failure) signals each group, waits, then
-kills what is left, so no process outlives the cluster.
+elsewhere (servelab, SGLang or vLLM; those not up yet join when they are). Every child leads its own process group
+(an instance's ranks join it) and dies with this process; `stop()` (also at exit, on SIGTERM, on Ctrl-C, on any
+failure) signals each group, waits, then kills what is left, so no process outlives the cluster. While it runs, a
+`Supervisor` (cluster.restart_workers) restarts a worker or router that dies (see supervisor.py).
 
 `run_cluster_bench` drives the workload through the router with the HTTP load client and reports (see cluster_bench.py)
-the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries and
-its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C. The cluster's children die with
-the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that outlives it (the main thread).
+the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries,
+restarts and its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C or SIGTERM. The
+cluster's children die with the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that
+outlives it (the main thread); restarted children are the supervisor thread's, which lives as long as the cluster.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import logging
-import os
-import pickle
-import select
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from framework.routing import RouterImpl
 from framework.serving.cluster_proc import RouterSpec, WorkerSpec
 from framework.serving.ports import assign_free_ports, with_free_port
+from framework.serving.processes import (Child, ClusterError, check_port_free, raise_system_exit, signal_group,
+                                         spawn, terminate, wait_ready)
+from framework.serving.router_config import RouterImpl, split_router_config
+from framework.serving.supervisor import Supervisor
 
 log = logging.getLogger("servelab.cluster")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 10.0         # SIGTERM -> SIGKILL
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not start or a run through it failed: one message naming the process and the cause."""
-
-
-@dataclass
-class _Child:
-    name: str
-    url: str
-    popen: subprocess.Popen
-    status_fd: int
-    buf: bytes = b""
-    ready: bool = False
-    messages: list[dict] = field(default_factory=list)
 
 
 def _url_host(host: str) -> str:
@@ -65,12 +46,20 @@ def http_json(method: str, url: str, timeout: float = 5.0, data: bytes | None = 
         return json.loads(resp.read() or b"{}")
 
 
+def _split(router_cfg):
+    try:
+        return split_router_config(router_cfg)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+
+
 class Cluster:
     def __init__(self, cfg):
         assign_free_ports(cfg)             # router.port=0: free ports for the router and the local workers
-        self.cfg, self.router_cfg = cfg, cfg.router
+        self.cfg = cfg
+        self.policy_cfg, self.service = _split(cfg.router)
         cc = cfg.cluster
-        host, port = cfg.router.host, cfg.router.port
+        host, port = self.service.host, self.service.port
         self.router_url = f"http://{_url_host(host)}:{port}"
         self.external = [u.rstrip("/") for u in cc.workers]
         if self.external:
@@ -87,12 +76,18 @@ class Cluster:
                 raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
             self.worker_ports = ports
             self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
-        if cfg.cluster.startup_timeout_s <= 0:
-            raise ClusterError(f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s} must be > 0")
-        self.workers: list[_Child] = []
-        self.router: _Child | None = None
+        if cc.startup_timeout_s <= 0:
+            raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")
+        if cc.max_restarts < 0 or cc.restart_backoff_s < 0 or cc.restart_window_s <= 0:
+            raise ClusterError(f"cluster.max_restarts={cc.max_restarts} and cluster.restart_backoff_s="
+                               f"{cc.restart_backoff_s} must be >= 0, cluster.restart_window_s="
+                               f"{cc.restart_window_s} > 0")
+        self.workers: list[Child] = []
+        self.router: Child | None = None
+        self.supervisor: Supervisor | None = None
         self.peer = None                   # router.impl=sglang: the SglangRouter (peer_router.py)
         self.metrics_url = self.router_url + "/metrics"
+        self.lock = threading.RLock()  # the supervisor's changes against start_router's and stop's
         self._old_sigterm = None
 
     # -- lifetime -----------------------------------------------------------------------------------------------
@@ -110,49 +105,67 @@ class Cluster:
     def start(self) -> None:
         self.start_workers()
         self.start_router()
+        if self.cfg.cluster.restart_workers:
+            self.supervisor = Supervisor(self)
+            self.supervisor.start()
 
     def start_workers(self) -> None:
         self._arm_cleanup()
-        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         if self.external:
-            self._wait_health(self.worker_urls, deadline)
-            return
-        host = self.cfg.router.host
+            return             # the router adds each as soon as it answers /health
+        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         for i, p in enumerate(self.worker_ports):
-            _check_port_free(host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
-        c = self.cfg
-        for i, (p, url) in enumerate(zip(self.worker_ports, self.worker_urls)):
-            name = f"worker {i} ({url})"
-            spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, host, p, name)
-            self.workers.append(self._spawn("worker", spec, name, url))
-        self._wait_ready(self.workers, deadline)
+            check_port_free(self.service.host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
+        self.workers = [self.spawn_worker(i) for i in range(len(self.worker_ports))]
+        wait_ready(self.workers, deadline, self.cfg.cluster.startup_timeout_s)
         self._wait_health(self.worker_urls, deadline)
 
-    def start_router(self, router_cfg=None) -> None:
-        """Start the router (again, with another policy if given) in front of the workers."""
-        self._arm_cleanup()
-        self.stop_router()
-        self.router_cfg = rc = with_free_port(router_cfg or self.router_cfg)
-        self.router_url = f"http://{_url_host(rc.host)}:{rc.port}"
-        if rc.impl is RouterImpl.sglang:   # SGLang's own router in front of the same workers
+    def spawn_worker(self, i: int) -> Child:
+        c, url = self.cfg, self.worker_urls[i]
+        spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
+                          f"worker {i} ({url})")
+        return spawn("worker", spec, spec.name, url)
+
+    def spawn_router(self, worker_urls: list[str]) -> Child:
+        if self.service.impl is RouterImpl.sglang:   # SGLang's own router in front of the same workers
             from framework.serving.peer_router import SglangRouter
-            self.peer = SglangRouter(rc, self.worker_urls, self.cfg.cluster.startup_timeout_s)
-            self.router = _Child(f"sglang-router ({self.router_url})", self.router_url, self.peer.popen, -1, ready=True)
+            self.peer = SglangRouter(self.policy_cfg, self.service, worker_urls, self.cfg.cluster.startup_timeout_s)
             self.metrics_url = self.peer.metrics_url
-            return
+            return Child(f"sglang-router ({self.router_url})", self.router_url, self.peer.popen, -1, ready=True)
         self.peer, self.metrics_url = None, self.router_url + "/metrics"
-        _check_port_free(self.router_cfg.host, self.router_cfg.port, "the router", "set router.port=...")
-        spec = RouterSpec(self.router_cfg, self.worker_urls, self.cfg.seed)
-        self.router = self._spawn("router", spec, f"router {self.router_cfg.name} ({self.router_url})",
-                                  self.router_url)
-        deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
-        self._wait_ready([self.router], deadline)
-        while True:    # the router checks every worker's /health at start; wait until it routes to all of them
+        spec = RouterSpec(self.policy_cfg, self.service, worker_urls, self.cfg.seed)
+        return spawn("router", spec, f"router {self.policy_cfg.name} ({self.router_url})", self.router_url)
+
+    def start_router(self, router_cfg=None) -> None:
+        """Start the router (again, with another policy if given) in front of the workers. External workers that are
+        not up yet join when they are (the router checks them every router.health_check_interval_secs)."""
+        self._arm_cleanup()
+        with self.lock:
+            self.stop_router()
+            if router_cfg is not None:
+                self.policy_cfg, self.service = _split(with_free_port(router_cfg))
+            self.router_url = f"http://{_url_host(self.service.host)}:{self.service.port}"
+            check_port_free(self.service.host, self.service.port, "the router", "set router.port=...")
+            self.router = self.spawn_router(self.worker_urls)
+            if self.peer is not None:
+                return                     # SglangRouter waited until it routes to every worker
+            deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
+            wait_ready([self.router], deadline, self.cfg.cluster.startup_timeout_s)
+            self._wait_routing(deadline)
+
+    def _wait_routing(self, deadline: float) -> None:
+        """Until the router routes to every local worker, or to one external worker at least (it checked each one's
+        /health before it said it was ready)."""
+        while True:
             try:
-                if http_json("GET", self.router_url + "/health")["healthy_workers"] == len(self.worker_urls):
-                    return
+                healthy = http_json("GET", self.router_url + "/health")["healthy_workers"]
             except (OSError, ValueError, KeyError):
-                pass
+                healthy = -1
+            if healthy == len(self.worker_urls) or (self.external and healthy > 0):
+                if healthy < len(self.worker_urls):
+                    log.warning("routing to %d of %d workers; the others join once they answer /health", healthy,
+                                len(self.worker_urls))
+                return
             if time.monotonic() > deadline:
                 try:
                     listed = http_json("GET", self.router_url + "/list_workers").get("workers", [])
@@ -160,32 +173,61 @@ class Cluster:
                 except (OSError, ValueError) as e:
                     down = [f"the router itself does not answer: {e}"]
                 raise ClusterError(f"after {self.cfg.cluster.startup_timeout_s:g}s the router still does not "
-                                   f"route to every worker; not healthy: {down}")
+                                   f"route to {'any' if self.external else 'every'} worker; not healthy: {down}")
             time.sleep(0.1)
 
     def stop_router(self) -> None:
-        if self.router is not None:
-            _terminate([self.router])
-            self.router = None
+        with self.lock:
+            if self.router is not None:
+                terminate([self.router])
+                self.router = None
 
     def stop(self) -> None:
-        """Stop every child (idempotent; safe from atexit and signal paths)."""
-        _terminate(([self.router] if self.router else []) + self.workers)
+        """Stop the supervisor, then every child (idempotent; safe from atexit and signal paths)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        starting = self.supervisor.starting() if self.supervisor else []
+        terminate(([self.router] if self.router else []) + self.workers + starting)
         self.router, self.workers = None, []
         atexit.unregister(self.stop)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
-    def kill_worker(self, i: int) -> None:
-        """SIGKILL worker i and its ranks at once (tests: a worker dying mid-run)."""
-        _signal_group(self.workers[i].popen, signal.SIGKILL)
-        self.workers[i].popen.wait()
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Signal worker i and its ranks at once (tests and experiments/chaos: SIGKILL to die, SIGSTOP to hang,
+        SIGCONT to resume)."""
+        signal_group(self.workers[i].popen, sig)
 
-    def dead(self) -> list[str]:
-        """Children that exited, with their status."""
-        children = self.workers + ([self.router] if self.router else [])
-        return [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
+    def restarts(self) -> dict[str, int]:
+        """worker_restarts, router_restarts, workers_given_up so far (zeros when not supervised)."""
+        counts = {"worker_restarts": 0, "router_restarts": 0, "workers_given_up": 0}
+        return dict(self.supervisor.counts) if self.supervisor else counts
+
+    # -- for the supervisor ---------------------------------------------------------------------------------------
+    def poll_ready(self, child: Child) -> bool:
+        """Whether ``child`` said it is ready, without waiting; ClusterError when it failed or exited first."""
+        wait_ready([child], time.monotonic() + 60, self.cfg.cluster.startup_timeout_s, block=False)
+        return child.ready
+
+    @staticmethod
+    def answers_health(url: str) -> bool:
+        try:
+            http_json("GET", url + "/health", timeout=1.0)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def install(self, index: int, child: Child) -> None:
+        """A restarted child takes the place of the one that died."""
+        if index < 0:
+            self.router = child
+        else:
+            self.workers[index] = child
+
+    @staticmethod
+    def end_children(children: list[Child]) -> None:
+        terminate(children)
 
     # -- what the bench reads -----------------------------------------------------------------------------------
     def flush_caches(self, timeout: float = 30.0) -> None:
@@ -228,56 +270,7 @@ class Cluster:
     def _arm_cleanup(self) -> None:
         atexit.register(self.stop)
         if self._old_sigterm is None and threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
-
-    def _spawn(self, role: str, spec, name: str, url: str) -> _Child:
-        r, w = os.pipe()
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        try:
-            popen = subprocess.Popen([sys.executable, "-m", "framework.serving.cluster_proc", role, str(w)],
-                                     stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True, env=env,
-                                     cwd=str(REPO_ROOT))
-        finally:
-            os.close(w)
-        child = _Child(name, url, popen, r)
-        try:
-            popen.stdin.write(pickle.dumps((os.getpid(), spec)))
-            popen.stdin.close()
-        except BrokenPipeError:
-            pass           # it died at once; _wait_ready says so
-        return child
-
-    def _wait_ready(self, children: list[_Child], deadline: float) -> None:
-        pending = {c.status_fd: c for c in children if not c.ready}
-        while pending:
-            readable, _, _ = select.select(list(pending), [], [], max(0.0, min(0.2, deadline - time.monotonic())))
-            for fd in readable:
-                c = pending[fd]
-                data = os.read(fd, 65536)
-                c.buf += data
-                while b"\n" in c.buf:
-                    line, c.buf = c.buf.split(b"\n", 1)
-                    msg = json.loads(line)
-                    if msg.get("event") == "error":
-                        detail = f"{msg['message']}\n{msg.get('traceback', '')}".rstrip()
-                        raise ClusterError(f"{c.name} failed to start: {detail}")
-                    c.ready = msg.get("event") == "ready"
-                if c.ready or not data:
-                    del pending[fd]
-                    os.close(fd)
-            for fd, c in list(pending.items()):
-                if c.popen.poll() is not None and not select.select([fd], [], [], 0)[0]:
-                    raise ClusterError(f"{c.name} exited with status {c.popen.returncode} before it was ready "
-                                       f"(its stderr is above)")
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(c.name for c in pending.values())
-                raise ClusterError(f"{names} did not come up within cluster.startup_timeout_s="
-                                   f"{self.cfg.cluster.startup_timeout_s:g}s")
-        for c in children:
-            if not c.ready:
-                raise ClusterError(f"{c.name} closed its status pipe without saying it was ready "
-                                   f"(exit status {c.popen.poll()})")
+            self._old_sigterm = signal.signal(signal.SIGTERM, raise_system_exit)
 
     def _wait_health(self, urls: list[str], deadline: float) -> None:
         for url in urls:
@@ -291,47 +284,6 @@ class Cluster:
                                            f"startup_timeout_s={self.cfg.cluster.startup_timeout_s:g}s "
                                            f"(last error: {e})") from None
                 time.sleep(0.1)
-
-
-def _raise_system_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)         # unwinds `with Cluster(...)`, which stops every child
-
-
-def _check_port_free(host: str, port: int, what: str, hint: str) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as the servers bind: TIME_WAIT is no obstacle
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ClusterError(f"port {port} on {host} for {what} is not available ({e.strerror}); stop whatever "
-                               f"holds it, or {hint}") from None
-
-
-def _signal_group(popen: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(popen.pid, sig)          # the child leads its own group (start_new_session); ranks are in it
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _terminate(children: list[_Child]) -> None:
-    for c in children:
-        _signal_group(c.popen, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for c in children:
-        try:
-            c.popen.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs of SIGTERM: killing it", c.name, STOP_GRACE_S)
-            _signal_group(c.popen, signal.SIGKILL)
-            c.popen.wait()
-        _signal_group(c.popen, signal.SIGKILL)    # anything of its group still there (a stuck rank)
-        if not c.ready and c.status_fd >= 0:
-            try:
-                os.close(c.status_fd)
-            except OSError:
-                pass
-            c.status_fd = -1
 
 
 # -- bench and serve ------------------------------------------------------------------------------------------------
@@ -352,6 +304,7 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
     with Cluster(cfg) as cluster:
         cluster.warm_up()
         results, records = bench(cluster, cfg, sessions, progress=sys.stderr.isatty())
+        results.update(cluster.restarts())
     where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
         f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
     report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
@@ -362,7 +315,8 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
 
 
 def serve_cluster(cfg) -> float:
-    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM); a child that dies ends it."""
+    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM). A worker or the router that dies is
+    restarted (cluster.restart_workers); the cluster ends by itself only when nothing is left to serve with."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
     with Cluster(cfg) as cluster:
@@ -370,9 +324,18 @@ def serve_cluster(cfg) -> float:
               f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
               flush=True)
         try:
-            while not (dead := cluster.dead()):
-                time.sleep(0.5)
+            while not (fatal := _fatal(cluster)):
+                time.sleep(0.2)
         except KeyboardInterrupt:
             print("stopping the cluster", flush=True)
             return 0.0
-    raise ClusterError("; ".join(dead) + " (its stderr is above); the cluster was stopped")
+    raise ClusterError(f"{fatal} (its stderr is above); the cluster was stopped")
+
+
+def _fatal(cluster: Cluster) -> str | None:
+    """Why the cluster cannot serve any more, or None. Unsupervised, any child that exited is fatal."""
+    if cluster.supervisor is not None:
+        return cluster.supervisor.fatal
+    children = cluster.workers + ([cluster.router] if cluster.router else [])
+    dead = [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
+    return "; ".join(dead) or None

@@ -71,7 +71,7 @@ def engine_figures(before: dict[str, dict], after: dict[str, dict]) -> dict:
         "kv_bytes_per_token_per_rank": first.get("kv_bytes_per_token_per_rank", first.get("kv_bytes_per_token", 0)),
         "kv_capacity_tokens_per_rank": first.get("kv_capacity_tokens_per_rank", first.get("kv_capacity_tokens", 0)),
         "max_running_requests": max((i.get("max_running_requests", 0) for i in infos), default=0),
-        "retractions": sum(after[u].get("retractions", 0) - before.get(u, {}).get("retractions", 0)
+        "retractions": sum(_since(before.get(u, {}).get("retractions", 0), after[u].get("retractions", 0))
                            for u in after if "error" not in after[u]),
     }
 
@@ -85,7 +85,12 @@ def _expert_load(before: dict[str, dict], after: dict[str, dict]) -> dict:
     for url, info in after.items():
         start = before.get(url, {}).get("expert_counts", {})
         for layer, counts in info["expert_counts"].items():
-            delta = [c - s for c, s in zip(counts, start.get(layer, [0] * len(counts)))]
+            delta = [_since(s, c) for c, s in zip(counts, start.get(layer, [0] * len(counts)))]
             total = per_layer.setdefault(int(layer), [0] * len(delta))
             per_layer[int(layer)] = [a + b for a, b in zip(total, delta)]
     return load_stats(per_layer, 1)
+
+
+def _since(start: int, now: int) -> int:
+    """A counter's growth during the run; a worker restarted meanwhile (its counter went down) counts from its start."""
+    return now - start if now >= start else now

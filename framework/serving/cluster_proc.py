@@ -13,7 +13,7 @@ import pickle
 import signal
 import sys
 import traceback
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -31,7 +31,8 @@ class WorkerSpec:
 
 @dataclass
 class RouterSpec:
-    router: Any                    # the routing plugin's Config (name, host, port, policy parameters)
+    policy: Any                    # the routing plugin's own Config
+    service: Any                   # framework.serving.router_config.RouterServiceConfig
     worker_urls: list[str]
     seed: int
     name: str = "router"
@@ -55,14 +56,6 @@ def build_engine_client(spec: WorkerSpec):
     return InstanceClient(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed))
 
 
-def router_service_config(router_cfg, host: str, port: int):
-    """The router service's settings from the routing plugin's Config (which carries them all when it inherits
-    RoutingConfig, as every built-in does), host and port given."""
-    from framework.serving.router import RouterServiceConfig
-    shared = {f.name: getattr(router_cfg, f.name) for f in fields(RouterServiceConfig) if hasattr(router_cfg, f.name)}
-    return RouterServiceConfig(**{**shared, "host": host, "port": port})
-
-
 async def _serve(role: str, spec, report) -> None:
     from framework.serving.server_base import start_app, tune_gc_for_serving
     client = None
@@ -73,8 +66,8 @@ async def _serve(role: str, spec, report) -> None:
     else:
         from framework.registry import ROUTING
         from framework.serving.router import create_router_app
-        policy = ROUTING.get(spec.router.name)(spec.router, spec.seed)
-        cfg = router_service_config(spec.router, spec.router.host, spec.router.port)
+        policy = ROUTING.get(spec.policy.name)(spec.policy, spec.seed)
+        cfg = spec.service
         app, host, port = create_router_app(policy, spec.worker_urls, cfg, spec.seed), cfg.host, cfg.port
         tune_gc_for_serving()        # a long-lived router: no GC pauses over the objects in-flight requests hold
     stop = asyncio.Event()

@@ -27,18 +27,20 @@ _TYPE_BY_STATUS = {
 class ApiError(Exception):
     """An error with an HTTP status; ``param`` is the offending field path when there is one."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "internal_error")
+        self.headers = headers  # sent with the response (e.g. Retry-After)
 
     def to_dict(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
     def response(self, headers: dict | None = None) -> web.Response:
-        return web.json_response(self.to_dict(), status=self.status, headers=headers)
+        return web.json_response(self.to_dict(), status=self.status, headers={**(self.headers or {}), **(headers or {})})
 
 
 def _field_path(loc: tuple) -> str:

@@ -1,9 +1,10 @@
-"""Per-worker reliability state for the router: health, circuit breaker, in-flight count and draining; and the
-timeout on a worker that stays silent.
+"""Per-worker reliability state for the router: health, circuit breaker, Retry-After, in-flight count and
+draining; and the timer that gives up waits on a worker (silence, the client's deadlines).
 
 A worker receives new requests only when it is ``routable``: its last health check passed, it is not being drained,
-and its circuit breaker lets traffic through. Health (a periodic ``GET /health``) and the breaker (consecutive request
-failures) are separate signals: a worker can answer /health while its engine fails every request.
+no Retry-After it sent is still running, and its circuit breaker lets traffic through. Health (a periodic
+``GET /health``) and the breaker (consecutive request failures) are separate signals: a worker can answer /health
+while its engine fails every request.
 """
 from __future__ import annotations
 
@@ -61,15 +62,17 @@ class CircuitBreaker:
         self.probe_in_flight = False
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a URL removed and added again is another worker
 class WorkerState:
     url: str
     breaker: CircuitBreaker
     healthy: bool = False  # set by health checks; a new worker waits for its first passing check
+    unreachable: bool = False  # a connection to it was refused: it may come back restarted, with an empty cache
     draining: bool = False
+    not_before: float = 0.0  # time.monotonic() until which its Retry-After asks for no new requests
     in_flight: int = 0
     requests: int = 0  # requests sent to it (attempts, retries included)
-    failures: int = 0  # connection errors, timeouts and 5xx
+    failures: int = 0  # breaker failures: connection errors, 5xx but 503/504
     last_health_error: str | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -85,7 +88,7 @@ class WorkerState:
         return u
 
     def routable(self, now: float) -> bool:
-        return self.healthy and not self.draining and self.breaker.available(now)
+        return self.healthy and not self.draining and now >= self.not_before and self.breaker.available(now)
 
     def begin(self, now: float) -> None:
         self.in_flight += 1
@@ -99,47 +102,76 @@ class WorkerState:
             self.idle.set()
 
     def describe(self) -> dict:
-        return {"url": self.url, "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
+        now = time.monotonic()
+        return {"url": self.url, "routable": self.routable(now), "healthy": self.healthy, "draining": self.draining,
+                "in_flight": self.in_flight,
                 "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
+                "retry_after_s": round(max(0.0, self.not_before - now), 3),
                 "last_health_error": self.last_health_error}
 
 
-class SilenceTimeout:
-    """Gives up on a worker that stays silent for ``timeout_s``, with one periodic ``sweep`` instead of a timer each.
+class WorkerTimeout(TimeoutError):
+    """A wait on a worker ran out. ``silence``: the worker said nothing for ``request_timeout_s`` (another worker may
+    be tried once this one confirms it dropped the request); otherwise one of the client request's deadlines passed."""
 
-    Why not aiohttp's ``sock_read`` timeout: it schedules and cancels asyncio timer handles (pure-Python objects,
-    kept in a heap through pure-Python comparisons) on every request and every chunk; ~3% of the router's CPU per
-    request (experiments/bench_router). Here a wait costs a dict insert and delete; the price is precision: a silent
-    worker is given up on between ``timeout_s`` and ``timeout_s + tick_s`` after the wait began.
+    def __init__(self, message: str, silence: bool):
+        super().__init__(message)
+        self.silence = silence
 
-    Each wait on a worker runs inside ``with silence:``: the response head together with a buffered body (a worker
-    sends them together), or one stream chunk. The sweep cancels a task whose wait is too old, and leaving the block
-    turns that cancellation into ``TimeoutError``, as ``asyncio.timeout`` does; a cancellation from elsewhere (the
-    client left) passes through unchanged. A task waits on one thing at a time, so tasks are the keys.
+
+class WaitTimer:
+    """Gives up a wait on a worker at the earlier of ``silence_s`` after it began (streams only: a non-streaming
+    answer is silent by design until it is whole) and the client request's deadline, with one periodic ``sweep``
+    instead of a timer each.
+
+    Why not aiohttp's timeouts: they schedule and cancel asyncio timer handles (pure-Python objects, kept in a heap
+    through pure-Python comparisons) on every request and every chunk; ~3% of the router's CPU per request
+    (experiments/bench_router). Here a wait costs a dict insert and delete; the price is precision: a wait is given
+    up between its expiry and ``tick_s`` later.
+
+    Each wait runs inside ``with timer(deadline, name):`` -- the response head together with a buffered body (a
+    worker sends them together), or one stream chunk. The sweep cancels a task whose wait expired, and leaving the
+    block turns that cancellation into ``WorkerTimeout``, as ``asyncio.timeout`` does; a cancellation from elsewhere
+    (the client left) passes through unchanged. A task waits on one thing at a time, so tasks are the keys.
     """
 
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self.tick_s = min(1.0, timeout_s / 10)  # how often the router calls sweep
-        self._waiting: dict[asyncio.Task, float] = {}  # task -> when its current wait began (time.monotonic)
-        self._expired: set[asyncio.Task] = set()  # tasks the sweep cancelled
+    def __init__(self, silence_s: float, tick_s: float):
+        self.silence_s, self.tick_s = silence_s, tick_s
+        self._waiting: dict[asyncio.Task, tuple[float, str]] = {}  # task -> (expiry, which limit), time.monotonic
+        self._expired: dict[asyncio.Task, str] = {}  # tasks the sweep cancelled -> which limit
+        self._next: tuple[float, str, bool] = (float("inf"), "", True)
+
+    def __call__(self, deadline: float, name: str, silence: bool = True) -> "WaitTimer":
+        """The next ``with`` block's limits: the client request's deadline (and the setting that set it), and whether
+        the worker's silence counts too."""
+        self._next = (deadline, name, silence)
+        return self
 
     def __enter__(self) -> None:
-        self._waiting[asyncio.current_task()] = time.monotonic()
+        deadline, name, silence = self._next
+        self._next = (float("inf"), "", True)
+        expiry = time.monotonic() + self.silence_s if silence else float("inf")
+        if deadline < expiry:
+            expiry, silence_name = deadline, name
+        else:
+            silence_name = ""
+        self._waiting[asyncio.current_task()] = (expiry, silence_name)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         task = asyncio.current_task()
         del self._waiting[task]
-        if task in self._expired:
-            self._expired.discard(task)
-            # uncancel() == 0: nobody else asked to cancel this task meanwhile (Python >= 3.11)
-            if exc_type is asyncio.CancelledError and task.uncancel() == 0:
-                raise TimeoutError(f"the worker was silent for {self.timeout_s:g}s (request_timeout_s)") from None
+        name = self._expired.pop(task, None)
+        # uncancel() == 0: nobody else asked to cancel this task meanwhile (Python >= 3.11)
+        if name is not None and exc_type is asyncio.CancelledError and task.uncancel() == 0:
+            if name:
+                raise WorkerTimeout(f"the client request's deadline passed ({name})", silence=False) from None
+            raise WorkerTimeout(f"the worker was silent for {self.silence_s:g}s (router.request_timeout_s)",
+                                silence=True) from None
 
     def sweep(self, now: float) -> None:
-        for task, since in self._waiting.items():
-            if now - since > self.timeout_s and task not in self._expired:
-                self._expired.add(task)
+        for task, (expiry, name) in self._waiting.items():
+            if now > expiry and task not in self._expired:
+                self._expired[task] = name
                 task.cancel()
 
 

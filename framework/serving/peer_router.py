@@ -53,13 +53,13 @@ class PeerRouterError(ClusterError):
     """The config asks for something sglang-router cannot do, or it did not come up."""
 
 
-def sglang_router_args(rc, worker_urls: list[str], port: int, prometheus_port: int) -> list[str]:
-    """sglang_router.launch_router's command-line arguments for the routing config `rc`."""
+def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheus_port: int) -> list[str]:
+    """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings."""
     if rc.name not in POLICIES:
         raise PeerRouterError(f"router.impl=sglang: sglang-router has no policy {rc.name!r}; it runs "
                               f"{', '.join(POLICIES)} (and power_of_two, which servelab does not have)")
-    args = ["--host", rc.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
-            "--prometheus-host", rc.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
+    args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
+            "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
     if rc.name == "cache_aware":
         if rc.miss_policy != "least_loaded":
             raise PeerRouterError(
@@ -74,7 +74,7 @@ def sglang_router_args(rc, worker_urls: list[str], port: int, prometheus_port: i
                  "--balance-rel-threshold", repr(float(rc.balance_rel_threshold)),
                  "--eviction-interval-secs", str(int(rc.eviction_interval_secs)),
                  "--max-tree-size", str(int(rc.max_tree_size))]
-    return args + (["--retry-max-retries", str(rc.max_retries)] if rc.max_retries > 0 else ["--disable-retries"])
+    return args + (["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"])
 
 
 def installed_version() -> str | None:
@@ -94,17 +94,17 @@ def _die_with_parent() -> None:   # runs in the child before exec: SIGTERM it wh
 class SglangRouter:
     """One sglang-router process in front of `worker_urls`, ready (routing to every worker) once constructed."""
 
-    def __init__(self, rc, worker_urls: list[str], startup_timeout_s: float):
+    def __init__(self, rc, service, worker_urls: list[str], startup_timeout_s: float):
         version = installed_version()
         if version is None:
             raise PeerRouterError(f"router.impl=sglang needs SGLang's router: pip install -e '.[peers]' "
                                   f"(sglang-router=={PINNED})")
         if version != PINNED:
             log.warning("sglang-router %s is installed; the config mapping was checked against %s", version, PINNED)
-        host = "127.0.0.1" if rc.host in ("", "0.0.0.0") else rc.host
-        prometheus_port = free_ports(rc.host, 1)[0]
-        self.url, self.metrics_url = f"http://{host}:{rc.port}", f"http://{host}:{prometheus_port}/metrics"
-        self.args = sglang_router_args(rc, worker_urls, rc.port, prometheus_port) + [
+        host = "127.0.0.1" if service.host in ("", "0.0.0.0") else service.host
+        prometheus_port = free_ports(service.host, 1)[0]
+        self.url, self.metrics_url = f"http://{host}:{service.port}", f"http://{host}:{prometheus_port}/metrics"
+        self.args = sglang_router_args(rc, service, worker_urls, service.port, prometheus_port) + [
             "--worker-startup-timeout-secs", str(math.ceil(startup_timeout_s)), "--worker-startup-check-interval", "1"]
         self.workers = list(worker_urls)
         self.popen = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *self.args],

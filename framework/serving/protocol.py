@@ -12,14 +12,16 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 from framework.serving.chat_template import apply_chat_template
+from framework.serving.errors import ApiError
 
 if TYPE_CHECKING:
     from framework.engine.request import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]  # OpenAI's, as vLLM and SGLang take
 SSE_DONE = b"data: [DONE]\n\n"
 DEFAULT_CHAT_MAX_TOKENS = 128  # = SamplingParams.max_new_tokens; OpenAI chat has no fixed default
 
@@ -94,6 +96,11 @@ class GenerateRequest(_Strict):
                               ignore_eos=sp.ignore_eos, stop=list(sp.stop))
 
 
+class AbortRequest(_Strict):
+    """SGLang's ``POST /abort_request``."""
+    rid: str
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -126,7 +133,7 @@ class CompletionRequest(_OpenAIRequest):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Role
     content: Annotated[str, BeforeValidator(_content_text)] = ""
 
 
@@ -144,28 +151,102 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 # --------------------------------------------- routing views (the router validates only what it routes on)
+#
+# The router accepts every prompt shape SGLang's and vLLM's servers accept on the APIs it fronts, and routes on one
+# key: the text, or for token ids one character per id (so the cache-aware tree works alike on both). A batch goes to
+# one worker, routed on its first prompt. What a worker cannot serve (e.g. an image part for a text-only model) is
+# the worker's to refuse.
+
+
+def _is_token_ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(type(t) is int and t >= 0 for t in v)
+
+
+def _token_key(ids: list[int]) -> str:
+    return "".join(map(chr, (t % 0x110000 for t in ids)))  # one character per id (ids past Unicode's range wrap)
+
+
+def _texts(v: Any) -> Any:
+    if isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(t, str) for t in v)):
+        return v
+    raise ValueError("must be a string or a non-empty list of strings")
+
+
+def _token_ids(v: Any) -> Any:
+    if _is_token_ids(v) or (isinstance(v, list) and v and all(_is_token_ids(x) for x in v)):
+        return v
+    raise ValueError("must be a non-empty list of token ids (integers >= 0), or a non-empty list of such lists")
+
+
+def _prompt(v: Any) -> Any:
+    try:
+        return _texts(v)
+    except ValueError:
+        pass
+    try:
+        return _token_ids(v)
+    except ValueError:
+        raise ValueError("must be a string, a list of strings, a list of token ids (integers >= 0) or a list of "
+                         "such lists; none may be empty") from None
+
+
+def _key(prompt: str | list) -> str:
+    """The routing key of a validated prompt: a text, a batch (its first), token ids, or a batch of token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    first = prompt[0]
+    if isinstance(first, str):
+        return first
+    return _token_key(first if isinstance(first, list) else prompt)
+
+
+def _parts_text(v: Any) -> Any:
+    """Message content for routing: a string, null, or content parts (any ``type``; the text parts' text counts)."""
+    if v is None or isinstance(v, str):
+        return v or ""
+    if isinstance(v, list):
+        texts = []
+        for i, part in enumerate(v):
+            if not (isinstance(part, dict) and isinstance(part.get("type"), str)):
+                raise ValueError(f"part {i} must be an object with a string 'type'")
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"part {i} is a text part without a string 'text'")
+                texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError("must be a string, null, or a list of content parts")
 
 
 class _RoutingView(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+    stream: bool | None = False  # the router applies request_timeout_s (silence) to streams only; null: not one
 
 
 class GenerateRouting(_RoutingView):
-    text: str
+    """SGLang's ``/generate``: ``text`` (one string or a batch) or ``input_ids`` (one list of ids or a batch)."""
+    text: Annotated[str | list[str], PlainValidator(_texts)] | None = None
+    input_ids: Annotated[list, PlainValidator(_token_ids)] | None = None
 
     def routing_text(self) -> str:
-        return self.text
+        if (self.text is None) == (self.input_ids is None):
+            raise ApiError(400, "text: give exactly one of text and input_ids", param="text")
+        return _key(self.text if self.text is not None else self.input_ids)
 
 
 class CompletionRouting(_RoutingView):
-    prompt: Annotated[str, BeforeValidator(_single_prompt)]
+    prompt: Annotated[str | list, PlainValidator(_prompt)]
 
     def routing_text(self) -> str:
-        return self.prompt
+        return _key(self.prompt)
+
+
+class RoutedMessage(_RoutingView):
+    role: Role
+    content: Annotated[str, PlainValidator(_parts_text)] = ""
 
 
 class ChatRouting(_RoutingView):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[RoutedMessage], Field(min_length=1)]
 
     def routing_text(self) -> str:
         return apply_chat_template(self.messages)

@@ -53,6 +53,10 @@ class RouterStats:
         self.decision_us.append(elapsed_s * 1e6)
         self.decision_buckets[bisect_left(DECISION_BUCKETS_S, elapsed_s)] += 1
         self.decision_sum_s += elapsed_s
+
+    def served(self, d: RoutingDecision) -> None:
+        """An attempt the worker answered: its estimated cache hit counts (a failed attempt's does not, as its
+        worker never got the text)."""
         self.matched_chars += d.matched_chars
         self.request_chars += d.request_chars
 
@@ -100,7 +104,7 @@ class RouterCollector(Collector):
                                         labels=["worker", "reason"])
         for (worker, reason), n in s.decisions.items():
             decisions.add_metric([worker, reason], n)
-        retries = CounterMetricFamily("servelab_router_retries", "Attempts retried on another worker",
+        retries = CounterMetricFamily("servelab_router_retries", "Retries sent (attempts after the first)",
                                       value=s.retries)
         cumulative, buckets = 0, []
         for bound, n in zip((*map(str, DECISION_BUCKETS_S), "+Inf"), s.decision_buckets):

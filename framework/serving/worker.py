@@ -2,10 +2,13 @@
 
 The server speaks to the engine only through the async ``EngineAPI`` below (the surface of
 ``framework.engine.client.EngineClient``). A client that disconnects cancels its handler (``handler_cancellation``),
-and ``aclosing`` closes the engine's iterator, which frees the request in the engine.
+and ``aclosing`` closes the engine's iterator, which frees the request in the engine. ``POST /abort_request``
+(SGLang's, ``{"rid": ...}``) does the same for the requests with that id (the ``X-Request-Id`` header, else the native
+``rid``) and says how many it aborted, so a router can tell a worker that dropped a request from one that is hung.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import aclosing
@@ -154,6 +157,7 @@ class WorkerServer:
         self.engine, self.model_name = engine, model_name
         self.metrics = WorkerMetrics()
         self.in_flight = 0
+        self._by_rid: dict[str, set[asyncio.Task]] = {}  # request id -> the handlers serving it (for /abort_request)
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         req = parse_body(self.MODELS[kind], await request.read())
@@ -164,6 +168,10 @@ class WorkerServer:
         outcome = "cancelled"
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        rid = request.headers.get("X-Request-Id") or (req.rid if kind == "generate" else None)
+        task = asyncio.current_task()
+        if rid:
+            self._by_rid.setdefault(rid, set()).add(task)
         try:
             if req.stream:
                 resp = await self._stream(request, fmt, res, start)
@@ -179,6 +187,11 @@ class WorkerServer:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.finish(kind, outcome, res, t0)
+            if rid:
+                tasks = self._by_rid[rid]
+                tasks.discard(task)
+                if not tasks:
+                    del self._by_rid[rid]
 
     async def _collect(self, res: _Result, start) -> None:
         async with aclosing(start()) as outputs:
@@ -220,6 +233,13 @@ class WorkerServer:
             raise ApiError(500, f"engine failed: {type(exc).__name__}: {exc}") from exc
 
     # --------------------------------------------------------------- control endpoints
+
+    async def handle_abort(self, request: web.Request) -> web.Response:
+        rid = parse_body(P.AbortRequest, await request.read()).rid
+        tasks = self._by_rid.get(rid, ())
+        for t in tasks:
+            t.cancel()  # its aclosing() frees the request in the engine
+        return web.json_response({"success": True, "aborted": len(tasks)})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         error = getattr(self.engine, "error", None)  # set by EngineClient when its engine thread died
@@ -265,6 +285,7 @@ def create_worker_app(engine: EngineAPI, *, model_name: str = "servelab",
     app.router.add_get("/get_server_info", server.handle_server_info)
     app.router.add_get("/metrics", server.handle_metrics)
     app.router.add_post("/flush_cache", server.handle_flush_cache)
+    app.router.add_post("/abort_request", server.handle_abort)
     app.router.add_get("/v1/models", server.handle_models)
     return app
 

@@ -13,13 +13,15 @@ token count also counts, so a first token that decodes to no text yet still star
 carries `prompt_tokens_details.cached_tokens`); a server that sends no usage gets the number of output chunks as its
 completion tokens. A request never raises: a failure becomes a record with `ok=False` and the error. A request that
 failed in a way another try may fix (a connection error, a 408/429/5xx, a stream that broke before it finished) is
-sent again up to `retries` times; the router then picks a worker again. Every try shares one `request_timeout_s`.
+sent again up to `retries` times, after a backoff with full jitter (or the server's Retry-After, when longer); the
+router then picks a worker again. Every try shares one `request_timeout_s`.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +34,7 @@ from framework.workload.load_sampler import LoadSampler
 
 WORKER_HEADER = "X-Servelab-Worker"    # set by servelab's router: which worker answered
 ENDPOINTS = {Api.generate: "/generate", Api.completions: "/v1/completions", Api.chat: "/v1/chat/completions"}
+RETRY_BACKOFF_BASE_S, RETRY_BACKOFF_MAX_S = 0.2, 2.0   # retry k waits U(0, min(max, base * 2**(k-1)))
 
 
 @dataclass
@@ -39,6 +42,7 @@ class _Try:
     record: RequestRecord
     answer: str = ""
     retriable: bool = False
+    retry_after_s: float = 0.0        # the server's Retry-After (429/503)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class LoadClient:
         self.wl_cfg, self.timeout_s, self.max_retries, self.progress = wl_cfg, request_timeout_s, retries, progress
         self.model = wl_cfg.model
         self.retries = 0                  # tries beyond the first, over the whole run
+        self._rng = random.Random(0)      # backoff jitter: retries of many clients do not arrive in step
         self.records: list[RequestRecord] = []   # filled as requests finish (a test can watch progress)
         self.load_timeline: dict = {}     # per-worker in-flight requests over the run (see load_sampler)
 
@@ -153,6 +158,8 @@ class LoadClient:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.retries += 1
+                backoff = self._rng.uniform(0, min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_BASE_S * 2 ** (attempt - 1)))
+                await asyncio.sleep(min(max(backoff, result.retry_after_s), max(0.0, deadline - time.perf_counter())))
             left = deadline - time.perf_counter()
             try:
                 result = await asyncio.wait_for(self._try(http, payload, t0), left) if left > 0 else None
@@ -174,8 +181,10 @@ class LoadClient:
                 worker = resp.headers.get(WORKER_HEADER, worker)
                 if resp.status != 200:
                     body = (await resp.text())[:300]
+                    retry_after = resp.headers.get("Retry-After", "")
                     return _Try(RequestRecord(ok=False, worker=worker, error=f"HTTP {resp.status}: {body}"),
-                                retriable=resp.status in (408, 429) or resp.status >= 500)
+                                retriable=resp.status in (408, 429) or resp.status >= 500,
+                                retry_after_s=float(retry_after) if retry_after.isdigit() else 0.0)
                 return await self._read_stream(resp, _Stream(t0), worker)
         except (aiohttp.ClientError, ConnectionError) as e:
             return _Try(RequestRecord(ok=False, worker=worker, error=f"{type(e).__name__}: {e}"), retriable=True)

@@ -7,7 +7,12 @@ non-empty prefixes of the texts sent to ``t``) and is kept up to date on every c
 
 Eviction (LRU per tenant, SGLang's ``evict_tenant_data``) pops (last access, node) entries, oldest first, from a queue
 per tenant filled on insert; entries go stale when the node is touched again or dropped and are skipped when popped,
-so the request path only pays one append and eviction never walks the tree.
+so the request path only pays one append and eviction never walks the tree. Stale entries are dropped once they
+outnumber the live ones (checked in O(1) at every insert), so the queues stay bounded by the tree; and a tree built
+with ``max_tenant_chars`` evicts a tenant that passes it (by 1/32) at the insert that did it, so the tree itself stays
+bounded whatever the request rate between two periodic ``evict`` passes.
+
+``undo_insert`` takes back an insert whose request never reached the worker (the router's attempt failed).
 
 The module name starts with ``_`` so that the routing registry does not take it for a plugin key.
 """
@@ -16,12 +21,16 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+QUEUE_SLACK = 1024  # stale LRU entries tolerated beyond the live ones before the queues are compacted
+INSERT_EVICTION_SLACK_DIV = 32  # a tenant may pass its bound by 1/32 before an insert evicts it back down
+
 
 class Node:
-    __slots__ = ("text", "children", "tenants", "parent", "end")
+    __slots__ = ("text", "children", "tenants", "parent", "end", "serial")
 
-    def __init__(self, text: str, parent: "Node | None", end: int):
+    def __init__(self, text: str, parent: "Node | None", end: int, serial: int = 0):
         self.text = text
+        self.serial = serial  # creation order in its tree: a stable identity (tie breaks hash it)
         self.children: dict[str, Node] = {}  # first character of the child's text -> child
         self.tenants: dict[str, float] = {}  # tenant -> last access time
         self.parent = parent  # None for the root and for nodes that were dropped
@@ -83,12 +92,20 @@ def _common_prefix_len(text: str, pos: int, edge: str) -> int:
 
 
 class RadixTree:
-    def __init__(self) -> None:
+    def __init__(self, max_tenant_chars: int | None = None):
+        """``max_tenant_chars``: the bound each tenant is evicted down to at insert time, once it passes it by
+        1/INSERT_EVICTION_SLACK_DIV (None: only explicit ``evict`` calls bound the tree)."""
+        self.max_tenant_chars = max_tenant_chars
+        self._evict_above = (float("inf") if max_tenant_chars is None else
+                             max_tenant_chars + max_tenant_chars // INSERT_EVICTION_SLACK_DIV)
         self.root = Node("", None, 0)
         self.node_count = 0  # non-root nodes
         self.total_chars = 0  # characters stored once, whatever the number of tenants
         self._sizes: dict[str, int] = {}
         self._queues: dict[str, _LruQueue] = {}
+        self._serial = 0  # nodes created so far
+        self._queued = 0  # entries in every queue together
+        self._compact_at = QUEUE_SLACK  # compact the queues when _queued passes this
 
     # -- queries -----------------------------------------------------------------------------------------------------
     def walk(self, text: str) -> tuple[int, Node]:
@@ -135,7 +152,8 @@ class RadixTree:
         n = len(text)
         end_node = node
         if matched < n:
-            end_node = Node(text[matched:], node, n)
+            self._serial += 1
+            end_node = Node(text[matched:], node, n, self._serial)
             end_node.tenants[tenant] = now
             node.children[text[matched]] = end_node
             size += n - matched
@@ -160,13 +178,52 @@ class RadixTree:
             if queue is None:
                 queue = self._queues[tenant] = _LruQueue()
             queue.push(now, end_node)
+            self._queued += 1
+            if self._queued > self._compact_at:
+                self.compact_queues()
+        if size > self._evict_above:
+            self.evict_tenant(tenant, self.max_tenant_chars)
         return held
+
+    def undo_insert(self, text: str, tenant: str, held: int, stamp: float) -> int:
+        """Take back ``insert(text, tenant, stamp)``, which returned ``held``: the tenant leaves the nodes of the
+        text's path beyond ``held`` characters, deepest first, while they still carry ``stamp`` (a later insert
+        re-credited the others) and it holds no deeper node. Returns the characters it lost."""
+        node, pos, n, path = self.root, 0, len(text), []
+        while pos < n:
+            child = node.children.get(text[pos])
+            if child is None or not text.startswith(child.text, pos):
+                break  # the rest of the path was dropped since (evicted, tenant removed)
+            pos += len(child.text)
+            node = child
+            if node.end > held:
+                path.append(node)
+        lost = 0
+        for node in reversed(path):
+            tenants = node.tenants
+            if tenants.get(tenant) != stamp or any(tenant in c.tenants for c in node.children.values()):
+                break
+            del tenants[tenant]
+            lost += len(node.text)
+            if not tenants:  # no tenant implies no child (ancestor invariant)
+                self._unlink(node)
+        if lost:
+            self._sizes[tenant] -= lost
+        return lost
+
+    def _unlink(self, node: Node) -> None:
+        """Drop a node that has no tenant (hence no child) from the tree."""
+        del node.parent.children[node.text[0]]
+        node.parent = None
+        self.node_count -= 1
+        self.total_chars -= len(node.text)
 
     def _split(self, node: Node, at: int) -> Node:
         """Cut ``node`` so that a new parent ends at ``at`` characters; the new parent holds the same tenants."""
         keep = at - (node.end - len(node.text))
         parent = node.parent
-        upper = Node(node.text[:keep], parent, at)
+        self._serial += 1
+        upper = Node(node.text[:keep], parent, at, self._serial)
         upper.tenants = dict(node.tenants)
         node.text = node.text[keep:]
         node.parent = upper
@@ -178,56 +235,66 @@ class RadixTree:
     def evict(self, max_chars_per_tenant: int) -> int:
         """Drop each tenant's least recently used leaves until it holds at most ``max_chars_per_tenant`` characters.
         A node left with no tenant is removed. Returns the tenant-characters evicted."""
-        evicted = 0
-        root = self.root
-        for tenant, size in list(self._sizes.items()):
-            if size <= max_chars_per_tenant:
-                continue
-            queue = self._queues.get(tenant)
-            while queue and size > max_chars_per_tenant:
-                stamp, node = queue.pop()
-                while True:
-                    tenants = node.tenants
-                    if node.parent is None or tenants.get(tenant) != stamp:
-                        break  # stale: dropped, evicted, or touched since (a newer entry exists if it is a leaf)
-                    if node.children and any(tenant in c.tenants for c in node.children.values()):
-                        break  # not a leaf for this tenant; it is queued again when its last such child goes
-                    del tenants[tenant]
-                    length = len(node.text)
-                    size -= length
-                    evicted += length
-                    parent = node.parent
-                    if not tenants:  # no tenant implies no child (ancestor invariant)
-                        del parent.children[node.text[0]]
-                        node.parent = None
-                        self.node_count -= 1
-                        self.total_chars -= length
-                    siblings = parent.children
-                    if parent is root or siblings and any(tenant in c.tenants for c in siblings.values()):
-                        break
-                    # The parent became a leaf for this tenant: take it next if it is the oldest, else queue it.
-                    parent_stamp = parent.tenants[tenant]
-                    if size > max_chars_per_tenant:
-                        oldest = queue.oldest_stamp()
-                        if oldest is None or parent_stamp <= oldest:
-                            node, stamp = parent, parent_stamp
-                            continue
-                    queue.push(parent_stamp, parent)
-                    break
-            self._sizes[tenant] = size
+        evicted = sum(self.evict_tenant(t, max_chars_per_tenant) for t in list(self._sizes))
         self.compact_queues()
         return evicted
 
-    def compact_queues(self, slack: int = 1024) -> None:
-        """Drop stale entries once they outnumber the nodes twice over (keeps memory bounded)."""
-        if sum(map(len, self._queues.values())) > 2 * self.node_count + slack:
-            for tenant, queue in self._queues.items():
-                queue.keep_only(tenant)
+    def evict_tenant(self, tenant: str, max_chars: int) -> int:
+        """``evict`` for one tenant (the bound checked at insert time): its LRU leaves go until it holds at most
+        ``max_chars``. Returns the characters evicted."""
+        size = self._sizes.get(tenant, 0)
+        if size <= max_chars:
+            return 0
+        evicted = 0
+        root = self.root
+        queue = self._queues.get(tenant)
+        while queue and size > max_chars:
+            stamp, node = queue.pop()
+            self._queued -= 1
+            while True:
+                tenants = node.tenants
+                if node.parent is None or tenants.get(tenant) != stamp:
+                    break  # stale: dropped, evicted, or touched since (a newer entry exists if it is a leaf)
+                if node.children and any(tenant in c.tenants for c in node.children.values()):
+                    break  # not a leaf for this tenant; it is queued again when its last such child goes
+                del tenants[tenant]
+                length = len(node.text)
+                size -= length
+                evicted += length
+                parent = node.parent
+                if not tenants:
+                    self._unlink(node)
+                siblings = parent.children
+                if parent is root or siblings and any(tenant in c.tenants for c in siblings.values()):
+                    break
+                # The parent became a leaf for this tenant: take it next if it is the oldest, else queue it.
+                parent_stamp = parent.tenants[tenant]
+                if size > max_chars:
+                    oldest = queue.oldest_stamp()
+                    if oldest is None or parent_stamp <= oldest:
+                        node, stamp = parent, parent_stamp
+                        continue
+                queue.push(parent_stamp, parent)
+                self._queued += 1
+                break
+        self._sizes[tenant] = size
+        return evicted
+
+    def compact_queues(self) -> None:
+        """Drop the stale entries once there are more than live ones (plus a slack); the next compaction waits until
+        the queues have doubled again, so its cost is amortised over the inserts that made it necessary."""
+        if self._queued <= self._compact_at:
+            return
+        for tenant, queue in self._queues.items():
+            queue.keep_only(tenant)
+        self._queued = sum(map(len, self._queues.values()))
+        self._compact_at = 2 * self._queued + QUEUE_SLACK
 
     def remove_tenant(self, tenant: str) -> None:
         """Forget ``tenant`` everywhere; nodes left with no tenant are removed. Only its own subtree is walked."""
         self._sizes.pop(tenant, None)
-        self._queues.pop(tenant, None)
+        queue = self._queues.pop(tenant, None)
+        self._queued -= len(queue) if queue else 0
         stack = [self.root]
         while stack:
             node = stack.pop()

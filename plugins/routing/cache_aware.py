@@ -7,20 +7,36 @@
    else the worker with the smallest tree (v0.4) or the least-loaded one (``miss_policy``) ("cache_miss").
 3. The request text is inserted into the tree for the chosen worker, whatever the reason.
 
-Every comparison is strict, as in SGLang. One walk down the tree serves both the match and the insert. Differences
-from the Rust code, on purpose: ties resolve in worker insertion order (Rust took whatever its hash map yielded), an
-empty request counts as a miss (Rust computed 0/0 = NaN, which also fails ``>``), and a match no longer refreshes the
-access time of a tenant that is not chosen.
+Every comparison is strict, as in SGLang. One walk down the tree serves both the match and the insert. Ties among
+the workers holding the longest match: ``node_hash`` (default) takes the first in a stable order per tree node that
+the seed fixes, as sgl-router 0.1.0 took the first entry of the node's hash map (a per-map random hasher);
+``least_loaded``, ``most_recent`` and ``first`` (insertion order) are named variants. Other differences from the
+Rust code, on purpose: an empty request counts as a miss (Rust computed 0/0 = NaN, which also fails ``>``), and a
+match no longer refreshes the access time of a tenant that is not chosen.
+
+Keeping the estimate honest (docs/fidelity.md): an insert is taken back when the router's attempt fails
+(``on_request_done(ok=False)``), a worker whose cache was flushed or restarted is forgotten (``reset_worker``), and a
+worker's share of the tree is bounded at every insert (evicted down to ``max_tree_size`` once it passes it by 1/32,
+see _radix_tree.py), not only by the periodic pass, so memory holds at any request rate.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
 from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
 from plugins.routing._radix_tree import RadixTree
 
-TIE_BREAKS = ("least_loaded", "most_recent", "first")
+TIE_BREAKS = ("node_hash", "least_loaded", "most_recent", "first")
+_MASK64 = 2**64 - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an int."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 MISS_POLICIES = ("smallest_tree", "least_loaded")
 
 
@@ -32,7 +48,7 @@ class CacheAwareConfig(RoutingConfig):
     balance_rel_threshold: float = 1.0001
     eviction_interval_secs: float = 60.0
     max_tree_size: int = 2 ** 24  # characters per worker
-    tie_break: str = "least_loaded"  # among workers holding the longest match: least_loaded | most_recent | first
+    tie_break: str = "node_hash"  # among workers holding the longest match: node_hash | least_loaded | most_recent | first
     miss_policy: str = "smallest_tree"  # smallest_tree (v0.4) | least_loaded (later versions)
 
 
@@ -63,8 +79,10 @@ class CacheAwareRouting(RoutingPolicy):
     def __init__(self, cfg: CacheAwareConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         _check_config(self.cfg)
-        self.tree = RadixTree()
+        self.tree = RadixTree(self.cfg.max_tree_size)  # bounded at every insert, besides the periodic pass
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
+        self._seed_key = _mix64(seed)
+        self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
 
     def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
         cfg = self.cfg
@@ -81,6 +99,9 @@ class CacheAwareRouting(RoutingPolicy):
                 reason = "cache_hit"
                 if len(holders) == 1 or cfg.tie_break == "first":
                     worker = holders[0]
+                elif cfg.tie_break == "node_hash":
+                    node_key = _mix64(self._seed_key ^ at.serial)
+                    worker = min(holders, key=lambda w: _mix64(node_key ^ self._tenant_key(w)))
                 elif cfg.tie_break == "least_loaded":
                     worker = min(holders, key=loads.__getitem__)
                 else:  # most_recent: the holder that touched the matched node last
@@ -91,8 +112,15 @@ class CacheAwareRouting(RoutingPolicy):
                     worker = min(candidates, key=tree.tenant_size)
                 else:
                     worker = min(candidates, key=loads.__getitem__)
-        held = tree.insert_at(request_text, matched, node, worker, self.clock())
-        return RoutingDecision(worker, held, n, reason)
+        now = self.clock()
+        held = tree.insert_at(request_text, matched, node, worker, now)
+        return RoutingDecision(worker, held, n, reason, request_text, now)
+
+    def _tenant_key(self, worker: str) -> int:
+        key = self._tenant_keys.get(worker)
+        if key is None:
+            key = self._tenant_keys[worker] = _mix64(zlib.crc32(worker.encode()))
+        return key
 
     def _imbalanced(self, candidates: list[str]) -> bool:
         loads = self.loads
@@ -121,6 +149,9 @@ class CacheAwareRouting(RoutingPolicy):
 
     def _forget(self, worker: str) -> None:
         self.tree.remove_tenant(worker)
+
+    def _take_back(self, d: RoutingDecision) -> None:
+        self.tree.undo_insert(d.text, d.worker, d.matched_chars, d.at)
 
     def maintain(self, now: float | None = None) -> None:
         """LRU eviction down to ``max_tree_size`` characters per worker, once every ``eviction_interval_secs``; the first

@@ -102,9 +102,10 @@ def test_run_cluster_bench_fronting_external_worker_urls(cluster, tmp_path):
 
 
 def test_killed_worker_mid_run_every_request_completes_and_nothing_is_left(tmp_path):
+    """Unsupervised (cluster.restart_workers=false): the dead worker stays down and the other serves the rest."""
     cfg = cluster_cfg(2, "router=cache_aware", "workload=multi_turn", "workload.num_conversations=8",
                       "workload.turns=3", "workload.system_prompt_len=32", "workload.user_len=48",
-                      "workload.output_len=16", "workload.max_concurrency=8")
+                      "workload.output_len=16", "workload.max_concurrency=8", "cluster.restart_workers=false")
     sessions = WORKLOAD.build("multi_turn", cfg.workload, 0).sessions()
     before = set(cluster_processes())          # the module's cluster is still up
     with Cluster(cfg) as c:
@@ -118,6 +119,7 @@ def test_killed_worker_mid_run_every_request_completes_and_nothing_is_left(tmp_p
             time.sleep(0.01)
         done_at_kill = len(client.records)
         c.kill_worker(0)
+        c.workers[0].popen.wait()
         player.join(60)
         records, _ = out["result"]
         figures = cluster_figures(records, c.worker_urls, c.router_stats(), c.worker_infos())

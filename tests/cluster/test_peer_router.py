@@ -24,7 +24,7 @@ def flags(args: list[str]) -> dict[str, str]:
 def test_cache_aware_maps_its_thresholds():
     rc = compose("router=cache_aware_v2", "router.impl=sglang", "router.cache_threshold=0.4",
                  "router.balance_abs_threshold=7", "router.max_retries=0").router
-    args = sglang_router_args(rc, WORKERS, 4000, 4001)
+    args = sglang_router_args(rc, rc, WORKERS, 4000, 4001)
     f = flags(args)
     assert f["--policy"] == "cache_aware" and f["--port"] == "4000" and f["--prometheus-port"] == "4001"
     assert (f["--cache-threshold"], f["--balance-abs-threshold"], f["--balance-rel-threshold"]) == ("0.4", "7", "1.5")
@@ -35,7 +35,7 @@ def test_cache_aware_maps_its_thresholds():
 
 @pytest.mark.parametrize("policy", ["round_robin", "random"])
 def test_stateless_policies_map_by_name(policy):
-    args = sglang_router_args(compose(f"router={policy}").router, WORKERS, 4000, 4001)
+    args = sglang_router_args(rc := compose(f"router={policy}").router, rc, WORKERS, 4000, 4001)
     assert flags(args)["--policy"] == policy and "--cache-threshold" not in args
     assert flags(args)["--retry-max-retries"] == "3"
 
@@ -46,7 +46,7 @@ def test_stateless_policies_map_by_name(policy):
 ])
 def test_what_sglang_router_cannot_express_is_refused(overrides, message):
     with pytest.raises(PeerRouterError, match=message):
-        sglang_router_args(compose(*overrides).router, WORKERS, 4000, 4001)
+        sglang_router_args(rc := compose(*overrides).router, rc, WORKERS, 4000, 4001)
     assert issubclass(PeerRouterError, ClusterError)          # run.py turns it into one sentence, exit status 2
 
 

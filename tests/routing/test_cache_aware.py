@@ -124,16 +124,18 @@ def test_candidates_restrict_the_match_to_the_longest_a_candidate_holds():
 # -- eviction, removal, loads ------------------------------------------------------------------------------------------
 def test_maintain_evicts_only_after_the_interval():
     now = [0.0]
-    policy = make("ab", clock=lambda: now[0], eviction_interval_secs=10, max_tree_size=5)
-    send(policy, "0123456789", "a")
+    # 330 chars: past max_tree_size but within the slack (320 / 32) that the insert-time bound allows
+    policy = make("ab", clock=lambda: now[0], eviction_interval_secs=10, max_tree_size=320)
+    text = "0123456789" * 33
+    send(policy, text, "a")
     policy.maintain(0.0)  # starts the interval
     policy.maintain(9.99)
-    assert policy.tree.tenant_size("a") == 10
+    assert policy.tree.tenant_size("a") == 330
     policy.maintain(10.0)
-    assert policy.tree.tenant_size("a") == 0  # one 10-char leaf, over the bound of 5: it goes
-    send(policy, "0123456789", "a")
+    assert policy.tree.tenant_size("a") == 0  # one 330-char leaf, over the bound of 320: it goes
+    send(policy, text, "a")
     policy.maintain(15.0)  # the next pass is due at 20
-    assert policy.tree.tenant_size("a") == 10
+    assert policy.tree.tenant_size("a") == 330
 
 
 def test_remove_worker_purges_it_from_the_tree():

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from framework.registry import ROUTING
 from framework.routing import REASONS, NoWorkerAvailable, RoutingPolicy
+from framework.serving.router_config import router_schema, split_router_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "router"
 WORKERS = ["http://w0:30000", "http://w1:30000", "http://w2:30000"]
@@ -80,7 +81,7 @@ def compose_router(name: str, *overrides: str):
     """Compose ``router=<name>`` with Hydra the way run.py will: each plugin's Config stored as router/<key>_schema."""
     store = ConfigStore.instance()
     for key in ROUTING.keys():
-        store.store(group="router", name=f"{key}_schema", node=ROUTING.get(key).Config)
+        store.store(group="router", name=f"{key}_schema", node=router_schema(ROUTING.get(key).Config))
     with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
         return compose(overrides=[f"+router={name}", *overrides]).router
 
@@ -89,8 +90,8 @@ def compose_router(name: str, *overrides: str):
 def test_router_yaml_composes_and_builds(name):
     node = compose_router(name, "router.port=31000")
     cls = ROUTING.get(node.name)
-    cfg = OmegaConf.to_object(node)
-    assert isinstance(cfg, cls.Config) and cfg.port == 31000
+    cfg, service = split_router_config(OmegaConf.to_object(node))
+    assert type(cfg) is cls.Config and service.port == 31000  # the policy gets only its own fields
     policy = cls(cfg)  # the plugin accepts the values
     policy.add_worker("w")
     assert policy.select("hello") == "w"

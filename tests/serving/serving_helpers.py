@@ -94,12 +94,15 @@ def url_of(server: TestServer) -> str:
     return f"http://127.0.0.1:{server.port}"
 
 
-def status_app(status: int, body: dict | None = None, calls: list | None = None) -> web.Application:
-    """A worker that answers every generation route with ``status`` (a failing or overloaded server)."""
+def status_app(status: int, body: dict | None = None, calls: list | None = None,
+               headers: dict | None = None) -> web.Application:
+    """A worker that answers every generation route with ``status`` (a failing or overloaded server); ``calls``
+    collects each request it got."""
     async def handler(request: web.Request) -> web.Response:
         if calls is not None:
-            calls.append(request.path)
-        return web.json_response(body or {"error": {"message": f"stub says {status}"}}, status=status)
+            calls.append(request)
+        return web.json_response(body or {"error": {"message": f"stub says {status}"}}, status=status,
+                                 headers=headers)
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from framework.registry import ROUTING
-from framework.serving.router import RouterServiceConfig, create_router_app
+from framework.serving.router import create_router_app
+from framework.serving.router_config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from serving_helpers import engine_client, read_sse, serve, url_of, wait_until
 

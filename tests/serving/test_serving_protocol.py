@@ -1,6 +1,8 @@
 """Request models -> the engine's SamplingParams, and the chat template's append-only rendering."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -29,9 +31,51 @@ def test_each_api_maps_to_sampling_params():
 def test_router_views_accept_what_the_worker_accepts_and_reject_a_missing_text():
     body = b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "max_tokens": 2}'
     assert parse_body(P.ChatRouting, body).routing_text() == parse_body(P.ChatCompletionRequest, body).prompt_text()
+    for missing in (b'{}', b'{"text": null}', b'{"text": "a", "input_ids": [1]}'):
+        with pytest.raises(ApiError) as err:
+            parse_body(P.GenerateRouting, missing).routing_text()
+        assert err.value.status == 400 and err.value.message == "text: give exactly one of text and input_ids"
+
+
+@pytest.mark.parametrize("view, body, key", [
+    # SGLang's /generate: a text, a batch of texts (routed on its first), token ids, a batch of token ids
+    (P.GenerateRouting, {"text": "hello"}, "hello"),
+    (P.GenerateRouting, {"text": ["first", "second"], "rid": ["a", "b"]}, "first"),
+    (P.GenerateRouting, {"input_ids": [104, 105, 0x1F600]}, "hi\U0001F600"),
+    (P.GenerateRouting, {"input_ids": [[104, 105], [7]]}, "hi"),
+    # OpenAI completions as vLLM and SGLang take them: text, batch, token ids, batch of token ids
+    (P.CompletionRouting, {"prompt": "p"}, "p"),
+    (P.CompletionRouting, {"prompt": ["p", "q"]}, "p"),
+    (P.CompletionRouting, {"prompt": [1, 2]}, "\x01\x02"),
+    (P.CompletionRouting, {"prompt": [[1, 2], [3]]}, "\x01\x02"),
+    (P.CompletionRouting, {"prompt": "p", "stream": None}, "p"),  # OpenAI's optional fields may be null
+    # chat: the developer role, content parts of any type (the text parts are the key), null content
+    (P.ChatRouting, {"messages": [{"role": "developer", "content": "d"},
+                                  {"role": "user", "content": [{"type": "text", "text": "look: "},
+                                                               {"type": "image_url", "image_url": {"url": "x"}},
+                                                               {"type": "text", "text": "this"}]},
+                                  {"role": "assistant", "content": None, "tool_calls": []}]},
+     "<|developer|>d\n<|user|>look: this\n<|assistant|>\n<|assistant|>"),
+])
+def test_router_views_take_every_shape_sglang_and_vllm_take(view, body, key):
+    assert parse_body(view, json.dumps(body).encode()).routing_text() == key
+
+
+@pytest.mark.parametrize("view, body, param", [
+    (P.GenerateRouting, {"text": 5}, "text"), (P.GenerateRouting, {"text": []}, "text"),
+    (P.GenerateRouting, {"input_ids": [1, -2]}, "input_ids"), (P.GenerateRouting, {"input_ids": [[1], []]}, "input_ids"),
+    (P.GenerateRouting, {"input_ids": [1.5]}, "input_ids"), (P.GenerateRouting, {"input_ids": [True]}, "input_ids"),
+    (P.CompletionRouting, {"prompt": []}, "prompt"), (P.CompletionRouting, {"prompt": [1, "a"]}, "prompt"),
+    (P.CompletionRouting, {"prompt": {"text": "a"}}, "prompt"), (P.CompletionRouting, {}, "prompt"),
+    (P.ChatRouting, {"messages": []}, "messages"), (P.ChatRouting, {"messages": [{"role": "robot"}]}, "messages.0.role"),
+    (P.ChatRouting, {"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages.0.content"),
+    (P.ChatRouting, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
+    (P.ChatRouting, {"messages": [{"role": "user", "content": 3}]}, "messages.0.content"),
+])
+def test_router_views_name_the_bad_field(view, body, param):
     with pytest.raises(ApiError) as err:
-        parse_body(P.GenerateRouting, b'{"input_ids": [1, 2]}')
-    assert err.value.status == 400 and err.value.message == "text: Field required"
+        parse_body(view, json.dumps(body).encode()).routing_text()
+    assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param + ": ")
 
 
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -15,7 +16,8 @@ import pytest
 
 from framework.registry import ROUTING
 from framework.serving.chat_template import apply_chat_template
-from framework.serving.router import ROUTER_KEY, RouterServiceConfig, create_router_app
+from framework.serving.router import ROUTER_KEY, create_router_app
+from framework.serving.router_config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from serving_helpers import (break_model, broken_stream_app, engine_client, engine_requests, engine_stats, free_port,
                              greedy_text, iter_sse, read_sse, serve, status_app, url_of, wait_until)
@@ -127,21 +129,39 @@ async def test_retries_on_another_worker_when_one_dies(engines):
         assert_no_load(router)
 
 
-async def test_503_is_retried_elsewhere_and_opens_the_breaker(engines):
+async def test_500_is_retried_elsewhere_and_opens_the_breaker(engines):
     calls = []
-    bad = await serve(status_app(503, calls=calls))
+    bad = await serve(status_app(500, calls=calls))
     async with workers_over(engines[:1]) as (_, urls), \
-            router_over([url_of(bad), *urls], breaker_failure_threshold=2, breaker_cooldown_secs=0.3) as (router, http):
+            router_over([url_of(bad), *urls], breaker_failure_threshold=2, breaker_cooldown_secs=1.0) as (router, http):
         results = [await gen(http, f"q{i}") for i in range(6)]
         assert all(status == 200 and worker == urls[0] for status, _, worker in results)
         assert len(calls) == 2 and router.workers[url_of(bad)].breaker.state == "open"  # no 3rd try while open
-        await asyncio.sleep(0.35)  # cool-down over: the next request to it is a half-open probe
-        for i in range(4):
+        await asyncio.sleep(1.05)  # cool-down over: the next request to it is a half-open probe
+        for i in range(2):
             await gen(http, f"p{i}")
         assert len(calls) == 3 and router.workers[url_of(bad)].breaker.state == "open"
         assert router.stats.retries == 3
         assert_no_load(router)
     await bad.close()
+
+
+async def test_503_is_busy_not_broken_and_its_retry_after_is_honoured(engines):
+    calls = []
+    busy = await serve(status_app(503, calls=calls, headers={"Retry-After": "1"}))
+    async with workers_over(engines[:1]) as (_, urls), \
+            router_over([url_of(busy), *urls], breaker_failure_threshold=1) as (router, http):
+        results = [await gen(http, f"q{i}") for i in range(4)]
+        assert all(status == 200 and worker == urls[0] for status, _, worker in results)
+        w = router.workers[url_of(busy)]
+        assert len(calls) == 1 and router.stats.retries == 1  # then no new request while its Retry-After runs
+        assert w.breaker.state == "closed" and w.failures == 0 and 0 < w.describe()["retry_after_s"] <= 1
+        await wait_until(lambda: w.routable(time.monotonic()), timeout=2, what="the Retry-After to pass")
+        await gen(http, "again")
+        await gen(http, "and again")  # round robin: the busy worker's turn comes again
+        assert len(calls) == 2
+        assert_no_load(router)
+    await busy.close()
 
 
 async def test_retry_avoids_the_worker_that_failed_even_when_the_policy_prefers_it(engines):
@@ -158,13 +178,18 @@ async def test_retry_avoids_the_worker_that_failed_even_when_the_policy_prefers_
     await bad.close()
 
 
-async def test_all_workers_failing_gives_back_the_last_error_after_bounded_retries(anyio_backend):
+@pytest.mark.parametrize("status, sent", [(500, 1), (503, 3)])
+async def test_a_lone_failing_worker_gives_back_its_error_after_bounded_retries(anyio_backend, status, sent):
+    """With no other worker, a retry goes back to the one that failed only when it said it is busy (503): after a
+    backoff, at most max_retries times. A retry is counted only when it is sent."""
     calls = []
-    bad = await serve(status_app(503, calls=calls))
+    bad = await serve(status_app(status, calls=calls, headers={"X-Why": "stub"}))
     async with router_over([url_of(bad)], max_retries=2, breaker_failure_threshold=100) as (router, http):
         async with http.post("/v1/completions", json={"prompt": "x"}) as r:
-            assert r.status == 503 and (await r.json())["error"]["message"] == "stub says 503"
-        assert len(calls) == 3  # 1 try + max_retries, on the only worker there is
+            assert r.status == status and (await r.json())["error"]["message"] == f"stub says {status}"
+            assert r.headers["X-Why"] == "stub" and r.headers["X-Servelab-Worker"] == url_of(bad)
+        assert len(calls) == sent and router.stats.retries == sent - 1
+        assert len({c.headers["X-Request-Id"] for c in calls}) == 1  # one client request, one id on every try
         assert_no_load(router)
     await bad.close()
 
