@@ -46,8 +46,8 @@ PEAK_GBS = 4800.0             # H200 HBM3e
 BF16_VERIFY_ATOL = 0.5
 NEEDED_MODULES = ("hydra", "omegaconf")   # run.py's; the device image has everything else the parts import
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
-TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=15, timeout_s=25),
-               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=60, timeout_s=90)}
+TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
+               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=50, timeout_s=75)}
 TAIL_CHARS = 3000
 
 
@@ -92,8 +92,9 @@ def bandwidth_headline(figures: dict) -> str:
 def parts(gpu: bool, write_configs: bool) -> list[Part]:
     """Every part's command: the GPU run, or (gpu=False) the same code paths at tiny size on the CPU."""
     py, device = sys.executable, "cuda" if gpu else "cpu"
-    out = [Part("gpu_tests", 105,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
-                lambda d: [py, "-m", "pytest", "-q", "-m", "not slow" if gpu else "gpu", "-p", "no:cacheprovider",
+    # -v: if the part times out (its JUnit file is written at the end), the log still names every test's outcome.
+    out = [Part("gpu_tests", 140,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
+                lambda d: [py, "-m", "pytest", "-v", "-m", "not slow" if gpu else "gpu", "-p", "no:cacheprovider",
                            f"--junitxml={d / 'junit.xml'}", *GPU_TEST_PATHS],
                 junit_figures,
                 lambda f: f"{f['passed']} passed, {f['failures'] + f['errors']} failed, {f['skipped']} skipped")]
@@ -112,7 +113,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
     decode = (["--batches", "1", "8", "32", "64", "256", "--context", "256", "--steps", "20", "--repeats", "3"] if gpu
               else ["--batches", "1", "2", "--context", "8", "--steps", "2", "--repeats", "1"])
     # The CUDA-graph decode variant joins here: a second decode part with the bench's graph flag.
-    out.append(Part("decode_step", 50,
+    out.append(Part("decode_step", 45,
                     lambda d: [py, "experiments/decode_step/bench.py", "--device", device, "--moe", "triton_fused",
                                *decode, "--out", str(d / "decode_step.json")],
                     lambda d: read_json(d / "decode_step.json"),
@@ -134,7 +135,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                                             for m, t in f["timings"].items())))
     bench = (["--shapes", "tiny,v2lite", "--v2lite-scale", "1", "--batch-sizes", "1,8,32,64,256", "--budget-s", "0.1"]
              if gpu else ["--shapes", "tiny", "--batch-sizes", "1,4", "--budget-s", "0.001"])
-    out.append(Part("bench_moe", 60,
+    out.append(Part("bench_moe", 50,
                     lambda d: [py, "experiments/bench_moe/bench.py", "--sizes", "1", "--runs", "1", *bench,
                                "--peak-gbs", str(PEAK_GBS), "--out", str(d / "bench_moe.json")],
                     bench_moe_figures, bandwidth_headline))
