@@ -81,9 +81,10 @@ def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[...
 
 def count_host_syncs(fn: Callable[[], object]) -> int:
     """How many times ``fn()`` makes the host wait for the GPU (``.item()``, ``.tolist()``, ``nonzero``, a copy to
-    the CPU, ...), counted by torch's CUDA sync debug mode. Each one stalls the step and rules out CUDA-graph capture:
-    triton_fused makes none, ep's all-to-all two per layer (its split sizes, which all_to_all_single takes on the
-    host). CUDA only: on a CPU nothing syncs."""
+    the CPU, a copy from pageable host memory, ...), counted by torch's CUDA sync debug mode. Each one stalls the
+    step and rules out CUDA-graph capture: triton_fused makes none; ep's all-to-all needs its split sizes on the host
+    (all_to_all_single takes them as ints), so it reads its send counts back and exchanges counts each layer. CUDA
+    only: on a CPU nothing syncs."""
     if not torch.cuda.is_available():
         raise RuntimeError("count_host_syncs needs CUDA (it uses torch.cuda.set_sync_debug_mode)")
     torch.cuda.synchronize()

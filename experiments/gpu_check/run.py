@@ -185,6 +185,29 @@ def summary_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def bandwidth_table(results: dict) -> str:
+    """The fused kernel's weight bandwidth at the V2-Lite shape: the tuner's best and shipped configs, bench_moe's."""
+    parts = results["parts"]
+    tuned = parts.get("tune_v2lite", {}).get("figures", {}).get("timings", {})
+    bench = {r["batch_tokens"]: r for r in parts.get("bench_moe", {}).get("figures", {}).get("records", [])
+             if "weight_gbs" in r and r["shape"] != "tiny"}
+    if not tuned and not bench:
+        return ""
+    peak = results["meta"]["peak_gbs"]
+    lines = [f"fused kernel alone (expert_gemms), V2-Lite layer, weight GB/s and % of {peak:.0f}",
+             f"{'batch':>6}{'tuned us':>10}{'GB/s':>7}{'%':>5}{'shipped us':>12}{'GB/s':>7}{'%':>5}"
+             f"{'bench_moe us':>14}{'GB/s':>7}{'%':>5}"]
+    for m in sorted({int(m) for m in tuned} | set(bench)):
+        t, b = tuned.get(str(m)), bench.get(m)
+        cells = [f"{m:>6}"]
+        for us, gbs, width in ((t and t["ms"] * 1e3, t and t["weight_gbs"], 10),
+                               (t and t["shipped_ms"] * 1e3, t and t["shipped_weight_gbs"], 12),
+                               (b and b["kernel_us"], b and b["weight_gbs"], 14)):
+            cells.append(f"{us:>{width}.1f}{gbs:>7.0f}{gbs / peak:>5.0%}" if us else " " * (width + 12))
+        lines.append("".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
@@ -198,7 +221,7 @@ def main() -> int:
     if args.apply_tuned:
         return apply_tuned(args.apply_tuned)
     import torch
-    gpu = torch.cuda.is_available()
+    gpu = torch.cuda.is_available() and not args.cpu_smoke
     if not gpu and not args.cpu_smoke:
         print(f"gpu_check: no CUDA device visible (torch {torch.__version__}); nothing to run "
               "(--cpu-smoke tests this script on the CPU)")
@@ -215,7 +238,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled",
            "TRITON_CACHE_DIR": str(work / "triton_cache")}   # shared by the parts: each kernel compiles once
     if not gpu:   # one thread per part: spinning OpenMP threads of concurrent jobs slow a shared CPU tenfold
-        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     setup = ensure_packages(args.wheels, work / "site")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(work / "site"), env.get("PYTHONPATH")) if p)
     results = {"meta": {"gpu": torch.cuda.get_device_name() if gpu else None, "cpu_smoke": not gpu,
@@ -238,6 +261,7 @@ def main() -> int:
             results["meta"]["wall_s"] = round(time.monotonic() - start, 1)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(summary_table(results))
+    print(bandwidth_table(results))
     print(f"results: {args.out} (every part's full output: {args.out.with_suffix('.log')})")
     return 0 if all(r["status"] == "ok" for r in results["parts"].values()) else 1
 

@@ -15,9 +15,9 @@ Two dispatch forms (`moe.dispatch`):
 
 A rank with no tokens (IDLE) joins every collective with empty buffers: the all-to-all exchanges zero counts.
 
-Host syncs: `all_to_all` reads its send counts and the received counts back to the host (torch's
-all_to_all_single takes split sizes as Python ints), two per layer, so a step that uses it cannot be captured into a
-CUDA graph; `all_reduce` and size 1 read nothing back.
+Host syncs: `all_to_all` reads its send counts and the received counts back to the host every layer (torch's
+all_to_all_single takes split sizes as Python ints), so a step that uses it cannot be captured into a CUDA graph;
+`all_reduce` and size 1 read nothing back.
 """
 from __future__ import annotations
 
@@ -98,8 +98,8 @@ class EPMoE(MoEBackend):
         owner = topk_ids.long() // self.experts_per_rank
         wanted = torch.zeros(group.size, num_tokens, dtype=torch.uint8, device=hidden.device)
         wanted[owner, torch.arange(num_tokens, device=hidden.device)[:, None]] = 1
-        # all_to_all_single takes its split sizes on the host: this read and the group's of the received counts are
-        # the layer's two host syncs (framework.moe.count_host_syncs); the pair list below is sized from it.
+        # all_to_all_single takes its split sizes on the host: this read and the group's count exchange are the
+        # layer's host syncs (framework.moe.count_host_syncs); the pair list below is sized from it.
         send_counts = wanted.sum(dim=1).tolist()
         pairs = torch.argsort(wanted.view(-1), descending=True, stable=True)[:sum(send_counts)]
         token = pairs % num_tokens   # destination-major: pair i*T + t goes to rank i

@@ -30,7 +30,6 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
     assert not out.exists() and not out.with_suffix(".log").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke is the CPU stand-in for the GPU run")
 def test_cpu_smoke_runs_every_part(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)], cwd=ROOT, env=ENV,
@@ -53,6 +52,7 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert results["meta"]["cpu_smoke"] is True and results["meta"]["setup"] == {"missing": []}
     assert "===== bench_moe: ok" in out.with_suffix(".log").read_text()
     assert re.search(r"^bench_moe\s+ok", proc.stdout, re.M)
+    assert re.search(r"^\s+1\s+[0-9.]+\s+\d+", proc.stdout.split("fused kernel alone (expert_gemms)")[1], re.M)
 
 
 def test_gpu_plan_fits_the_budget_and_names_what_exists():
