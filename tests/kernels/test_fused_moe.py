@@ -177,3 +177,26 @@ def test_select_fused_moe_falls_back_once(caplog, monkeypatch):
         assert kernels.select_fused_moe(torch.device("cpu")) is fused_moe_torch
     assert [r.getMessage() for r in caplog.records] == ["fused_moe: no GPU, using the torch twin"]
     assert kernels.select_fused_moe("cuda") is fused_moe_triton
+
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels compile for real in every test")
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter never runs Triton's compiler: compile for sm_90 (ptxas ships with Triton) in a process
+    without TRITON_INTERPRET, and check the GEMMs' loads are software-pipelined (cp.async into shared memory), which
+    decode-sized batches need to stream weights at full bandwidth."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py"))], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compiled = json.loads(proc.stdout)
+    assert {c["name"] for c in compiled} == {"decode_bf16", "prefill_bf16", "fp32_ieee", "silu_and_mul_bf16"}
+    for c in compiled:
+        assert (c["cp_async"] > 0) == (c["name"] != "silu_and_mul_bf16"), c
