@@ -25,6 +25,13 @@ PINNED_CASES = ("chunked_prefill", "tight_kv_retract")   # DP attention: uneven 
 SAMPLED_CASES = ("no_radix_cache",)   # temperature sampling: TP ranks must still draw the same tokens
 
 
+def reference_model(cfg):
+    """The oracle's model: the engine's weights (rounded to model.dtype, as the engine holds them), computed in
+    float32, so a bfloat16 engine is measured against exact arithmetic on its own model rather than against a second
+    bfloat16 rounding."""
+    return build_model(cfg.model, cfg.seed).float()
+
+
 def verify_prompts(seed: int, n: int = 6) -> list[str]:
     """Prompts with a shared prefix, varied lengths (one longer than a prefill chunk) and a one-character one."""
     rng = random.Random(seed)
@@ -79,7 +86,7 @@ def run_case(engine: Engine, reference, prompts: list[str], max_new_tokens: int,
 
 def verify_single(cfg, par, group) -> dict[str, dict]:
     """The cases on one rank."""
-    reference = build_model(cfg.model, cfg.seed)
+    reference = reference_model(cfg)
     prompts = verify_prompts(cfg.seed)
     results = {}
     for name, engine_cfg in engine_cases(cfg).items():
@@ -134,7 +141,7 @@ def verify_instance(cfg, cases: dict | None = None) -> dict[str, dict] | None:
         per_rank = client.close()
     finally:
         client.terminate()
-    reference = build_model(cfg.model, cfg.seed)
+    reference = reference_model(cfg)
     replicated = PARALLELISM.get(cfg.parallel.name).replicates_batch
     return {name: _check_case(name, [r[name] for r in per_rank], sent[name], reference, replicated, size)
             for name in cases}
