@@ -76,13 +76,13 @@ class DPAttentionTP(DPAttention):
             return []
         tp, row = cfg.tp_size, model_cfg.hidden_size * itemsize(model_cfg)
         groups = [tuple(range(g, g + tp)) for g in range(0, cfg.size, tp)]
-        out = [Collective("all_reduce", tokens[g[0]] * row, g) for g in groups if tp > 1]
+        busy = [g for g in groups if tp > 1 and tokens[g[0]]]            # an IDLE group skips attention
+        out = [Collective("all_reduce", tokens[g[0]] * row, g) for g in busy]
         shares = ffn_shares(tokens, tp)
         if ffn_layout != "local":
             out += ffn_comm(cfg, shares, row, ffn_partial)
-        gather_back = ffn_layout == "local" or (ffn_partial and cfg.ffn_comm is FFNComm.reduce_scatter)
-        if gather_back and tp > 1:
-            out += [Collective("all_gather", tp * max(shares[g[0]:g[-1] + 1]) * row, g) for g in groups]
+        if ffn_layout == "local" or (ffn_partial and cfg.ffn_comm is FFNComm.reduce_scatter):   # shares come back
+            out += [Collective("all_gather", tp * max(shares[g[0]:g[-1] + 1]) * row, g) for g in busy]
         return out
 
     def shard(self, model) -> None:
