@@ -51,10 +51,6 @@ def even_split(n: int, size: int) -> list[int]:
     return [n // size + (r < n % size) for r in range(size)]
 
 
-def itemsize(model_cfg) -> int:
-    return torch.empty(0, dtype=getattr(torch, model_cfg.dtype)).element_size()
-
-
 class Parallelism:
     Config = ParallelConfig
 
@@ -184,7 +180,8 @@ def attention_params(model_cfg, heads: int) -> int:
     whole = (c.kv_lora_rank + c.qk_rope_head_dim) * c.hidden_size + c.kv_lora_rank
     if c.q_lora_rank:
         whole += c.q_lora_rank * c.hidden_size + c.q_lora_rank
-    per_head = c.qk_head_dim * q_in + (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank + c.hidden_size * c.v_head_dim
+    per_head = (c.qk_head_dim * q_in + (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank
+                + c.hidden_size * c.v_head_dim)
     return whole + heads * per_head
 
 
@@ -205,7 +202,7 @@ def model_weight_bytes(model_cfg, *, heads: int, vocab_rows: int, ffn_shards: in
         "shared_experts": moe_layers * shared // (ffn_shards if shared_sharded else 1),
         "moe_gate": moe_layers * c.n_routed_experts * (c.hidden_size + 1),   # gate + correction bias
     }
-    return {part: n * itemsize(c) for part, n in params.items()}
+    return {part: n * c.itemsize for part, n in params.items()}
 
 
 def ffn_shard_problems(model_cfg, size: int, moe_partial: bool) -> list[str]:

@@ -16,6 +16,7 @@ HEARTBEAT_S) never expire while the instance is merely idle.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass, field
@@ -142,7 +143,7 @@ class RankLoop:
         self.engine, self.par, self.control, self.channel = engine, engine.par, control, channel
         self.rank, self.size = control.rank, control.size
         self.dispatcher = self.par.dispatcher() if self.rank == 0 else None
-        self.snapshots: list[dict] = [{}] * self.size   # every rank's, as of the last exchange
+        self.snapshots: list[dict] = []      # every rank's, as of the last exchange
         self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
         self.sent_adds = False               # ... and requests the snapshots may not show yet
         self.pending: list = []              # a leader's events for the next exchange (rank 0: for the parent)
@@ -153,13 +154,9 @@ class RankLoop:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self) -> dict:
+        self.snapshots = self.control.all_gather_object(self.engine.server_info())   # before any step
         if self.rank == 0:
-            self.snapshots[0] = self.engine.server_info()
-            if self.size > 1:
-                self.snapshots = self.control.all_gather_object(self.snapshots[0])
             self.channel.send(Ready(self.stats()))
-        elif self.size > 1:
-            self.control.all_gather_object(self.engine.server_info())
         while True:
             cmds = self._exchange(self._inbox() if self.rank == 0 else None)
             if self._apply(cmds):
@@ -177,7 +174,7 @@ class RankLoop:
         """Rank 0: the parent's messages, as commands for every rank (each Add gets its DP group here)."""
         loads = self._group_loads()
         busy = self.engine.scheduler.has_work() or any(loads) or self.sent_adds
-        if not busy and not self.sent_cmds:                         # about to wait: let the parent see the idle state now
+        if not busy and not self.sent_cmds:  # about to wait: let the parent see the idle state now
             self._flush_outbox(force_info=True)
         msgs = []
         try:
@@ -192,7 +189,7 @@ class RankLoop:
         for msg in msgs:
             if isinstance(msg, Add):
                 try:
-                    msg = Add(msg.rid, msg.prompt_ids, msg.params, msg.arrival_time, self.dispatcher.assign(msg.dp_rank))
+                    msg = dataclasses.replace(msg, dp_rank=self.dispatcher.assign(msg.dp_rank))
                 except ValueError as e:
                     self.pending.append(Rejected(msg.rid, str(e)))
                     continue
@@ -247,12 +244,12 @@ class RankLoop:
     # -- what rank 0 tells the parent -----------------------------------------------------------------------
     def _group_loads(self) -> list[int]:
         """Requests (running + queued) per DP group, as of the last exchange."""
-        leaders = [s for s in self.snapshots if s.get("leads")]
+        leaders = [s for s in self.snapshots if s["leads"]]
         return [s["running_requests"] + s["queued_requests"] for s in leaders]
 
     def _track_peak(self) -> None:
         """The instance's peak of running requests: the sum over DP groups, every rank after the same step."""
-        running = sum(s["running_requests"] for s in self.snapshots if s.get("leads"))
+        running = sum(s["running_requests"] for s in self.snapshots if s["leads"])
         self.peak_running = max(self.peak_running, running)
 
     def stats(self) -> dict:

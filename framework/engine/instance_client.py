@@ -87,6 +87,7 @@ class InstanceClient:
         self._flushes: dict[int, asyncio.Future] = {}
         self._stats: dict = {}
         self._readies = self._readies_seen = 0
+        self._closed = False
         self.failure: BaseException | None = None
         self.error: str | None = None            # set when the instance failed: the worker reports unhealthy
         self._reader = threading.Thread(target=self._read, name="instance-reader", daemon=True)
@@ -143,10 +144,12 @@ class InstanceClient:
         self._send(Stop())
 
     def close_ranks(self, timeout: float = 60.0) -> list:
-        """Stop every rank and return what each returned, in rank order ([] when the instance had failed)."""
-        if self.failure is not None:
+        """Stop every rank and return what each returned, in rank order ([] when the instance had failed or was
+        closed before)."""
+        if self.failure is not None or self._closed:
             self.instance.terminate()
             return []
+        self._closed = True
         try:
             self.stop_loop()
             self._reader.join(timeout)       # ends when every rank has returned (or one failed)

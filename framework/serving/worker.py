@@ -10,7 +10,7 @@ import logging
 import time
 from contextlib import aclosing
 from functools import partial
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -19,9 +19,6 @@ from framework.engine.handle import EngineHandle, GenerateOutput, generate
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
 from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
-
-if TYPE_CHECKING:
-    from framework.engine.request import SamplingParams
 
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

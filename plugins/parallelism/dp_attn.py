@@ -21,7 +21,7 @@ import torch
 
 from framework.engine.batch import ForwardBatch
 from framework.engine.dp_controller import DataParallelController
-from framework.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, itemsize, shard_ffns
+from framework.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, shard_ffns
 from framework.registry import PARALLELISM
 
 
@@ -76,7 +76,7 @@ class DPAttention(Parallelism):
     def layer_comm(cls, cfg, model_cfg, tokens, ffn_layout, ffn_partial):
         if cfg.size == 1 or ffn_layout == "local":     # "local": the backend moves the tokens itself
             return []
-        return ffn_comm(cfg, tokens, model_cfg.hidden_size * itemsize(model_cfg), ffn_partial)
+        return ffn_comm(cfg, tokens, model_cfg.hidden_size * model_cfg.itemsize, ffn_partial)
 
     @classmethod
     def check_step_logs(cls, logs: list[list[dict]]) -> list[str]:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from framework.dist.group import Group
-from framework.parallel import Collective, even_split, ffn_shard_problems, itemsize, model_weight_bytes, shard_ffns
+from framework.parallel import Collective, even_split, ffn_shard_problems, model_weight_bytes, shard_ffns
 from framework.registry import PARALLELISM
 from plugins.parallelism.dp_attn import DPAttention, DPAttnConfig, FFNComm, ffn_comm
 
@@ -74,7 +72,7 @@ class DPAttentionTP(DPAttention):
     def layer_comm(cls, cfg, model_cfg, tokens, ffn_layout, ffn_partial):
         if cfg.size == 1:
             return []
-        tp, row = cfg.tp_size, model_cfg.hidden_size * itemsize(model_cfg)
+        tp, row = cfg.tp_size, model_cfg.hidden_size * model_cfg.itemsize
         groups = [tuple(range(g, g + tp)) for g in range(0, cfg.size, tp)]
         busy = [g for g in groups if tp > 1 and tokens[g[0]]]            # an IDLE group skips attention
         out = [Collective("all_reduce", tokens[g[0]] * row, g) for g in busy]

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
-from framework.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems, itemsize,
+from framework.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems,
                                 model_weight_bytes, shard_ffns)
 from framework.registry import PARALLELISM
 
@@ -50,7 +49,7 @@ class TensorParallel(Parallelism):
     def layer_comm(cls, cfg, model_cfg, tokens, ffn_layout, ffn_partial):
         if cfg.size == 1:
             return []
-        ranks, row = tuple(range(cfg.size)), model_cfg.hidden_size * itemsize(model_cfg)
+        ranks, row = tuple(range(cfg.size)), model_cfg.hidden_size * model_cfg.itemsize
         out = [Collective("all_reduce", tokens[0] * row, ranks)]                   # attention: partial per head
         if ffn_layout == "local":                                                  # each rank ran a share of tokens
             out.append(Collective("all_gather", cfg.size * max(even_split(tokens[0], cfg.size)) * row, ranks))
@@ -62,7 +61,7 @@ class TensorParallel(Parallelism):
     def edge_comm(cls, cfg, model_cfg, tokens, logit_rows):
         if cfg.size == 1:
             return []
-        ranks, size = tuple(range(cfg.size)), itemsize(model_cfg)
+        ranks, size = tuple(range(cfg.size)), model_cfg.itemsize
         vocab = cfg.size * max(even_split(model_cfg.vocab_size, cfg.size))
         return [Collective("all_reduce", tokens[0] * model_cfg.hidden_size * size, ranks),   # embedding rows
                 Collective("all_gather", logit_rows[0] * vocab * size, ranks)]               # logits columns

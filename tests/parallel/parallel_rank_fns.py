@@ -19,7 +19,7 @@ PROMPT_LENS = [[5, 9], [3], [], [7, 2, 4]]
 
 
 class Recorder:
-    """A Group that writes down each forward collective it runs (gathers of no rows are skipped, as Group skips them)."""
+    """A Group that writes down each forward collective it runs (a gather of no rows is skipped, as Group does)."""
 
     def __init__(self, group: Group, log: list):
         self.group, self.log = group, log
