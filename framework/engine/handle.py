@@ -67,7 +67,10 @@ class Stream:
         self.held = ""
 
     def listen(self, req: Req, exc: Exception | None) -> None:
-        self.push(exc) if exc is not None else self.emit()
+        if exc is not None:
+            self.push(exc)
+        else:
+            self.emit()
 
     def push(self, item) -> None:
         self.loop.call_soon_threadsafe(self.sink.put_nowait, item)
