@@ -50,9 +50,23 @@ class MoEBackend(ABC):
         """(token_layout, partial) of this backend with `cfg` on `size` ranks. A partial sum needs size > 1."""
         return cls.token_layout, cls.partial and size > 1
 
+    @classmethod
+    def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
+        """Bytes of the routed experts (every MoE layer's) that `rank` of `size` holds; the base: all of them."""
+        return routed_expert_bytes(model_cfg)
+
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] in `token_layout`, topk_ids/topk_weights [T, k] -> routed output [T, H]."""
+
+
+def routed_expert_bytes(model_cfg, experts: int | None = None, intermediate: int | None = None) -> int:
+    """Bytes of `experts` routed experts (default all) of `intermediate` width (default the model's) over every MoE
+    layer: gate, up and down projections."""
+    c = model_cfg
+    experts = c.n_routed_experts if experts is None else experts
+    intermediate = c.moe_intermediate_size if intermediate is None else intermediate
+    return (c.num_layers - c.first_k_dense_replace) * experts * 3 * c.hidden_size * intermediate * c.itemsize
 
 
 def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[..., torch.Tensor], str]:

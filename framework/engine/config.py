@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
 class EngineConfig:
-    kv_budget_mb: float = 64.0            # KV bytes per rank; capacity = budget / bytes one token costs on the rank
+    mem_budget_mb: float = 72.0           # per rank, weights + KV (SGLang's static memory): KV = budget - weights
+    kv_budget_mb: Optional[float] = None  # set: the KV pool per rank is exactly this, whatever the weights
     chunked_prefill_tokens: int = 512      # extend tokens per step; a longer prompt is prefilled in chunks
     max_running_requests: int = 256
     schedule_policy: str = "lpm"          # fcfs | lpm (longest prefix match first)
@@ -17,8 +19,11 @@ class EngineConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.kv_budget_mb <= 0:
-            problems.append(f"engine.kv_budget_mb must be > 0, got {self.kv_budget_mb}")
+        if self.mem_budget_mb <= 0:
+            problems.append(f"engine.mem_budget_mb must be > 0, got {self.mem_budget_mb}")
+        if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
+            problems.append(f"engine.kv_budget_mb must be > 0 (or null: KV = mem_budget_mb - weights), "
+                            f"got {self.kv_budget_mb}")
         if self.chunked_prefill_tokens < 1:
             problems.append(f"engine.chunked_prefill_tokens must be >= 1, got {self.chunked_prefill_tokens}")
         if self.max_running_requests < 1:

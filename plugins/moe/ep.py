@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.moe import MoEBackend, fused_moe_for
+from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
 from framework.registry import MOE
 
 DISPATCHES = ("all_to_all", "all_reduce")
@@ -73,6 +73,11 @@ class EPMoE(MoEBackend):
         if cfg.dispatch not in DISPATCHES:
             raise ValueError(f"moe.dispatch={cfg.dispatch!r} is not one of {', '.join(DISPATCHES)}")
         return ("local", False) if cfg.dispatch == "all_to_all" else ("all", size > 1)
+
+    @classmethod
+    def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
+        first, last = local_expert_range(model_cfg.n_routed_experts, rank, size)
+        return routed_expert_bytes(model_cfg, experts=last - first)
 
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         super().__init__(cfg, w13, w2, group)
