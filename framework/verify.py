@@ -23,6 +23,7 @@ from framework.workload.base import random_text
 REPEAT = 2   # each case serves its prompts twice: the second round hits the radix cache
 PINNED_CASES = ("chunked_prefill", "tight_kv_retract")   # DP attention: uneven loads and a rank with no request
 SAMPLED_CASES = ("no_radix_cache",)   # temperature sampling: TP ranks must still draw the same tokens
+RETRACT_MAX_NEW_TOKENS = 24   # tight_kv_retract: decodes long enough to outgrow what admission reserved for them
 
 
 def verify_prompts(seed: int, n: int = 6) -> list[str]:
@@ -35,15 +36,21 @@ def verify_prompts(seed: int, n: int = 6) -> list[str]:
 
 def engine_cases(cfg) -> dict:
     """The engine settings each case runs with: plain, chunked prefill with cache hits, tight KV (retraction),
-    no radix cache. tight_kv_retract: 250 tokens of KV per rank, little reserved for decode: it retracts."""
+    no radix cache. tight_kv_retract: 200 tokens of KV per rank, 16-token chunks (requests are admitted while earlier
+    ones decode, which admission reserves only new_token_ratio of) and little reserved for decode: it retracts."""
     kv_per_token = cfg.model.kv_bytes_per_token()
     return {
         "radix_cache": dataclasses.replace(cfg.engine),
         "chunked_prefill": dataclasses.replace(cfg.engine, chunked_prefill_tokens=16),
-        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=250 * kv_per_token / 2**20,
-                                                new_token_ratio=0.05, min_new_token_ratio=0.0),
+        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=200 * kv_per_token / 2**20,
+                                                chunked_prefill_tokens=16, init_new_token_ratio=0.05,
+                                                min_new_token_ratio_factor=0.0),
         "no_radix_cache": dataclasses.replace(cfg.engine, radix_cache=False),
     }
+
+
+def case_max_new_tokens(name: str, max_new_tokens: int) -> int:
+    return max(max_new_tokens, RETRACT_MAX_NEW_TOKENS) if name == "tight_kv_retract" else max_new_tokens
 
 
 def logits_error(reference, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> float:
@@ -84,7 +91,7 @@ def verify_single(cfg, par, group) -> dict[str, dict]:
     results = {}
     for name, engine_cfg in engine_cases(cfg).items():
         engine = Engine(cfg.model, engine_cfg, par, cfg.moe, cfg.seed)
-        results[name] = run_case(engine, reference, prompts, cfg.verify.max_new_tokens,
+        results[name] = run_case(engine, reference, prompts, case_max_new_tokens(name, cfg.verify.max_new_tokens),
                                  temperature=0.8 if name in SAMPLED_CASES else 0.0)
     return results
 
@@ -123,7 +130,7 @@ def verify_instance(cfg, cases: dict | None = None) -> dict[str, dict] | None:
                 client.wait_ready()
             sent[name] = []
             for _ in range(REPEAT):
-                reqs = _new_reqs(client.tokenizer, prompts, cfg.verify.max_new_tokens,
+                reqs = _new_reqs(client.tokenizer, prompts, case_max_new_tokens(name, cfg.verify.max_new_tokens),
                                  0.8 if name in SAMPLED_CASES else 0.0)
                 for i, r in enumerate(reqs):
                     client.add(r, dp_rank=dp_pin(name, i, size))

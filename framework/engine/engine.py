@@ -46,7 +46,8 @@ class Engine:
         self.pool = KVPool(model_cfg.num_layers, model_cfg.kv_cache_width, capacity,
                            getattr(torch, model_cfg.dtype), self.device)
         self.scheduler = Scheduler(engine_cfg, self.pool, self.tokenizer.eos_token_id,
-                                   lambda ids: self.tokenizer.decode(ids), par.cfg.schedule_conservativeness)
+                                   lambda ids: self.tokenizer.decode(ids), par.cfg.schedule_conservativeness,
+                                   context_len=model_cfg.max_position_embeddings)
         # TP ranks run one batch and must draw the same tokens; DP ranks serve different requests
         self.generator = torch.Generator().manual_seed(seed * 1009 + par.sampling_seed_offset)
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
@@ -86,7 +87,7 @@ class Engine:
 
     def server_info(self) -> dict:
         s = self.scheduler
-        return {"running_requests": len(s.running) + (s.chunked is not None), "queued_requests": len(s.waiting),
+        return {"running_requests": s.num_running(), "queued_requests": len(s.waiting),
                 "kv_capacity_tokens": self.capacity, "kv_used_tokens": self.pool.used(),
                 "cache_tokens": s.cache.total_size(), "kv_bytes_per_token": self.kv_bytes_per_token,
                 **s.stats}
