@@ -112,13 +112,15 @@ def test_admission_reserves_the_new_requests_whole_max_new_tokens():
     costs extend + min(max_new, 4096); NO_TOKEN when that reaches the budget) and add_being_chunked_req (a chunk
     costs itself, the last one its max_new too)."""
     rng = random.Random(3)
-    arrivals = [(0, "long", _prompt(rng, 40), 300, False),
-                (1, "fits", _prompt(rng, 40), 100, False),      # 40 + 100 < 1000 - 41 - 299 x 0.7
-                (1, "waits", _prompt(rng, 40), 500, False),     # 40 + 500 >= what is left after "fits"
-                (2, "chunked", _prompt(rng, 150), 20, False)]
-    out = replay(arrivals, capacity=1000, chunked_prefill_tokens=64, radix_cache=False)
-    first = {rid: n for n, rec in enumerate(out["log"]) if rec and rec[0] == "extend" for rid in rec[1]}
-    assert first["fits"] < first["waits"]
+    # one batch: "a" takes 40 + 500 of 1000; "b" needs 40 + 450 >= 460 left: NO_TOKEN, and batch_is_full keeps it
+    # waiting until "a" finishes (reserving 500 x ratio for "a" would have let it in)
+    arrivals = [(0, "a", _prompt(rng, 40), 500, False), (0, "b", _prompt(rng, 40), 450, False),
+                (3, "c", _prompt(rng, 100), 20, False)]
+    log = replay(arrivals, capacity=1000, chunked_prefill_tokens=64, radix_cache=False, max_steps=2000)["log"]
+    assert log[0][1:4] == (("a",), (0,), (40,))
+    first = {rid: n for n, rec in enumerate(log) if rec and rec[0] == "extend" for rid in reversed(rec[1])}
+    last_a = max(n for n, rec in enumerate(log) if rec and "a" in rec[1])
+    assert first["b"] > last_a and first["c"] > last_a
     # estimates clip max_new_tokens at 4096: 6000 - 11 - 4096 x 0.7 leaves room for 40 + 2700 (4999 x 0.7 would not)
     arrivals = [(0, "big", _prompt(rng, 10), 5000, False), (1, "other", _prompt(rng, 40), 2700, False)]
     log = replay(arrivals, capacity=6000, radix_cache=False, max_steps=6000)["log"]
