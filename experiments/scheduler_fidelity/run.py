@@ -19,17 +19,21 @@ import dataclasses
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
-from framework.engine.config import EngineConfig
-from framework.engine.kv_pool import KVPool
-from framework.engine.request import Req, SamplingParams
-from framework.engine.scheduler import Scheduler
-from framework.model.tokenizer import ByteTokenizer
-from framework.registry import WORKLOAD
-from framework.workload.generators.shared_prefix import SharedPrefixConfig
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from framework.engine.config import EngineConfig  # noqa: E402
+from framework.engine.kv_pool import KVPool  # noqa: E402
+from framework.engine.request import Req, SamplingParams  # noqa: E402
+from framework.engine.scheduler import Scheduler  # noqa: E402
+from framework.model.tokenizer import ByteTokenizer  # noqa: E402
+from framework.registry import WORKLOAD  # noqa: E402
+from framework.workload.generators.shared_prefix import SharedPrefixConfig  # noqa: E402
 
 TOKEN = 7   # what every "forward" samples: never the EOS (requests ignore it anyway)
 
@@ -74,7 +78,7 @@ def shared_prefix_arrivals(tiny: bool) -> list[tuple[int, Req]]:
 
 def burst_arrivals(tiny: bool) -> list[tuple[int, Req]]:
     rng = random.Random(0)
-    n, length = (8, 100) if tiny else (32, 300)
+    n, length = (8, 200) if tiny else (32, 300)
     return [(0, Req([rng.randrange(256) for _ in range(length)], SamplingParams(max_new_tokens=64, ignore_eos=True)))
             for _ in range(n)]
 

@@ -139,12 +139,12 @@ class InstanceClient:
         self._send(("add", req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank))
 
     def step(self, timeout: float = 0.05) -> list[Req] | None:
-        """The requests that got tokens since the last call (None after `timeout` s without any)."""
+        """The requests that got tokens since the last call, each once (None after `timeout` s without any)."""
         with self._cond:
             if not self._updated and self.failure is None:
                 self._cond.wait(timeout)
             self._raise_if_failed()
-            out, self._updated = self._updated, []
+            out, self._updated = list(dict.fromkeys(self._updated)), []
         return out or None
 
     def wait_all(self, reqs: list[Req], timeout: float = 300.0) -> None:
