@@ -23,7 +23,7 @@ from framework.workload.base import random_text
 REPEAT = 2   # each case serves its prompts twice: the second round hits the radix cache
 PINNED_CASES = ("chunked_prefill", "tight_kv_retract")   # DP attention: uneven loads and a rank with no request
 SAMPLED_CASES = ("no_radix_cache",)   # temperature sampling: TP ranks must still draw the same tokens
-RETRACT_MAX_NEW_TOKENS = 24   # tight_kv_retract: decodes long enough to outgrow what admission reserved for them
+RETRACT_MAX_NEW_TOKENS = 12   # tight_kv_retract: decodes long enough to outgrow what admission reserved for them
 
 
 def verify_prompts(seed: int, n: int = 6) -> list[str]:
@@ -36,13 +36,13 @@ def verify_prompts(seed: int, n: int = 6) -> list[str]:
 
 def engine_cases(cfg) -> dict:
     """The engine settings each case runs with: plain, chunked prefill with cache hits, tight KV (retraction),
-    no radix cache. tight_kv_retract: 200 tokens of KV per rank, 16-token chunks (requests are admitted while earlier
-    ones decode, which admission reserves only new_token_ratio of) and little reserved for decode: it retracts."""
+    no radix cache. tight_kv_retract: 180 tokens of KV per rank and 16-token chunks, so requests join while earlier
+    ones still have decodes ahead, which admission reserves only new_token_ratio (0.05) of: it retracts."""
     kv_per_token = cfg.model.kv_bytes_per_token()
     return {
         "radix_cache": dataclasses.replace(cfg.engine),
         "chunked_prefill": dataclasses.replace(cfg.engine, chunked_prefill_tokens=16),
-        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=200 * kv_per_token / 2**20,
+        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=180 * kv_per_token / 2**20,
                                                 chunked_prefill_tokens=16, init_new_token_ratio=0.05,
                                                 min_new_token_ratio_factor=0.0),
         "no_radix_cache": dataclasses.replace(cfg.engine, radix_cache=False),

@@ -10,7 +10,8 @@ variant that forces a DECODE step after every EXTEND step while requests decode)
                  cached prompt tokens / prompt tokens.
   burst          32 prompts of 300 tokens, 64 output tokens each, all at step 0, 512-token chunks: TTFT in steps
                  (p50, max) and the longest decode stall (most steps between two tokens of one request).
-Prints one table and writes results.json beside this file (or --out).
+Prints one table and writes results.json beside this file (or --out). results_before.json holds the same replays run
+against the engine before issue 8 (commit 7f68174).
 """
 from __future__ import annotations
 
@@ -89,9 +90,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     args = ap.parse_args()
     base = EngineConfig(chunked_prefill_tokens=512)
-    variants = {"sglang": base}
-    if any(f.name == "alternate_extend_decode" for f in dataclasses.fields(EngineConfig)):
-        variants["alternate_extend_decode"] = dataclasses.replace(base, alternate_extend_decode=True)
+    variants = {"sglang": base, "alternate_extend_decode": dataclasses.replace(base, alternate_extend_decode=True)}
     scenarios = {"shared_prefix": shared_prefix_arrivals, "burst": burst_arrivals}
     rows = []
     print("scheduler-only replay (a step = one batch; no model): SGLang v0.4 rules vs servelab's alternation switch")

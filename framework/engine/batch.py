@@ -66,8 +66,8 @@ class ForwardBatch:
         return cls(ForwardMode.IDLE)
 
     def to(self, device) -> "ForwardBatch":
-        for name in ("input_ids", "positions", "out_cache_loc"):
-            setattr(self, name, getattr(self, name).to(device, non_blocking=True))
+        for name in ("input_ids", "positions", "out_cache_loc"):     # long: every index the model uses
+            setattr(self, name, getattr(self, name).to(device, dtype=torch.long, non_blocking=True))
         self.req_pool_indices = torch.tensor(self.req_pool_indices_cpu, dtype=torch.long).to(device, non_blocking=True)
         self.seq_lens = torch.tensor(self.seq_lens_cpu, dtype=torch.long).to(device, non_blocking=True)
         return self

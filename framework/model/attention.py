@@ -35,10 +35,10 @@ def attention_metadata(batch) -> AttentionMetadata:
     table = batch.req_to_token
     if batch.mode.is_decode():
         width = max(batch.seq_lens_cpu)
-        index = table[batch.req_pool_indices, :width]
+        index = table[batch.req_pool_indices, :width].long()
         mask = torch.arange(width, device=table.device)[None, :] < batch.seq_lens[:, None]
         return AttentionMetadata(kv_index=index, kv_mask=mask)
-    slots = [table[row, :n] for row, n in zip(batch.req_pool_indices_cpu, batch.seq_lens_cpu)]
+    slots = [table[row, :n].long() for row, n in zip(batch.req_pool_indices_cpu, batch.seq_lens_cpu)]
     return AttentionMetadata(slots=slots, absorbed=any(batch.prefix_lens))
 
 
