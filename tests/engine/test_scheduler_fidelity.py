@@ -185,3 +185,24 @@ def test_random_workloads(seed):
     replay(arrivals, capacity=5000 if radix else rng.randint(300, 600), radix_cache=radix,
            chunked_prefill_tokens=rng.choice([16, 48, 512]), schedule_policy=rng.choice(["lpm", "fcfs"]),
            conservativeness=rng.choice([1.0, 0.3]), init_new_token_ratio=rng.choice([0.7, 0.2]))
+
+
+@pytest.mark.parametrize("idle_batch", [False, True])
+def test_an_idle_batch_under_dp_attention_is_a_step(idle_batch):
+    """event_loop_normal resets new_token_ratio when the batch it runs is None after prepare_dp_attn_batch: a DP rank
+    that runs an IDLE batch while other ranks work keeps its ratio."""
+    from framework.engine.batch import ForwardBatch
+    sched = Scheduler(EngineConfig(new_token_ratio_decay_steps=10), KVPool(1, 1, 1000, torch.float32), -1,
+                      lambda ids: "")
+    sched.add(Req([1, 2, 3], SamplingParams(max_new_tokens=4, ignore_eos=True)))
+    while sched.has_work():
+        batch = sched.next_batch()
+        if batch is not None:
+            sched.process(batch, [TOKEN] * sum(batch.sample), 0.0)
+    decayed = sched.new_token_ratio
+    assert decayed < sched.init_new_token_ratio
+    if idle_batch:
+        sched.process(ForwardBatch.idle(), [], 0.0)   # the last next_batch() ran nothing here, the others ran
+    sched.add(Req([4, 5, 6], SamplingParams(max_new_tokens=1, ignore_eos=True)))
+    sched.next_batch()
+    assert sched.new_token_ratio == (decayed if idle_batch else sched.init_new_token_ratio)
