@@ -26,6 +26,7 @@ from framework.workload.base import random_text
 REPEAT = 2   # each case serves its prompts twice: the second round hits the radix cache
 PINNED_CASES = ("chunked_prefill", "tight_kv_retract")   # several DP groups: uneven loads, a group with no request
 SAMPLED_CASES = ("no_radix_cache",)   # temperature sampling: the ranks of a group must still draw the same tokens
+RETRACT_MAX_NEW_TOKENS = 12   # tight_kv_retract: decodes long enough to outgrow what admission reserved for them
 
 
 def reference_model(cfg):
@@ -45,15 +46,21 @@ def verify_prompts(seed: int, n: int = 6) -> list[str]:
 
 def engine_cases(cfg) -> dict:
     """The engine settings each case runs with: plain, chunked prefill with cache hits, tight KV (retraction),
-    no radix cache. tight_kv_retract: 250 tokens of KV per rank, little reserved for decode: it retracts."""
+    no radix cache. tight_kv_retract: 180 tokens of KV per rank and 16-token chunks, so requests join while earlier
+    ones still have decodes ahead, which admission reserves only new_token_ratio (0.05) of: it retracts."""
     kv_per_token = cfg.model.kv_bytes_per_token()
     return {
         "radix_cache": dataclasses.replace(cfg.engine),
         "chunked_prefill": dataclasses.replace(cfg.engine, chunked_prefill_tokens=16),
-        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=250 * kv_per_token / 2**20,
-                                                new_token_ratio=0.05, min_new_token_ratio=0.0),
+        "tight_kv_retract": dataclasses.replace(cfg.engine, kv_budget_mb=180 * kv_per_token / 2**20,
+                                                chunked_prefill_tokens=16, init_new_token_ratio=0.05,
+                                                min_new_token_ratio_factor=0.0),
         "no_radix_cache": dataclasses.replace(cfg.engine, radix_cache=False),
     }
+
+
+def case_max_new_tokens(name: str, max_new_tokens: int) -> int:
+    return max(max_new_tokens, RETRACT_MAX_NEW_TOKENS) if name == "tight_kv_retract" else max_new_tokens
 
 
 def logits_error(reference, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> float:
@@ -94,7 +101,7 @@ def verify_single(cfg, par) -> dict[str, dict]:
     results = {}
     for name, engine_cfg in engine_cases(cfg).items():
         engine = Engine(cfg.model, engine_cfg, par, cfg.moe, cfg.seed)
-        results[name] = run_case(engine, reference, prompts, cfg.verify.max_new_tokens,
+        results[name] = run_case(engine, reference, prompts, case_max_new_tokens(name, cfg.verify.max_new_tokens),
                                  temperature=0.8 if name in SAMPLED_CASES else 0.0)
     return results
 
@@ -134,7 +141,7 @@ def verify_instance(cfg, cases: dict | None = None) -> dict[str, dict] | None:
                 client.wait_ready()
             sent[name] = []
             for _ in range(REPEAT):
-                reqs = _new_reqs(client.tokenizer, prompts, cfg.verify.max_new_tokens,
+                reqs = _new_reqs(client.tokenizer, prompts, case_max_new_tokens(name, cfg.verify.max_new_tokens),
                                  0.8 if name in SAMPLED_CASES else 0.0)
                 for i, r in enumerate(reqs):
                     face.add(r, dp_rank=dp_pin(name, i, dp_size))

@@ -110,7 +110,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                             lambda d: {k: v for k, v in read_json(d / "results.json").items()
                                        if k.startswith("verify_") or k.endswith("max_abs_err")},
                             lambda f: f"max abs logit error {f['verify_max_abs_err']:.3g} (atol {f['verify_atol']})"))
-    decode = (["--batches", "1", "8", "32", "64", "256", "--context", "256", "--steps", "20", "--repeats", "3"] if gpu
+    decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "3"] if gpu
               else ["--batches", "1", "2", "--context", "8", "--steps", "2", "--repeats", "1"])
     # The CUDA-graph decode variant joins here: a second decode part with the bench's graph flag.
     out.append(Part("decode_step", 45,

@@ -84,7 +84,8 @@ class Engine:
         self.pool = KVPool(model_cfg.num_layers, model_cfg.kv_cache_width, self.memory.kv_tokens,
                            getattr(torch, model_cfg.dtype), self.device)
         self.scheduler = Scheduler(engine_cfg, self.pool, self.tokenizer.eos_token_id,
-                                   lambda ids: self.tokenizer.decode(ids), par.schedule_conservativeness)
+                                   lambda ids: self.tokenizer.decode(ids), par.schedule_conservativeness,
+                                   context_len=model_cfg.max_position_embeddings)
         # the ranks of a DP group run one batch and must draw the same tokens; DP groups serve different requests
         self.generator = torch.Generator().manual_seed(seed * 1009 + par.dp_rank)
         self.requests = 0              # requests this rank took
@@ -129,7 +130,7 @@ class Engine:
         s, par = self.scheduler, self.par
         counts, local = rank_expert_counts(self.model)
         return {**par.describe(par.cfg), "rank": par.rank, "dp_rank": par.dp_rank, "leads": par.leads,
-                "running_requests": len(s.running) + (s.chunked is not None), "queued_requests": len(s.waiting),
+                "running_requests": s.num_running(), "queued_requests": len(s.waiting),
                 "kv_capacity_tokens_per_rank": self.capacity, "kv_used_tokens": self.pool.used(),
                 "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": self.kv_bytes_per_token,
                 "kv_sizing": self.memory.sizing, "weight_bytes_per_rank": self.memory.weight_bytes_total,

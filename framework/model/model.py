@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from framework.model.attention import MLAttention
+from framework.model.attention import MLAttention, attention_metadata
 from framework.model.config import ModelConfig
 from framework.model.layers import MLP, MoE, RMSNorm
 
@@ -44,6 +44,8 @@ class Transformer(nn.Module):
         so it joins the collectives the other ranks make there.
         """
         idle = batch.mode.is_idle()
+        if not idle:
+            batch.attn_metadata = attention_metadata(batch)
         x = par.embed(self.embed, batch.input_ids)
         for i, block in enumerate(self.layers):
             if not idle:
