@@ -74,7 +74,9 @@ def test_kv_accounting_under_both_sizings():
     assert tp["radix_cache"]["kv_capacity_tokens_instance"] == tp["radix_cache"]["kv_capacity_tokens_per_rank"]
     assert dp["radix_cache"]["kv_capacity_tokens_instance"] == 2 * dp["radix_cache"]["kv_capacity_tokens_per_rank"]
     tight_tp, tight_dp = tp["tight_kv_retract"], dp["tight_kv_retract"]
-    assert tight_tp["kv_capacity_tokens_per_rank"] == tight_dp["kv_capacity_tokens_per_rank"] == 250
+    cfg = make_cfg("parallel=tp")
+    tight_tokens = int(engine_cases(cfg)["tight_kv_retract"].kv_budget_mb * 2**20) // cfg.model.kv_bytes_per_token()
+    assert tight_tp["kv_capacity_tokens_per_rank"] == tight_dp["kv_capacity_tokens_per_rank"] == tight_tokens
     assert tight_dp["kv_capacity_tokens_instance"] == 2 * tight_tp["kv_capacity_tokens_instance"]
 
 
