@@ -37,13 +37,14 @@ from framework.registry import MOE  # noqa: E402
 
 def time_batch(batch: int, context: int, steps: int, seed: int, device: str, moe: str = "reference") -> dict:
     model = ModelConfig()
-    tokens = batch * (context + 2 * steps + 4)
+    max_new = 2 * steps + 4 + -(-batch * context // 8192)    # never finishes while the batch fills and is timed
+    tokens = batch * (context + max_new)
     engine_cfg = EngineConfig(kv_budget_mb=tokens * model.kv_bytes_per_token() / 2**20 + 1,
                               chunked_prefill_tokens=8192, max_running_requests=max(batch, 1), device=device)
     engine = Engine(model, engine_cfg, Parallelism(ParallelConfig(), Group()), MOE.get(moe).Config(), seed)
     for i in range(batch):
         prompt = [(i * 7 + j) % 256 for j in range(context)]
-        engine.add(Req(prompt, SamplingParams(max_new_tokens=2 * steps + 2, ignore_eos=True)))
+        engine.add(Req(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True)))
     while engine.scheduler.waiting or engine.scheduler.chunked:
         engine.step()
     engine.step()

@@ -62,6 +62,12 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start:start + slots.shape[0]] = slots.to(SLOT_DTYPE)
 
+    def write_tokens(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """slots[i] at (rows[i], positions[i]): one scatter into the flat table (a decode step's new tokens)."""
+        width = self.table.shape[1]
+        flat = torch.tensor([r * width + p for r, p in zip(rows, positions)], device=self.table.device)
+        self.table.view(-1)[flat] = slots.to(SLOT_DTYPE)
+
     def slots(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """A view of row's slots [start, end)."""
         return self.table[row, start:end]

@@ -234,15 +234,14 @@ class Scheduler:
         out = self.pool.alloc(bs)           # _check_decode_mem made room
         rows = [r.req_pool_idx for r in reqs]
         positions = [r.kv_len for r in reqs]
-        table = self.req_to_token.table
-        table[torch.tensor(rows, device=table.device), torch.tensor(positions, device=table.device)] = \
-            out.to(table.dtype)
+        self.req_to_token.write_tokens(rows, positions, out)
         for r in reqs:
             r.kv_len += 1
         return ForwardBatch(ForwardMode.DECODE, reqs=reqs,
                             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long),
                             positions=torch.tensor(positions, dtype=torch.long), out_cache_loc=out,
-                            req_to_token=table, req_pool_indices_cpu=rows, seq_lens_cpu=[p + 1 for p in positions],
+                            req_to_token=self.req_to_token.table, req_pool_indices_cpu=rows,
+                            seq_lens_cpu=[p + 1 for p in positions],
                             extend_lens=[1] * bs, sample=[True] * bs)
 
     def _check_decode_mem(self) -> bool:
