@@ -80,7 +80,8 @@ class CacheAwareRouting(RoutingPolicy):
     def __init__(self, cfg: CacheAwareConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         _check_config(self.cfg)
-        self.tree = RadixTree(self.cfg.max_tree_size)  # bounded at every insert, besides the periodic pass
+        # bounded at every insert, besides the periodic pass; most_recent reads the last access of inner nodes
+        self.tree = RadixTree(self.cfg.max_tree_size, stamp_path=self.cfg.tie_break == "most_recent")
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
         self._seed_key = _mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
