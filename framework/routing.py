@@ -60,10 +60,10 @@ class RequestUsage(NamedTuple):
 
 
 class LoadReport(NamedTuple):
-    """A worker's own account of its load (``/get_load`` or ``/get_server_info``), polled by the router."""
-    running: int         # requests decoding or prefilling
-    queued: int          # requests waiting for admission
-    kv_used_tokens: int  # KV slots in use (requests and cache)
+    """A worker's own account of its load (SGLang's ``GET /get_load``, summed over its DP ranks), polled by the router."""
+    running: int     # requests prefilling or decoding
+    queued: int      # requests waiting for admission
+    num_tokens: int  # KV tokens its requests hold (SGLang's num_tokens: not counting what only the cache holds)
 
 
 class RoutingDecision(NamedTuple):
