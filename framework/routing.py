@@ -7,8 +7,8 @@ a plugin only decides (``_decide``) and, when it keeps a view of the workers, li
 
 - ``select(request, candidates)``: ``request`` is the request's text (a ``str``) or a ``RequestView`` (the text and,
   when the caller knows them, its token ids);
-- ``on_request_done(worker, decision, ok, usage)``: the attempt's outcome and, when the worker reported it, its usage
-  (prompt, cached and output tokens);
+- ``on_request_done(worker, decision, ok, usage)``: the attempt's outcome and, for a policy that subscribed to
+  ``USAGE``, the usage the worker reported (prompt, cached and output tokens);
 - ``on_worker_event(worker, event)``: events from a worker the policy subscribed to (``subscriptions``): KV cache
   events (framework/kv_events: BlockStored, BlockRemoved, AllBlocksCleared) and load reports (``LoadReport``). The
   router service owns the sockets and the polling; the simulator calls the same method with its own events;
@@ -25,7 +25,8 @@ from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 KV_EVENTS = "kv_events"  # subscription: the workers' KV cache events
 LOAD = "load"            # subscription: periodic load reports (LoadReport)
-SUBSCRIPTIONS = (KV_EVENTS, LOAD)
+USAGE = "usage"          # subscription: each request's usage in on_request_done (the router reads it from answers)
+SUBSCRIPTIONS = (KV_EVENTS, LOAD, USAGE)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
 from framework.kv_events.hashing import ROOT_HASH, BlockKeys
-from framework.routing import (KV_EVENTS, RequestUsage, RequestView, RoutingConfig, RoutingDecision,
+from framework.routing import (KV_EVENTS, USAGE, RequestUsage, RequestView, RoutingConfig, RoutingDecision,
                                RoutingPolicy)
 
 TOKENIZERS = ("byte",)
@@ -160,8 +160,9 @@ class RequestBlocks:
 
 
 class KvViewPolicy(RoutingPolicy):
-    """Base of the policies that route on the exact view: it follows the KV events, tokenizes, credits and debits."""
-    subscriptions = frozenset({KV_EVENTS})
+    """Base of the policies that route on the exact view: it follows the KV events, tokenizes, credits and debits, and
+    keeps its estimates beside what the workers reported (``accuracy``)."""
+    subscriptions = frozenset({KV_EVENTS, USAGE})
 
     def __init__(self, cfg=None, seed: int = 0):
         super().__init__(cfg, seed)
@@ -169,6 +170,8 @@ class KvViewPolicy(RoutingPolicy):
         if problems:
             raise ValueError(f"router={self.cfg.name}: " + "; ".join(problems))
         self.view = KvView(self.cfg.block_size)
+        # over the requests whose usage came back: prompt tokens, the estimate of their cached ones, the reported ones
+        self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "cached_tokens": 0}
 
     @staticmethod
     def _check_config(cfg: KvViewConfig) -> list[str]:
@@ -205,6 +208,12 @@ class KvViewPolicy(RoutingPolicy):
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         if decision.memo is not None and decision.memo.keys:
             self.view.debit(decision.worker, decision.memo.keys)
+        if ok and usage is not None:
+            a = self.accuracy
+            a["requests"] += 1
+            a["prompt_tokens"] += usage.prompt_tokens
+            a["estimated_tokens"] += decision.matched_chars
+            a["cached_tokens"] += usage.cached_tokens
 
     def remove_worker(self, worker: str) -> None:
         super().remove_worker(worker)
