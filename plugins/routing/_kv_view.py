@@ -33,6 +33,7 @@ class KvView:
         self.keys = BlockKeys(block_size)
         self._holders: dict[int, dict[str, int]] = {}  # block key -> {worker: events that stored it + credits}
         self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
+        self._by_events: dict[str, dict[int, int]] = {}  # worker -> our key -> events that stored it (no credits)
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0}
 
     # -- events ------------------------------------------------------------------------------------------------------
@@ -46,7 +47,7 @@ class KvView:
                 if key is None:
                     self.stats["unknown_removed"] += 1
                 else:
-                    self._drop(worker, key)
+                    self._unstore(worker, key)
                     self.stats["removed"] += 1
         elif isinstance(event, AllBlocksCleared):
             self.forget(worker)
@@ -68,17 +69,27 @@ class KvView:
             if parent is None:  # stored on a block the view never saw: unreachable from a request's first block
                 self.stats["orphans"] += len(e.block_hashes)
                 return
+        stored = self._by_events.setdefault(worker, {})
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
             if h in ext:
                 continue  # stored again without a removal in between: still one copy
             ext[h] = key
+            stored[key] = stored.get(key, 0) + 1
             self._add(worker, key)
             self.stats["stored"] += 1
 
     def forget(self, worker: str) -> None:
         """Drop what the events said of ``worker`` (its pending credits stay with their requests)."""
         for key in self._external.pop(worker, {}).values():
-            self._drop(worker, key)
+            self._unstore(worker, key)
+
+    def _unstore(self, worker: str, key: int) -> None:
+        stored = self._by_events[worker]
+        if stored[key] == 1:
+            del stored[key]
+        else:
+            stored[key] -= 1
+        self._drop(worker, key)
 
     def drop_credits(self, worker: str) -> None:
         """Drop every pending credit of ``worker`` (removed: the ends of its requests will not be reported)."""
@@ -88,7 +99,7 @@ class KvView:
                 del self._holders[key]
 
     def cached_blocks(self, worker: str) -> int:
-        return len(self._external.get(worker, ()))
+        return len(self._by_events.get(worker, ()))
 
     # -- requests ----------------------------------------------------------------------------------------------------
     def match(self, keys: Sequence[int], candidates: list[str]) -> dict[str, int]:
@@ -109,6 +120,14 @@ class KvView:
             for w in live:
                 matched[w] = depth
         return matched
+
+    def stored_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
+        """How many of the first ``upto`` of ``keys`` ``worker`` holds by its events alone (pending credits aside)."""
+        stored = self._by_events.get(worker, {})
+        n = 0
+        while n < upto and keys[n] in stored:
+            n += 1
+        return n
 
     def credit(self, worker: str, keys: Sequence[int]) -> None:
         for key in keys:
@@ -190,6 +209,11 @@ class KvViewPolicy(RoutingPolicy):
         """Prompt tokens a worker holding ``matched_blocks`` leading blocks serves from cache: SGLang and vLLM compute
         at least the last prompt token."""
         return min(matched_blocks * self.cfg.block_size, max(n_tokens - 1, 0))
+
+    def stored_estimate(self, worker: str, req: RequestBlocks, matched_blocks: int) -> int:
+        """The decision's estimate (``matched_chars``): what ``worker``'s events say it holds of the request -- the
+        exact view's figure, without the pending credits the decision also counted."""
+        return self.estimate(self.view.stored_prefix(worker, req.keys, matched_blocks), len(req.tokens))
 
     def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:
         """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them."""
