@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from framework.registry import ROUTING
 from framework.routing import RequestUsage, RequestView, RoutingDecision
-from plugins.routing._kv_view import Credit, KvViewConfig, KvViewPolicy
+from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
 
 
 @dataclass
@@ -70,7 +70,7 @@ class KvCostRouting(KvViewPolicy):
             worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
         held = self.estimate(matched[worker], n)
         credit = Credit(self.credit(worker, req, matched[worker]), n - held, -(-n // self.cfg.block_size))
-        estimate = self.stored_estimate(worker, req, matched[worker])
+        estimate = self.confirmed_estimate(worker, req, matched[worker])
         self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
         self.active_blocks[worker] = self.active_blocks.get(worker, 0) + credit.blocks
         return RoutingDecision(worker, estimate, n, "overlap" if matched[worker] else "no_overlap", memo=credit)

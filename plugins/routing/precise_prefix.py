@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from framework.registry import ROUTING
 from framework.routing import RequestView, RoutingDecision
-from plugins.routing._kv_view import Credit, KvViewConfig, KvViewPolicy
+from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
 
 MISS_POLICIES = ("least_loaded", "smallest_cache")
 
@@ -66,5 +66,5 @@ class PrecisePrefixRouting(KvViewPolicy):
                 by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        estimate = self.stored_estimate(worker, req, held)
+        estimate = self.confirmed_estimate(worker, req, held)
         return RoutingDecision(worker, estimate, n, reason, memo=Credit(self.credit(worker, req, held)))

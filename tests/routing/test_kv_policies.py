@@ -66,14 +66,21 @@ def blocks_of(tokens) -> list[tuple]:
 
 
 class Model:
-    """Each worker's blocks (as token prefixes) from events, and the requests in flight there."""
+    """Each worker's blocks (as token prefixes) from events, the requests in flight there, and the blocks of requests
+    that ended there whose events have not come yet."""
 
     def __init__(self, workers):
         self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
+        self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
 
     def holds(self, w, prefix) -> bool:
-        return prefix in self.stored[w] or any(f[0] == w and prefix in f[2] for f in self.flight)
+        return (prefix in self.stored[w] or prefix in self.recent[w]
+                or any(f[0] == w and prefix in f[2] for f in self.flight))
+
+    def confirmed(self, w, tokens, upto) -> int:
+        return next((k for k, p in enumerate(blocks_of(tokens)[:upto])
+                     if p not in self.stored[w] and p not in self.recent[w]), upto)
 
     def matched(self, w, tokens) -> int:
         k = 0
@@ -142,9 +149,8 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
             worker, reason, matched = rule(policy.cfg, model, policy.loads, tokens, cands)
             assert policy.select(text, workers=extra and sorted(extra)) == worker
             d = policy.last_decision
-            stored = next((k for k, p in enumerate(blocks_of(tokens)[:matched[worker]]) if p not in
-                           model.stored[worker]), matched[worker])  # the estimate counts what events stored only
-            assert (d.reason, d.matched_chars) == (reason, est(stored, len(arg)))
+            confirmed = model.confirmed(worker, tokens, matched[worker])  # the estimate leaves in-flight credits out
+            assert (d.reason, d.matched_chars) == (reason, est(confirmed, len(arg)))
             credited = set(blocks_of(tokens)[matched[worker]:])
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
             model.flight.append(flight)
@@ -152,6 +158,8 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
         elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
             d, flight = decisions.pop(arg % len(decisions))
             model.flight.remove(flight)
+            if extra:  # served: its blocks stay credited until the worker's event for each comes
+                model.recent[d.worker] += [p for p in flight[2] if p not in model.stored[d.worker]]
             policy.on_request_done(d.worker, d, ok=extra)
         elif op == "store":  # the worker's cache stored these blocks (chained on what it already had)
             tokens = [97 + t for t in arg]
@@ -163,7 +171,10 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
                 policy.on_worker_event(extra, BlockStored(tuple(hashes[have:]), hashes[have - 1] if have else None,
                                                           tuple(tokens[have * B:len(hashes) * B]), B))
                 for k in range(have, len(hashes)):
-                    model.stored[extra][tuple(tokens[:(k + 1) * B])] = hashes[k]
+                    prefix = tuple(tokens[:(k + 1) * B])
+                    model.stored[extra][prefix] = hashes[k]
+                    if prefix in model.recent[extra]:  # the event an ended request waited for
+                        model.recent[extra].remove(prefix)
         elif op == "evict" and model.stored[extra]:  # one block and every block after it
             prefixes = sorted(model.stored[extra])
             gone = prefixes[arg % len(prefixes)]
@@ -172,6 +183,7 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
         elif op == "clear":
             policy.on_worker_event(extra, AllBlocksCleared())
             model.stored[extra].clear()
+            model.recent[extra].clear()
 
 
 def test_block_size_mismatch_names_both_sizes():
@@ -189,9 +201,25 @@ def test_pending_credit_keeps_a_new_prefix_together_until_its_events_arrive():
         policy.on_request_done(first, policy.last_decision)
 
 
+def test_recent_credits_wait_for_their_event_or_lapse():
+    policy = make("precise_prefix", confirm_s=2.0)
+    now = [0.0]
+    policy.clock = lambda: now[0]
+    text = "a brand new prefix of 32 tokens, then more"
+    w = policy.select(text)
+    policy.on_request_done(w, policy.last_decision)  # ended: no event yet, its blocks are still counted
+    assert policy.select(text) == w and policy.last_decision.matched_chars == len(text) // B * B
+    policy.on_request_done(w, policy.last_decision)
+    now[0] = 5.0
+    policy.maintain(now[0])  # no event within confirm_s: the credits lapse
+    assert policy.view._holders == {} and policy.view.stats["lapsed"] > 0
+
+
 def test_removed_worker_leaves_no_credit_behind():
     policy = make("kv_cost")
     w = policy.select("some prompt text")
+    policy.on_request_done(w, policy.last_decision)
+    w = policy.select("some other prompt text")
     policy.remove_worker(w)
     assert all(w not in held for held in policy.view._holders.values())
     assert w not in policy.active_blocks
