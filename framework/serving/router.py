@@ -282,7 +282,7 @@ class Router(RouterControl):
         w.end()
         if self._is_current(w):  # a worker removed and added again since is another worker: leave it alone
             self.policy.on_request_done(w.url, att.decision, att.served, att.usage)
-        if att.served and att.verdict == "ok":  # answered to the end: its estimated cache hit counts
+        if att.served:  # the worker answered (and so prefilled the prompt): its estimated cache hit counts
             self.stats.served(att.decision, att.usage)
         if att.verdict == "ok":
             w.breaker.record_success()
@@ -323,9 +323,9 @@ class Router(RouterControl):
             await resp.prepare(request)
             call.answered = True
             while chunk:
-                await resp.write(chunk)
                 if tail is not None:
                     tail = (tail + chunk)[-USAGE_TAIL:]
+                await resp.write(chunk)
                 try:
                     with self._timer(*self._deadline(call)):
                         chunk = await up.content.readany()
@@ -337,8 +337,6 @@ class Router(RouterControl):
                     await resp.write_eof()
                     return resp
             att.verdict = "ok"
-            if tail:
-                att.usage = parse_usage(tail)
             await resp.write_eof()
         except ConnectionResetError:
             att.outcome = "client_disconnect"
@@ -346,6 +344,9 @@ class Router(RouterControl):
         except asyncio.CancelledError:
             up.close()
             raise
+        finally:
+            if tail:  # a client may hang up once it has the last event: the usage is read all the same
+                att.usage = parse_usage(tail)
         return resp
 
 
