@@ -109,7 +109,9 @@ class RouterControl:
         return metrics_response(self.registry)
 
     async def handle_router_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.stats.snapshot(self.workers.values()), "kv_events": self.events.stats()})
+        accuracy = getattr(self.policy, "accuracy", None)  # a policy's own account of its estimates, when it keeps one
+        return web.json_response({**self.stats.snapshot(self.workers.values()), "kv_events": self.events.stats(),
+                                  **({"policy_accuracy": dict(accuracy)} if accuracy else {})})
 
     async def handle_reset_router_stats(self, request: web.Request) -> web.Response:
         self.stats.reset()

@@ -31,6 +31,7 @@ class Credit(NamedTuple):
     keys: tuple[int, ...]    # blocks credited to the worker
     prefill_tokens: int = 0  # tokens it has to prefill there (kv_cost)
     blocks: int = 0          # blocks it occupies there (kv_cost)
+    confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
 
 
 class RequestBlocks:
@@ -50,8 +51,10 @@ class KvViewPolicy(RoutingPolicy):
         if problems:
             raise ValueError(f"router={self.cfg.name}: " + "; ".join(problems))
         self.view = KvView(self.cfg.block_size, self.cfg.confirm_s)
-        # over the requests whose usage came back: prompt tokens, the estimate of their cached ones, the reported ones
-        self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "cached_tokens": 0}
+        # over the requests whose usage came back: prompt tokens, the estimate of their cached ones (with and without
+        # the in-flight credits), and what the workers reported
+        self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "confirmed_tokens": 0,
+                         "cached_tokens": 0}
 
     @staticmethod
     def _check_config(cfg: KvViewConfig) -> list[str]:
@@ -73,10 +76,15 @@ class KvViewPolicy(RoutingPolicy):
         at least the last prompt token."""
         return min(matched_blocks * self.cfg.block_size, max(n_tokens - 1, 0))
 
-    def confirmed_estimate(self, worker: str, req: RequestBlocks, matched_blocks: int) -> int:
-        """The decision's estimate (``matched_chars``): what ``worker`` holds of the request by its events and the
-        requests that ended there, without the credits of the requests still in flight."""
-        return self.estimate(self.view.confirmed_prefix(worker, req.keys, matched_blocks), len(req.tokens))
+    def decision(self, worker: str, req: RequestBlocks, matched_blocks: int, reason: str,
+                 credit: "Credit") -> RoutingDecision:
+        """The decision, with its estimate (``matched_chars``): the prompt tokens ``worker`` will serve from cache by
+        the view -- stored, recently ended and in flight: a request queued behind another with its prefix finds that
+        prefix prefilled. The memo keeps the estimate without the in-flight credits too (``accuracy``)."""
+        n = len(req.tokens)
+        confirmed = self.estimate(self.view.confirmed_prefix(worker, req.keys, matched_blocks), n)
+        return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason,
+                               memo=credit._replace(confirmed_tokens=confirmed))
 
     def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:
         """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them."""
@@ -107,6 +115,7 @@ class KvViewPolicy(RoutingPolicy):
             a["requests"] += 1
             a["prompt_tokens"] += usage.prompt_tokens
             a["estimated_tokens"] += decision.matched_chars
+            a["confirmed_tokens"] += decision.memo.confirmed_tokens
             a["cached_tokens"] += usage.cached_tokens
 
     def remove_worker(self, worker: str) -> None:

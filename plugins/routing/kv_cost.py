@@ -70,10 +70,9 @@ class KvCostRouting(KvViewPolicy):
             worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
         held = self.estimate(matched[worker], n)
         credit = Credit(self.credit(worker, req, matched[worker]), n - held, -(-n // self.cfg.block_size))
-        estimate = self.confirmed_estimate(worker, req, matched[worker])
         self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
         self.active_blocks[worker] = self.active_blocks.get(worker, 0) + credit.blocks
-        return RoutingDecision(worker, estimate, n, "overlap" if matched[worker] else "no_overlap", memo=credit)
+        return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap", credit)
 
     def _sample(self, cost: dict[str, float], candidates: list[str]) -> str:
         lo, hi = min(cost.values()), max(cost.values())

@@ -9,8 +9,8 @@ rules of SGLang's cache-aware router.
    the first added);
 3. else the least-loaded candidate (``miss_policy=least_loaded``), or the one holding the fewest blocks
    (``smallest_cache``, the exact twin of v0.4's smallest tree) ("cache_miss").
-The estimate (``matched_chars``, in tokens) is what the chosen worker's events say it holds of the prompt (pending
-credits aside), at most all but its last token, which an engine always computes.
+The estimate (``matched_chars``, in tokens) is what the chosen worker holds of the prompt in the view, at most all
+but its last token, which an engine always computes.
 """
 from __future__ import annotations
 
@@ -66,5 +66,4 @@ class PrecisePrefixRouting(KvViewPolicy):
                 by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        estimate = self.confirmed_estimate(worker, req, held)
-        return RoutingDecision(worker, estimate, n, reason, memo=Credit(self.credit(worker, req, held)))
+        return self.decision(worker, req, held, reason, Credit(self.credit(worker, req, held)))

@@ -149,8 +149,9 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
             worker, reason, matched = rule(policy.cfg, model, policy.loads, tokens, cands)
             assert policy.select(text, workers=extra and sorted(extra)) == worker
             d = policy.last_decision
-            confirmed = model.confirmed(worker, tokens, matched[worker])  # the estimate leaves in-flight credits out
-            assert (d.reason, d.matched_chars) == (reason, est(confirmed, len(arg)))
+            assert (d.reason, d.matched_chars) == (reason, est(matched[worker], len(arg)))
+            confirmed = model.confirmed(worker, tokens, matched[worker])  # without the in-flight credits
+            assert d.memo.confirmed_tokens == est(confirmed, len(arg))
             credited = set(blocks_of(tokens)[matched[worker]:])
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
             model.flight.append(flight)
