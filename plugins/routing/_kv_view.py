@@ -112,20 +112,28 @@ class KvView:
     def match(self, keys: Sequence[int], candidates: list[str]) -> dict[str, int]:
         """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent)."""
         matched = dict.fromkeys(candidates, 0)
-        live = list(candidates)
+        live = candidates
         holders = self._holders
         depth = 0
         for key in keys:
             held = holders.get(key)
             if held is None:
                 break
-            if len(held) < len(live) or not all(w in held for w in live):
-                live = [w for w in live if w in held]
-                if not live:
+            if len(live) == 1:  # the common case past the first blocks: one worker holds the session's history
+                if live[0] not in held:
                     break
+            else:
+                still = [w for w in live if w in held]
+                if len(still) < len(live):
+                    for w in live:
+                        if w not in held:
+                            matched[w] = depth
+                    if not still:
+                        return matched
+                    live = still
             depth += 1
-            for w in live:
-                matched[w] = depth
+        for w in live:
+            matched[w] = depth
         return matched
 
     def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:

@@ -9,11 +9,15 @@ rules of SGLang's cache-aware router.
    the first added);
 3. else the least-loaded candidate (``miss_policy=least_loaded``), or the one holding the fewest blocks
    (``smallest_cache``, the exact twin of v0.4's smallest tree) ("cache_miss").
+With ``load_factor`` > 0 (servelab's, off by default), steps 2 and 3 choose only among the candidates whose requests in
+flight are below ``ceil(load_factor * (in flight over the candidates + 1) / candidates)``, the bound of consistent
+hashing with bounded loads: a hot prefix spills onto the next best worker instead of queueing on one.
 The estimate (``matched_chars``, in tokens) is what the chosen worker holds of the prompt in the view, at most all
 but its last token, which an engine always computes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
@@ -30,6 +34,7 @@ class PrecisePrefixConfig(KvViewConfig):
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
     miss_policy: str = "least_loaded"  # least_loaded | smallest_cache
+    load_factor: float = 0.0  # > 0: no worker past load_factor x the mean in-flight count (+1) takes more (servelab's)
 
 
 @ROUTING.register("precise_prefix")
@@ -44,6 +49,8 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append(f"cache_threshold={cfg.cache_threshold} must be in [0, 1]")
         if cfg.balance_abs_threshold < 0 or cfg.balance_rel_threshold < 0:
             problems.append("balance_abs_threshold and balance_rel_threshold must be >= 0")
+        if cfg.load_factor and cfg.load_factor < 1:
+            problems.append(f"load_factor={cfg.load_factor} must be 0 (off) or >= 1")
         if cfg.miss_policy not in MISS_POLICIES:
             problems.append(f"miss_policy={cfg.miss_policy!r} is not one of {MISS_POLICIES}")
         return problems
@@ -58,7 +65,10 @@ class PrecisePrefixRouting(KvViewPolicy):
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             worker, reason = min(candidates, key=loads.__getitem__), "balance"
         else:
-            best = max(matched.values())
+            if cfg.load_factor:
+                cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in candidates) + 1) / len(candidates))
+                candidates = [w for w in candidates if loads[w] < cap]
+            best = max(matched[w] for w in candidates)
             if n and self.estimate(best, n) / n > cfg.cache_threshold:
                 worker = min((w for w in candidates if matched[w] == best), key=loads.__getitem__)
                 reason = "cache_hit"

@@ -101,7 +101,10 @@ def precise_rule(cfg, model, loads, tokens, cands):
     hi, lo = max(loads[w] for w in cands), min(loads[w] for w in cands)
     if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
         return min(cands, key=loads.get), "balance", matched
-    best = max(matched.values())
+    if cfg.load_factor:
+        cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in cands) + 1) / len(cands))
+        cands = [w for w in cands if loads[w] < cap]
+    best = max(matched[w] for w in cands)
     if n and est(best, n) / n > cfg.cache_threshold:
         return min((w for w in cands if matched[w] == best), key=loads.get), "cache_hit", matched
     if cfg.miss_policy == "least_loaded":
@@ -134,7 +137,8 @@ steps = st.lists(st.one_of(
        st.sampled_from(["least_loaded", "smallest_cache"]), steps)
 def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
     if key == "precise_prefix":
-        policy = make(key, cache_threshold=threshold, balance_abs_threshold=gap, miss_policy=miss)
+        policy = make(key, cache_threshold=threshold, balance_abs_threshold=gap, miss_policy=miss,
+                      load_factor=0.0 if gap else 1.25)
         rule = precise_rule
     else:
         policy = make(key, overlap_score_weight=threshold * 3)
