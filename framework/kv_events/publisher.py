@@ -7,6 +7,10 @@ gets ``[b"", seq, payload]`` for every kept batch from ``start_seq`` on, then ``
 
 Events are queued by the cache (any thread) and sent by the publisher's own thread, which takes whatever has queued
 since its last send as one batch: one message per engine step under load, one per event when idle.
+
+A subscriber that joins late needs every batch since the cache was last empty: servelab's publisher says which batch
+that is (``info["cleared_seq"]``: the last batch with ``AllBlocksCleared``, 0 at start), so a router that starts in
+front of a long-running worker replays from there rather than from 0 (vLLM's publisher has no such field: from 0).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from collections import deque
 
 import zmq
 
-from framework.kv_events.events import KVEvent, KVEventBatch, encode_batch
+from framework.kv_events.events import AllBlocksCleared, KVEvent, KVEventBatch, encode_batch
 
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -39,6 +43,7 @@ class ZmqEventPublisher:
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.SNDHWM, 0)  # a replay goes out whole (a ROUTER drops past its high-water mark)
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.topic = topic.encode()
@@ -46,6 +51,10 @@ class ZmqEventPublisher:
         self._queue: queue.SimpleQueue[KVEvent | None] = queue.SimpleQueue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
+        # where a subscriber joining now can start: the last batch that cleared the cache (0: it started empty).
+        # servelab's addition to the protocol, advertised in /get_server_info (``info``, updated in place).
+        self.info = {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "topic": topic,
+                     "cleared_seq": 0}
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
@@ -95,6 +104,8 @@ class ZmqEventPublisher:
         except zmq.ZMQError:  # a dead context at exit; subscribers resync from the sequence gap
             log.exception("kv events: sending batch %d failed", seq)
         self._buffer.append((seq, payload))
+        if any(isinstance(e, AllBlocksCleared) for e in events):
+            self.info["cleared_seq"] = seq
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

@@ -3,8 +3,8 @@ sequence says something was lost.
 
 For each message ``[topic, seq, payload]``:
 - the next ``seq``: decoded and handed to ``on_batch``;
-- a gap (``seq`` past the next one, or a first message past 0: the subscriber joined late): the missing batches are
-  asked from the worker's replay socket; when it still holds all of them they are handed on first, else the view of
+- a gap (``seq`` past the next one, or a first message past ``start_seq``: the subscriber joined late): the missing
+  batches are asked from the worker's replay socket; when it still holds all of them they are handed on first, else the view of
   that worker is void (``on_resync``: the caller drops it) and the stream goes on from ``seq``;
 - ``seq`` below the last one: the publisher restarted (its counter starts at 0) and its cache with it: ``on_resync``,
   then the same as a first message;
@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 class KvEventSubscriber:
     def __init__(self, endpoint: str, replay_endpoint: str | None, on_batch: Callable[[KVEventBatch], None],
                  on_resync: Callable[[str], None], topic: str = "", replay_timeout_s: float = 1.0,
-                 name: str = ""):
+                 name: str = "", start_seq: int = 0):
+        """``start_seq``: the first batch a view needs (the publisher's last clear, when it says; else 0)."""
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic.encode()
+        self.start_seq = start_seq
         self.on_batch, self.on_resync = on_batch, on_resync
         self.replay_timeout_s = replay_timeout_s
         self.name = name or endpoint
@@ -63,8 +65,8 @@ class KvEventSubscriber:
         if last is not None and seq < last:
             self.stats["restarts"] += 1
             self._resync(f"sequence went back from {last} to {seq}: the worker restarted")
-            last = None
-        expected = 0 if last is None else last + 1
+            last, self.start_seq = None, 0  # a new publisher, a cache that started empty
+        expected = self.start_seq if last is None else last + 1
         if seq > expected:
             missed = await self._replay(expected, seq)
             if missed is None:
@@ -98,6 +100,7 @@ class KvEventSubscriber:
             return None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
         sock.connect(self.replay_endpoint)
         got: dict[int, bytes] = {}
         try:

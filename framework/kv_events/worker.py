@@ -15,5 +15,5 @@ def publish_cache_events(engine_client, host: str, block_size: int) -> tuple[Zmq
                          "instance's caches live in its rank processes")
     publisher = ZmqEventPublisher(f"tcp://{host}:*", f"tcp://{host}:*")
     engine.scheduler.cache.observer = CacheEventEmitter(block_size, publisher.publish)
-    return publisher, {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint,
-                       "block_size": block_size, "topic": ""}
+    publisher.info["block_size"] = block_size
+    return publisher, publisher.info  # the same dict: its cleared_seq stays current

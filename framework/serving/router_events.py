@@ -6,7 +6,8 @@ request's usage. The router service owns the I/O; the policy gets plain calls (`
   worker, started once the worker passes a health check. The endpoint is what the worker advertises in
   ``/get_server_info`` (``kv_events.endpoint`` and ``kv_events.replay_endpoint``: servelab's workers), else
   ``tcp://<worker host>:<router.kv_events_port>`` (vLLM's convention: ``--kv-events-config`` publishes on
-  ``tcp://*:5557``; its replay socket on ``router.kv_events_replay_port`` when one is set). A resync (lost batches, a
+  ``tcp://*:5557``; its replay socket on ``router.kv_events_replay_port`` when one is set). A router that joins late
+  replays from the worker's last cache clear (``kv_events.cleared_seq``; else from 0). A resync (lost batches, a
   restarted worker) drops the policy's view of that worker (``reset_worker``).
 - Load reports (``LOAD``): ``GET /get_load`` (SGLang's: one object per DP rank with ``num_reqs``,
   ``num_waiting_reqs``, ``num_tokens``) on every healthy worker every ``router.load_poll_interval_s``.
@@ -87,7 +88,7 @@ class WorkerEvents:
 
     async def _subscribe(self, url: str) -> None:
         try:
-            endpoint, replay = await self._endpoints(url)
+            endpoint, replay, start = await self._endpoints(url)
             if endpoint is None:
                 log.warning("worker %s advertises no KV events and router.kv_events_port is not set: the policy "
                             "sees nothing of its cache", url)
@@ -96,12 +97,13 @@ class WorkerEvents:
             if w is None:
                 return
             sub = KvEventSubscriber(endpoint, replay, lambda batch: self._deliver(w, batch),
-                                    lambda why: self._resync(w), name=url)
+                                    lambda why: self._resync(w), name=url, start_seq=start)
             self.subscribers[url] = (sub, asyncio.create_task(sub.run()))
         finally:
             self._pending.discard(url)
 
-    async def _endpoints(self, url: str) -> tuple[str | None, str | None]:
+    async def _endpoints(self, url: str) -> tuple[str | None, str | None, int]:
+        """(event endpoint, replay endpoint, the first batch the view needs) of a worker."""
         cfg = self.router.cfg
         try:
             async with self.router.session.get(url + "/get_server_info", timeout=self.router._control_timeout) as r:
@@ -110,12 +112,12 @@ class WorkerEvents:
             info = {}
         kv = info.get("kv_events") if isinstance(info, dict) else None
         if isinstance(kv, dict) and kv.get("endpoint"):
-            return kv["endpoint"], kv.get("replay_endpoint")
+            return kv["endpoint"], kv.get("replay_endpoint"), int(kv.get("cleared_seq", 0))
         if cfg.kv_events_port:
             host = urlsplit(url).hostname
             replay = f"tcp://{host}:{cfg.kv_events_replay_port}" if cfg.kv_events_replay_port else None
-            return f"tcp://{host}:{cfg.kv_events_port}", replay
-        return None, None
+            return f"tcp://{host}:{cfg.kv_events_port}", replay, 0
+        return None, None, 0
 
     def _deliver(self, w, batch) -> None:
         if not self.router._is_current(w):

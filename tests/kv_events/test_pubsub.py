@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from framework.kv_events.events import BlockRemoved, KVEventBatch, encode_batch
+from framework.kv_events.events import AllBlocksCleared, BlockRemoved, KVEventBatch, encode_batch
 from framework.kv_events.publisher import ZmqEventPublisher
 from framework.kv_events.subscriber import KvEventSubscriber
 
@@ -16,9 +16,11 @@ class Sink:
     def __init__(self):
         self.hashes: list[int] = []
         self.resyncs: list[str] = []
+        self.cleared = 0
 
     def batch(self, batch):
-        self.hashes += [h for e in batch.events for h in e.block_hashes]
+        self.hashes += [h for e in batch.events if not isinstance(e, AllBlocksCleared) for h in e.block_hashes]
+        self.cleared += sum(isinstance(e, AllBlocksCleared) for e in batch.events)
 
     def resync(self, why):
         self.resyncs.append(why)
@@ -91,4 +93,26 @@ def test_no_replay_socket_means_resync():
         await sub.accept(0, payload(1))
         await sub.accept(3, payload(4))
         assert sink.hashes == [1, 4] and len(sink.resyncs) == 1 and "1..2 were lost" in sink.resyncs[0]
+    asyncio.run(main())
+
+
+def test_a_late_subscriber_replays_from_the_last_clear():
+    async def main():
+        pub = ZmqEventPublisher(buffer_steps=4)
+        try:
+            for h in range(6):
+                pub.publish(BlockRemoved((h,)))
+                await asyncio.sleep(0.005)
+            pub.publish(AllBlocksCleared())
+            await asyncio.sleep(0.05)
+            pub.publish(BlockRemoved((7,)))
+            await asyncio.sleep(0.1)  # seq 0..7 sent, 6 cleared; the buffer holds 4..7
+            assert pub.info["cleared_seq"] == 6
+            sink = Sink()
+            sub = KvEventSubscriber(pub.endpoint, pub.replay_endpoint, sink.batch, sink.resync,
+                                    start_seq=pub.info["cleared_seq"])
+            await sub.accept(8, payload(8))  # from the clear on, all replayable: no resync
+            assert not sink.resyncs and sink.hashes == [7, 8] and sink.cleared == 1
+        finally:
+            pub.close()
     asyncio.run(main())
