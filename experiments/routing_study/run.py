@@ -134,6 +134,7 @@ def main() -> None:
                                                                                       contenders}, "common": extra},
            "rows": rows, "goals": goals, "plots": plots, "trials": [t for rs in trials.values() for t in rs]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (args.out / "table.md").write_text(markdown(rows) + "\n".join(goals["lines"]) + "\n")
     print(f"results: {args.out / 'results.json'}  plots: {', '.join(Path(p).name for p in plots)}  "
           f"({out['wall_s']:.0f} s)")
     if any(r["requests_failed"] for r in rows):
@@ -185,6 +186,25 @@ def goal_check(rows: list[dict]) -> dict:
                      f"{', '.join(winners) or ('none' if ref else 'no SGLang row')}; exact view |estimate - measured|: "
                      + ", ".join(f"{c} {e:.4f}" for c, e in exact.items()))
     return {"per_workload": per, "lines": lines}
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table for docs/routing.md and experiments/README.md (one per workload)."""
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == w]
+        out += [f"**{w}** (ceiling {mine[0]['ceiling_hit_rate']:.3f})", "",
+                "| router | hit rate | router est. | est. - hit | out tok/s | TTFT p50 ms | TTFT p99 ms | imbalance | "
+                "router CPU us/req |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in mine:
+            est = r["router_estimated_hit_rate"]
+            known = est == est and est > 0  # SGLang's router and the policies that keep no view give none
+            est_cols = f"{est:.3f} | {est - r['cache_hit_rate']:+.3f}" if known else " | "
+            out.append(f"| {r['contender']} | {r['cache_hit_rate']:.3f} | {est_cols} | "
+                       f"{r['output_throughput_tok_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | "
+                       f"{r['load_imbalance']:.2f} | {r['router_cpu_us_per_req']:.0f} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def table(rows: list[dict]) -> str:
