@@ -2,6 +2,7 @@
 backends share."""
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable
@@ -49,9 +50,23 @@ class MoEBackend(ABC):
         """(token_layout, partial) of this backend with `cfg` on `size` ranks. A partial sum needs size > 1."""
         return cls.token_layout, cls.partial and size > 1
 
+    @classmethod
+    def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
+        """Bytes of the routed experts (every MoE layer's) that `rank` of `size` holds; the base: all of them."""
+        return routed_expert_bytes(model_cfg)
+
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] in `token_layout`, topk_ids/topk_weights [T, k] -> routed output [T, H]."""
+
+
+def routed_expert_bytes(model_cfg, experts: int | None = None, intermediate: int | None = None) -> int:
+    """Bytes of `experts` routed experts (default all) of `intermediate` width (default the model's) over every MoE
+    layer: gate, up and down projections."""
+    c = model_cfg
+    experts = c.n_routed_experts if experts is None else experts
+    intermediate = c.moe_intermediate_size if intermediate is None else intermediate
+    return (c.num_layers - c.first_k_dense_replace) * experts * 3 * c.hidden_size * intermediate * c.itemsize
 
 
 def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[..., torch.Tensor], str]:
@@ -76,3 +91,22 @@ def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[...
         raise ValueError("moe.kernel=triton needs a CUDA device, or TRITON_INTERPRET=1 set before kernels.fused_moe "
                          "is imported (slow: for tests); use moe.kernel=auto or torch on a CPU")
     return fm.fused_moe_triton, device_name
+
+
+def count_host_syncs(fn: Callable[[], object]) -> int:
+    """How many times ``fn()`` makes the host wait for the GPU (``.item()``, ``.tolist()``, ``nonzero``, a copy to
+    the CPU, a copy from pageable host memory, ...), counted by torch's CUDA sync debug mode. Each one stalls the
+    step and rules out CUDA-graph capture: triton_fused makes none; ep's all-to-all needs its split sizes on the host
+    (all_to_all_single takes them as ints), so it reads its send counts back and exchanges counts each layer. CUDA
+    only: on a CPU nothing syncs."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("count_host_syncs needs CUDA (it uses torch.cuda.set_sync_debug_mode)")
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing CUDA operation" in str(w.message) for w in caught)

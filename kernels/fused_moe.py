@@ -23,26 +23,29 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels.moe_align import moe_align_block_size
+from kernels.moe_align import check_expert_ids, moe_align_block_size
 from kernels.tuning import get_config, validate_config
 
 
 @triton.jit
 def fused_moe_kernel(
-    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-    N, K, num_tokens_post_padded, num_valid_slots,
+    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    N, K, EM, num_valid_slots,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, FP32_IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """C[slot, :] = A[slot // TOP_K, :] @ B[expert(slot)].T (* topk_weight[slot]) for every slot in the sorted list.
 
-    A: [rows, K]; B: [E, N, K]; C: [num_valid_slots, N]; sorted_token_ids/expert_ids from moe_align_block_size with
-    block_size == BLOCK_SIZE_M (each M-block is one expert). Sentinel slots (>= num_valid_slots) are masked out.
+    A: [rows, K]; B: [E, N, K]; C: [num_valid_slots, N]; sorted_token_ids [EM], expert_ids and the 1-element
+    num_tokens_post_padded from moe_align_block_size with block_size == BLOCK_SIZE_M (each M-block is one expert).
+    The grid covers the worst case EM; blocks past the padded end return at once, so no size is read on the host.
+    Sentinel slots (>= num_valid_slots) are masked out.
     """
     # Grouped ordering: GROUP_SIZE_M consecutive M-blocks sweep the N-blocks together so B tiles stay in L2.
     pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(num_tokens_post_padded, BLOCK_SIZE_M)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
     group_id = pid // num_pid_in_group
@@ -50,6 +53,8 @@ def fused_moe_kernel(
     group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+        return
 
     offs_token_id = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_token = tl.load(sorted_token_ids_ptr + offs_token_id).to(tl.int64)
@@ -64,9 +69,13 @@ def fused_moe_kernel(
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_SIZE_K):
-        k_mask = offs_k < K - k_start
-        a = tl.load(a_ptrs, mask=token_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if EVEN_K:   # no mask along K: the weight loads stay full-width vectors
+            a = tl.load(a_ptrs, mask=token_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k < K - k_start
+            a = tl.load(a_ptrs, mask=token_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if FP32_IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -80,6 +89,18 @@ def fused_moe_kernel(
 
     c_ptrs = c_ptr + offs_token[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def silu_and_mul_kernel(x_ptr, out_ptr, I, stride_xm, stride_om, BLOCK: tl.constexpr):
+    """out[row, :] = silu(x[row, :I]) * x[row, I:2I], in fp32, rounded once (SGLang's silu_and_mul)."""
+    row = tl.program_id(axis=0).to(tl.int64)
+    offs = tl.program_id(axis=1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_xm + I + offs, mask=mask, other=0.0).to(tl.float32)
+    out = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + row * stride_om + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def to_local_expert_ids(topk_ids: torch.Tensor, expert_offset: int | None, num_local_experts: int) -> torch.Tensor:
@@ -112,28 +133,56 @@ def _check_inputs(hidden, w13, w2, topk_ids, topk_weights) -> tuple[int, int, in
     return T, H, E, I, topk_ids.shape[1]
 
 
-def _grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, padded, top_k, mul_weight, config) -> None:
-    """Launch fused_moe_kernel: c[slot] = a[slot // top_k] @ b[expert].T (* weight[slot])."""
-    N, K = b.shape[1], b.shape[2]
-    grid = (triton.cdiv(padded, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
+def _grouped_gemm(a, b, c, weights, aligned, top_k, mul_weight, config) -> None:
+    """Launch fused_moe_kernel: c[slot] = a[slot // top_k] @ b[expert].T (* weight[slot]); the grid is sized from
+    the worst-case padded length (a shape), never from the routing."""
+    sorted_ids, expert_ids, num_tokens_post_padded = aligned
+    N, K, EM = b.shape[1], b.shape[2], sorted_ids.shape[0]
+    grid = (triton.cdiv(EM, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
     fused_moe_kernel[grid](
-        a, b, c, weights, sorted_ids, expert_ids,
-        N, K, padded, c.shape[0],
+        a, b, c, weights, sorted_ids, expert_ids, num_tokens_post_padded,
+        N, K, EM, c.shape[0],
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], TOP_K=top_k, MUL_ROUTED_WEIGHT=mul_weight,
-        FP32_IEEE=a.dtype == torch.float32,
+        FP32_IEEE=a.dtype == torch.float32, EVEN_K=K % config["BLOCK_SIZE_K"] == 0,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate_up[:, :I]) * gate_up[:, I:]`` in one launch."""
+    rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty((rows, inter))
+    block = min(1024, triton.next_power_of_2(inter))
+    silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, gate_up.stride(0), out.stride(0),
+                                                           BLOCK=block)
+    return out
+
+
+def expert_gemms(
+    hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+    aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], top_k: int, config: dict, apply_router_weight: bool,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """The launches that read expert weights: gate/up GEMM into ``[T*k, 2I]``, SiLU-and-mul, down GEMM into
+    ``out [T*k, H]`` (router weight applied there; rows of slots that no local expert owns are left as they were).
+    ``weights``: the router weights flattened to fp32 ``[T*k]``; ``aligned``: moe_align_block_size's output with
+    ``config["BLOCK_SIZE_M"]``. Benchmarks time this alone, with routing and alignment done once beforehand."""
+    gate_up = hidden.new_empty((out.shape[0], w13.shape[1]))
+    _grouped_gemm(hidden, w13, gate_up, weights, aligned, top_k, False, config)
+    _grouped_gemm(silu_and_mul(gate_up), w2, out, weights, aligned, 1, apply_router_weight, config)
+    return out
 
 
 def fused_moe_triton(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     *, config: dict | None = None, apply_router_weight: bool = True, expert_offset: int | None = None,
-    device_name: str = "cpu",
+    device_name: str = "cpu", check: bool = False,
 ) -> torch.Tensor:
-    """The MoE layer (module docstring) with two launches of ``fused_moe_kernel``: gate/up GEMM into
-    ``[T*k, 2I]``, SiLU(gate) * up, down GEMM into ``[T*k, H]`` (router weight applied there), sum over the k slots.
+    """The MoE layer (module docstring): moe_align_block_size, then ``expert_gemms``, then the sum over the k slots.
+    No device value is read on the host (``check=True`` adds a range check of the ids, which does), so on a GPU the
+    call can be captured into a CUDA graph.
 
     config: launch settings (see kernels.tuning); None -> ``get_config(E, I, device_name, T, dtype)``, where
     device_name is the caller's ``torch.cuda.get_device_name()``. Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1
@@ -157,33 +206,27 @@ def fused_moe_triton(
     config = validate_config(config)
 
     local_ids = to_local_expert_ids(topk_ids, expert_offset, E)
-    sorted_ids, expert_ids, padded = moe_align_block_size(local_ids, config["BLOCK_SIZE_M"], E)
+    aligned = moe_align_block_size(local_ids, config["BLOCK_SIZE_M"], E, check=check)
     out_slots = hidden.new_zeros((T * top_k, H))  # zeros: slots of non-local experts are never written
-    if padded == 0:
-        return out_slots.view(T, top_k, H).sum(dim=1)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-
-    gate_up = hidden.new_empty((T * top_k, 2 * I))
-    _grouped_gemm(hidden, w13, gate_up, weights, sorted_ids, expert_ids, padded, top_k, False, config)
-    act = F.silu(gate_up[:, :I]) * gate_up[:, I:]
-    _grouped_gemm(act, w2, out_slots, weights, sorted_ids, expert_ids, padded, 1, apply_router_weight, config)
+    expert_gemms(hidden, w13, w2, weights, aligned, top_k, config, apply_router_weight, out_slots)
     return out_slots.view(T, top_k, H).sum(dim=1)
 
 
 def fused_moe_torch(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     *, config: dict | None = None, apply_router_weight: bool = True, expert_offset: int | None = None,
-    device_name: str = "cpu",
+    device_name: str = "cpu", check: bool = False,
 ) -> torch.Tensor:
-    """The torch twin of fused_moe_triton (same signature; config and device_name are accepted and unused): slots
-    grouped by expert, two matmuls per non-empty expert, results index_add'ed into an fp32 ``[T, H]``."""
+    """The torch twin of fused_moe_triton (same signature; config, device_name and check are accepted and unused:
+    it always checks the ids): slots grouped by expert, two matmuls per non-empty expert, results index_add'ed into
+    an fp32 ``[T, H]``. It sizes its per-expert matmuls on the host, so it syncs (the check, the per-expert counts):
+    the CPU path, where a sync costs nothing."""
     T, H, E, I, top_k = _check_inputs(hidden, w13, w2, topk_ids, topk_weights)
     if T == 0:
         return hidden.new_empty((0, H))
     flat_ids = to_local_expert_ids(topk_ids, expert_offset, E).reshape(-1).long()
-    if flat_ids.numel() and (int(flat_ids.min()) < -1 or int(flat_ids.max()) >= E):
-        raise ValueError(f"topk_ids must lie in [0, {E}) or be -1 (non-local expert); "
-                         f"got min {int(flat_ids.min())}, max {int(flat_ids.max())}")
+    check_expert_ids(flat_ids, E)
     valid_slots = torch.nonzero(flat_ids >= 0).squeeze(1)
     experts = flat_ids[valid_slots]
     slots_by_expert = valid_slots[torch.argsort(experts, stable=True)]
@@ -206,9 +249,10 @@ def fused_moe_torch(
 def fused_moe_reference(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     *, config: dict | None = None, apply_router_weight: bool = True, expert_offset: int | None = None,
-    device_name: str = "cpu",
+    device_name: str = "cpu", check: bool = False,
 ) -> torch.Tensor:
-    """The oracle: for every expert and every choice column, run the expert on the tokens that picked it, in fp32."""
+    """The oracle: for every expert and every choice column, run the expert on the tokens that picked it, in fp32.
+    (config, device_name and check are accepted for the shared signature and unused.)"""
     T, H, E, I, top_k = _check_inputs(hidden, w13, w2, topk_ids, topk_weights)
     local_ids = to_local_expert_ids(topk_ids, expert_offset, E)
     x = hidden.float()

@@ -9,9 +9,14 @@ Shared experts are left out (the same work for every backend).
 
 Shapes: the default tiny model's layer (8 experts, top-2, hidden 128, intermediate 64, group-limited v2 gating) and a
 DeepSeek-V2-Lite-like layer (64 experts, top-6, hidden 2048, intermediate 1408) with hidden and intermediate divided
-by --v2lite-scale (4 by default: fits a 2-core CPU in minutes). On CUDA the fused kernel's achieved weight bandwidth
-at decode sizes (<= 64 tokens) is recorded against --peak-gbs (H200: 4800 GB/s); size 2 needs two GPUs, else it runs
-on CPU with gloo.
+by --v2lite-scale (4 by default: fits a 2-core CPU in minutes; 1 on a GPU). Size 2 needs two GPUs, else it runs on
+CPU with gloo.
+
+The fused kernel alone, at decode sizes (<= 64 tokens), wherever the Triton kernel runs (CUDA, or the interpreter
+under TRITON_INTERPRET=1, which checks only the plumbing): routing and alignment are done once, then the launches
+that read expert weights (kernels.fused_moe.expert_gemms) are timed as CUDA-graph replays (kernels.timing), over
+enough different routings that their weights exceed the L2 cache. Weight bandwidth = bytes of the experts each routing
+touches / that time, against --peak-gbs (H200: 4800 GB/s). On CUDA each step's host syncs are counted too.
 
     python experiments/bench_moe/bench.py [--batch-sizes 1,4,16,64,256,512 --sizes 1,2 --budget-s 0.25 --runs 3]
 """
@@ -30,8 +35,10 @@ import torch
 
 from framework.dist import Group, launch
 from framework.model.gating import select_experts
-from framework.moe import MoEConfig
+from framework.moe import MoEConfig, count_host_syncs
 from framework.registry import MOE
+from kernels.tune_fused_moe import expert_bytes, rotations, time_expert_gemms
+from kernels.tuning import get_config
 from plugins.moe.ep import EPConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 
@@ -53,7 +60,7 @@ def make_layer(shape: dict, device, dtype, seed: int = 0) -> dict[str, torch.Ten
     return {k: v.to(device=device, dtype=dtype) for k, v in layer.items()}
 
 
-def route(x: torch.Tensor, gate: torch.Tensor, shape: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def route_tokens(x: torch.Tensor, gate: torch.Tensor, shape: dict) -> tuple[torch.Tensor, torch.Tensor]:
     ids, weights = select_experts(x @ gate.t(), top_k=shape["top_k"], n_group=shape["n_group"],
                                   topk_group=shape["topk_group"], gating="v2", routed_scaling_factor=1.0,
                                   norm_topk_prob=False)
@@ -63,9 +70,9 @@ def route(x: torch.Tensor, gate: torch.Tensor, shape: dict) -> tuple[torch.Tenso
 def moe_step(backend, group: Group, gate, own: torch.Tensor, counts: list[int], shape: dict) -> torch.Tensor:
     """One MoE layer on this rank's tokens, with the DP-attention layout conversion the backend asks for."""
     if backend.token_layout == "local":
-        return backend.forward(own, *route(own, gate, shape))
+        return backend.forward(own, *route_tokens(own, gate, shape))
     x = group.all_gather_uneven(own, counts)   # counts are known: the DP-attention step sync exchanged them
-    out = backend.forward(x, *route(x, gate, shape))
+    out = backend.forward(x, *route_tokens(x, gate, shape))
     if backend.partial:
         return group.reduce_scatter_uneven(out, counts)
     start = sum(counts[:group.rank])
@@ -98,10 +105,30 @@ def time_backends(steps: dict, group: Group, device, budget_s: float) -> dict[st
     return {key: statistics.median(max(rep) for rep in zip(*(r[key] for r in per_rank))) for key in steps}
 
 
-def weight_bytes_touched(layer, ids: torch.Tensor, size: int) -> int:
-    """Bytes of expert weights the fused kernel must read for one step (each touched expert once)."""
-    per_expert = (layer["w13"][0].numel() + layer["w2"][0].numel()) * layer["w13"].element_size()
-    return int(ids.unique().numel()) * per_expert // size
+def kernel_runs(device: torch.device) -> bool:
+    """Whether the compiled (CUDA) or interpreted Triton kernel can run here."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kernels.fused_moe import fused_moe_kernel
+    return device.type == "cuda" or isinstance(fused_moe_kernel, InterpretedFunction)
+
+
+def kernel_figures(backend, gate: torch.Tensor, shape: dict, batch: int, device, dtype, peak_gbs: float) -> dict:
+    """The fused kernel alone on this rank's weights (``backend``: the triton_fused backend) for ``batch`` tokens
+    routed by the layer's gate; batches of fresh tokens rotate until their experts exceed the L2 cache."""
+    gen = torch.Generator().manual_seed(batch)
+
+    def route():
+        x = torch.randn(batch, shape["hidden"], generator=gen).to(device=device, dtype=dtype)
+        return route_tokens(x, gate, shape)
+
+    hidden = torch.randn(batch, shape["hidden"], generator=gen).to(device=device, dtype=dtype)
+    routings = rotations(route, expert_bytes(backend.w13, backend.w2), device)
+    config = get_config(backend.w13.shape[0], backend.w2.shape[-1], backend.device_name, batch,
+                        dtype="float32" if dtype == torch.float32 else None)
+    ms, gbs = time_expert_gemms(hidden, backend.w13, backend.w2, routings, config,
+                                repeats=10 if device.type == "cuda" else 1)   # the interpreter is slow
+    return {"kernel_us": ms * 1e3, "weight_gbs": gbs, "peak_bw_frac": gbs / peak_gbs, "kernel_config": config}
 
 
 def bench_rank(group: Group, shapes: dict, batch_sizes: list[int], budget_s: float, dtype: str,
@@ -123,9 +150,10 @@ def bench_rank(group: Group, shapes: dict, batch_sizes: list[int], budget_s: flo
             for key, step_s in time_backends(steps, group, device, budget_s).items():
                 rec = {"shape": shape_name, "ranks": group.size, "device": str(device.type), "dtype": str(dtype),
                        "backend": key, "batch_tokens": batch, "step_ms": step_s * 1e3, "tok_s": batch / step_s}
-                if device.type == "cuda" and key == "triton_fused" and batch <= 64:
-                    gbs = weight_bytes_touched(layer, route(tokens, layer["gate"], shape)[0], group.size) / step_s
-                    rec.update(weight_gbs=gbs / 1e9, peak_bw_frac=gbs / 1e9 / peak_gbs)
+                if device.type == "cuda":
+                    rec["host_syncs"] = count_host_syncs(steps[key])
+                if key == "triton_fused" and batch <= 64 and kernel_runs(device):
+                    rec.update(kernel_figures(backends[key], layer["gate"], shape, batch, device, dtype, peak_gbs))
                 records.append(rec)
     return records
 
@@ -195,8 +223,14 @@ def main() -> None:
     print(table(records, batch_sizes))
     for r in records:
         if "peak_bw_frac" in r:
-            print(f"fused kernel weight bandwidth, {r['shape']} B={r['batch_tokens']}: {r['weight_gbs']:.0f} GB/s "
-                  f"= {r['peak_bw_frac']:.1%} of {args.peak_gbs:.0f} GB/s peak")
+            print(f"fused kernel alone, {r['shape']} x{r['ranks']} B={r['batch_tokens']}: {r['kernel_us']:.1f} us, "
+                  f"weights {r['weight_gbs']:.0f} GB/s = {r['peak_bw_frac']:.1%} of {args.peak_gbs:.0f} GB/s")
+    syncs: dict[tuple, set] = {}
+    for r in records:
+        if "host_syncs" in r:
+            syncs.setdefault((r["shape"], r["ranks"], r["backend"]), set()).add(r["host_syncs"])
+    for (shape, ranks, backend), counts in syncs.items():
+        print(f"host syncs per step, {shape} x{ranks} {backend}: {'/'.join(map(str, sorted(counts)))}")
     meta = {"shapes": shapes, "batch_sizes": batch_sizes, "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "machine": platform.machine(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "wall_s": time.time() - start, "date": time.strftime("%Y-%m-%d"),

@@ -1,4 +1,9 @@
-"""What one forward pass computes: the forward mode and the tensors the model reads."""
+"""What one forward pass computes: the forward mode and the tensors the model reads.
+
+A request's KV slots are not copied into the batch: attention reads them through the req_to_token table (its row
+`req_pool_indices[i]`, its first `seq_lens[i]` entries, this step's tokens included). The scheduler fills the CPU
+lists; `to(device)` makes the tensors the model reads.
+"""
 from __future__ import annotations
 
 import enum
@@ -22,19 +27,28 @@ class ForwardMode(enum.Enum):
         return self is ForwardMode.EXTEND
 
 
+def _empty() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.long)
+
+
 @dataclass
 class ForwardBatch:
     mode: ForwardMode
     reqs: list = field(default_factory=list)
-    input_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    out_cache_loc: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    extend_lens: list[int] = field(default_factory=list)        # new tokens per request (decode: all 1)
-    kv_slots: list[torch.Tensor] = field(default_factory=list)  # extend: each request's slots, prefix + new
-    padded_slots: torch.Tensor | None = None                    # decode: [B, Lmax] slots (0 where padded)
-    padded_mask: torch.Tensor | None = None                     # decode: [B, Lmax] True where valid
-    sample: list[bool] = field(default_factory=list)            # False for a prefill chunk that is not the last
+    input_ids: torch.Tensor = field(default_factory=_empty)       # [T]
+    positions: torch.Tensor = field(default_factory=_empty)       # [T]
+    out_cache_loc: torch.Tensor = field(default_factory=_empty)   # [T] the KV slots this step's tokens write
+    req_to_token: torch.Tensor | None = None                      # the table the slots are read through
+    req_pool_indices_cpu: list[int] = field(default_factory=list)  # [B] each request's row
+    seq_lens_cpu: list[int] = field(default_factory=list)         # [B] tokens with KV after this step
+    prefix_lens: list[int] = field(default_factory=list)          # [B] tokens already in the cache (extend)
+    extend_lens: list[int] = field(default_factory=list)          # [B] new tokens per request (decode: all 1)
+    sample: list[bool] = field(default_factory=list)              # False for a prefill chunk that is not the last
     return_all_logits: bool = False
+    # device tensors, made by to(); the attention metadata, made once per forward by the model
+    req_pool_indices: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    attn_metadata: object = None
     # filled by the parallelism plugin's per-step sync (DP attention)
     global_num_tokens: list[int] | None = None
     can_run_graph: bool = False
@@ -52,9 +66,8 @@ class ForwardBatch:
         return cls(ForwardMode.IDLE)
 
     def to(self, device) -> "ForwardBatch":
-        for name in ("input_ids", "positions", "out_cache_loc", "padded_slots", "padded_mask"):
-            t = getattr(self, name)
-            if t is not None:
-                setattr(self, name, t.to(device, non_blocking=True))
-        self.kv_slots = [s.to(device, non_blocking=True) for s in self.kv_slots]
+        for name in ("input_ids", "positions", "out_cache_loc"):     # long: every index the model uses
+            setattr(self, name, getattr(self, name).to(device, dtype=torch.long, non_blocking=True))
+        self.req_pool_indices = torch.tensor(self.req_pool_indices_cpu, dtype=torch.long).to(device, non_blocking=True)
+        self.seq_lens = torch.tensor(self.seq_lens_cpu, dtype=torch.long).to(device, non_blocking=True)
         return self

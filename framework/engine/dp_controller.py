@@ -1,7 +1,8 @@
-"""The in-instance DataParallelController: under DP attention, hands each incoming request to one rank.
+"""The in-instance DataParallelController: hands each incoming request to one DP group (under DP attention a group
+is one rank; the parallelism plugin's `dispatcher()` builds it).
 
 It runs on rank 0 of the instance (SGLang runs it as its own process in front of the DP schedulers). Plain
-synchronous Python: the instance loop feeds it the ranks' queue lengths once per step (`update`), and it counts the
+synchronous Python: the instance loop feeds it the groups' queue lengths once per step (`update`), and it counts the
 requests it assigned since then, so a burst of arrivals within one step spreads out under `shortest_queue` too.
 """
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One rank's engine: the model (sharded by the parallelism plugin), the MoE backends, the KV pool and the
-scheduler, stepped one batch at a time."""
+scheduler, stepped one batch at a time; and how a rank's memory is split between weights and KV (`plan_memory`)."""
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,7 @@ from framework.engine.scheduler import Scheduler
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
 from framework.model.tokenizer import ByteTokenizer
+from framework.moe_stats import rank_expert_counts
 from framework.registry import MOE
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,42 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu or auto")
     return torch.device(name)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's memory: `weight_bytes` by part (the heaviest rank's: every rank sizes its KV pool alike, as SGLang
+    takes the minimum free memory over the ranks), the KV pool's capacity in tokens, and which budget set it."""
+    sizing: str                     # "mem_budget": KV = engine.mem_budget_mb - weights | "kv_budget": KV = kv_budget_mb
+    weight_bytes: dict[str, int]
+    kv_bytes_per_token: int
+    kv_tokens: int
+
+    @property
+    def weight_bytes_total(self) -> int:
+        return sum(self.weight_bytes.values())
+
+
+def plan_memory(model_cfg: ModelConfig, engine_cfg: EngineConfig, par_cls, par_cfg, moe_cls, moe_cfg) -> MemoryPlan:
+    """SGLang's profile_max_num_token from shapes alone: KV tokens = (static budget - this rank's weights) // bytes
+    per token. The parallelism plugin declares its parts' bytes, the MoE backend its routed experts'. Raises
+    ValueError when the budget leaves no token of KV."""
+    size = par_cfg.size
+    moe_partial = moe_cls.layout(moe_cfg, size)[1]
+    heaviest = max(({**par_cls.weight_bytes(par_cfg, model_cfg, rank, moe_partial),
+                     "routed_experts": moe_cls.weight_bytes(moe_cfg, model_cfg, rank, size)} for rank in range(size)),
+                   key=lambda parts: sum(parts.values()))
+    per_token = par_cls.kv_bytes_per_token(model_cfg)
+    if engine_cfg.kv_budget_mb is not None:
+        return MemoryPlan("kv_budget", heaviest, per_token, int(engine_cfg.kv_budget_mb * 2**20) // per_token)
+    plan = MemoryPlan("mem_budget", heaviest, per_token,
+                      (int(engine_cfg.mem_budget_mb * 2**20) - sum(heaviest.values())) // per_token)
+    if plan.kv_tokens < 1:
+        weights_mb = plan.weight_bytes_total / 2**20
+        raise ValueError(f"engine.mem_budget_mb={engine_cfg.mem_budget_mb:g} leaves no KV on a rank: its weights take "
+                         f"{weights_mb:.3f} MB under parallel={par_cfg.name} x{size}, moe={moe_cfg.name}; raise "
+                         f"engine.mem_budget_mb above {weights_mb:.3f} or set engine.kv_budget_mb")
+    return plan
 
 
 class Engine:
@@ -41,16 +79,18 @@ class Engine:
             layer.backend = MOE.build(moe_cfg.name, moe_cfg, layer.w13, layer.w2, par.group)
             del layer.w13, layer.w2                # the backend kept its rank's part; the full copy would waste memory
         par.shard(self.model)
-        self.kv_bytes_per_token = par.kv_bytes_per_token(model_cfg)
-        capacity = int(engine_cfg.kv_budget_mb * 2**20) // self.kv_bytes_per_token
-        self.pool = KVPool(model_cfg.num_layers, model_cfg.kv_cache_width, capacity,
+        self.memory = plan_memory(model_cfg, engine_cfg, type(par), par.cfg, MOE.get(moe_cfg.name), moe_cfg)
+        self.kv_bytes_per_token = self.memory.kv_bytes_per_token
+        self.pool = KVPool(model_cfg.num_layers, model_cfg.kv_cache_width, self.memory.kv_tokens,
                            getattr(torch, model_cfg.dtype), self.device)
         self.scheduler = Scheduler(engine_cfg, self.pool, self.tokenizer.eos_token_id,
-                                   lambda ids: self.tokenizer.decode(ids), par.cfg.schedule_conservativeness)
-        # TP ranks run one batch and must draw the same tokens; DP ranks serve different requests
-        self.generator = torch.Generator().manual_seed(seed * 1009 + par.sampling_seed_offset)
+                                   lambda ids: self.tokenizer.decode(ids), par.schedule_conservativeness,
+                                   context_len=model_cfg.max_position_embeddings)
+        # the ranks of a DP group run one batch and must draw the same tokens; DP groups serve different requests
+        self.generator = torch.Generator().manual_seed(seed * 1009 + par.dp_rank)
+        self.requests = 0              # requests this rank took
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
-        self.timing = {"schedule_s": 0.0, "forward_s": 0.0, "steps": 0}
+        self.timing = {"schedule_s": 0.0, "forward_s": 0.0}
 
     @property
     def capacity(self) -> int:
@@ -58,6 +98,7 @@ class Engine:
 
     def add(self, req: Req) -> None:
         self.scheduler.add(req)
+        self.requests += 1
 
     def step(self) -> list[Req] | None:
         """Run one step. Returns the requests that got a token (None when no step ran)."""
@@ -77,7 +118,6 @@ class Engine:
         out = self.scheduler.process(batch, tokens, time.perf_counter())
         self.timing["schedule_s"] += (t1 - t0) + (time.perf_counter() - t2)
         self.timing["forward_s"] += t2 - t1
-        self.timing["steps"] += 1
         return out
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -85,8 +125,14 @@ class Engine:
         return self.model(batch.to(self.device), self.pool, self.par).float().cpu()
 
     def server_info(self) -> dict:
-        s = self.scheduler
-        return {"running_requests": len(s.running) + (s.chunked is not None), "queued_requests": len(s.waiting),
-                "kv_capacity_tokens": self.capacity, "kv_used_tokens": self.pool.used(),
-                "cache_tokens": s.cache.total_size(), "kv_bytes_per_token": self.kv_bytes_per_token,
-                **s.stats}
+        """This rank's snapshot: load, KV, memory, its scheme (`par.describe()`), step counters, timing and expert
+        counts. framework.engine.stats builds an instance's figures from its ranks' snapshots."""
+        s, par = self.scheduler, self.par
+        counts, local = rank_expert_counts(self.model)
+        return {**par.describe(par.cfg), "rank": par.rank, "dp_rank": par.dp_rank, "leads": par.leads,
+                "running_requests": s.num_running(), "queued_requests": len(s.waiting),
+                "kv_capacity_tokens_per_rank": self.capacity, "kv_used_tokens": self.pool.used(),
+                "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": self.kv_bytes_per_token,
+                "kv_sizing": self.memory.sizing, "weight_bytes_per_rank": self.memory.weight_bytes_total,
+                "requests": self.requests, **s.stats, **par.stats, **self.timing,
+                "expert_counts": counts, "expert_counts_local": local}

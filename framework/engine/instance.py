@@ -1,38 +1,39 @@
-"""A multi-rank engine instance: `parallel.size` ranks, one `Engine` each, stepping together.
+"""An engine instance's ranks: `parallel.size` of them, one `Engine` each, stepping together (one rank: the same
+loop in a thread of the client's process, framework.engine.client).
 
-Rank 0 talks to the parent (framework.engine.instance_client) over the launch channel. Each step of the instance:
+Rank 0 talks to the parent (framework.engine.instance_client) over the launch channel, in the typed messages below.
+Each step of the instance:
 
-1. exchange (one object collective on the control group): rank 0's new commands (requests, aborts, flush, stop) go
-   down; under DP attention the other ranks' outputs of their previous step and their load come up in the same
-   all_gather_object. Under TP every rank holds the same requests, so rank 0 broadcasts and needs nothing back.
-2. every rank applies the commands: TP adds every request; DP attention adds the requests the DataParallelController
-   on rank 0 assigned to it.
+1. exchange (one all_gather_object on the control group): rank 0's new commands go down; every rank's snapshot and
+   the outputs of each DP group's leader from its previous step come up.
+2. every rank applies the commands: each `Add` goes to the ranks of the DP group rank 0's dispatcher picked.
 3. `Engine.step()`: the parallelism plugin's sync_step, then the forward with its collectives.
 
-Rank 0 forwards the step's outputs (its own at once, the others' one step later) to the parent. When the whole
-instance is idle, rank 0 waits on the channel, but exchanges at least every HEARTBEAT_S so the others' control
-collectives (timeout: parallel.timeout_s + HEARTBEAT_S) never expire while the instance is merely idle.
+Rank 0 forwards the step's outputs (its own at once, the other groups' one step later) to the parent, with the
+instance's stats (framework.engine.stats) every INFO_EVERY_S. When the whole instance is idle, rank 0 waits on the
+channel, but exchanges at least every HEARTBEAT_S so the others' control collectives (timeout: parallel.timeout_s +
+HEARTBEAT_S) never expire while the instance is merely idle.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from framework.dist.group import Group
 from framework.engine.config import EngineConfig
 from framework.engine.engine import Engine
-from framework.engine.request import Req
+from framework.engine.request import Req, SamplingParams
+from framework.engine.stats import instance_stats
 from framework.model.config import ModelConfig
-from framework.moe_stats import rank_expert_counts
 from framework.registry import PARALLELISM
-from framework.engine.dp_controller import DataParallelController
 
 HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
-INFO_EVERY_S = 0.2     # how often rank 0 pushes a server_info snapshot to the parent while busy
+INFO_EVERY_S = 0.2     # how often rank 0 pushes the instance's stats to the parent while busy
 
 
 @dataclass
@@ -44,6 +45,79 @@ class InstanceSpec:
     moe: Any                    # the MoE backend's Config
     seed: int = 0
     cases: list[tuple] = field(default_factory=list)   # verify: (name, EngineConfig, MoE config), one engine each
+
+
+# -- commands: parent -> rank 0 -> every rank --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Add:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    dp_rank: Optional[int] = None     # the parent's pin; rank 0 replaces it by its dispatcher's choice
+
+
+@dataclass(frozen=True)
+class Abort:
+    rid: str
+
+
+@dataclass(frozen=True)
+class Flush:
+    token: int                        # forwarded to every rank only when no request is in flight
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+# -- events: a DP group's leader -> rank 0 -> parent ---------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenOut:
+    """A request got its n_out-th token."""
+    rid: str
+    n_out: int
+    token: int
+    finish_reason: Optional[str]
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, req: Req) -> "TokenOut":
+        return cls(req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0))
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A request that can never run on its rank."""
+    rid: str
+    error: str
+
+
+# -- rank 0 -> parent ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Outputs:
+    events: list                      # TokenOut | Rejected, in the order they happened per DP group
+    stats: Optional[dict]             # the instance's stats, every INFO_EVERY_S and when it goes idle
+
+
+@dataclass(frozen=True)
+class Flushed:
+    token: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Report:
+    """What every rank contributes to a step's exchange."""
+    commands: list                    # rank 0's, for every rank
+    events: list                      # a leader's events of its previous step
+    snapshot: dict                    # Engine.server_info()
 
 
 def control_group(group: Group, timeout_s: float) -> Group:
@@ -62,114 +136,100 @@ def build_rank_engine(spec: InstanceSpec, group: Group, control: Group, engine_c
     return Engine(spec.model, engine_cfg or spec.engine, par, moe_cfg or spec.moe, spec.seed, device=device)
 
 
-def out_record(req: Req) -> tuple:
-    """What the parent needs of a request that got a token this step."""
-    return ("tok", req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0))
-
-
 class RankLoop:
-    """One rank's side of the instance protocol; `run()` returns this rank's statistics at the "stop" command."""
+    """One rank's side of the instance protocol; `run()` returns this rank's final snapshot at `Stop`."""
 
     def __init__(self, engine: Engine, control: Group, channel=None):
         self.engine, self.par, self.control, self.channel = engine, engine.par, control, channel
         self.rank, self.size = control.rank, control.size
-        self.replicated = self.par.replicates_batch or self.size == 1
-        self.controller = (DataParallelController(self.size, self.par.cfg.dp_balance)
-                           if self.rank == 0 and not self.replicated else None)
-        self.loads = [0] * self.size         # requests per rank at the last exchange (DP)
-        self.infos: list[dict] = [{}] * self.size
+        self.dispatcher = self.par.dispatcher() if self.rank == 0 else None
+        self.snapshots: list[dict] = []      # every rank's, as of the last exchange
         self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
-        self.pending: list[tuple] = []       # DP ranks > 0: records for the next exchange
-        self.outbox: list[tuple] = []        # rank 0: records for the parent
+        self.sent_adds = False               # ... and requests the snapshots may not show yet
+        self.pending: list = []              # a leader's events for the next exchange (rank 0: for the parent)
         self.added: list[Req] = []           # every request this rank took (verify reads them)
-        self.peak_running = 0
+        self.peak_running = 0                # rank 0: the most requests running at once over the DP groups
         self.steps = 0
         self._info_sent = 0.0
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self) -> dict:
+        self.snapshots = self.control.all_gather_object(self.engine.server_info())   # before any step
         if self.rank == 0:
-            self._observe()
-            self.channel.send(("ready", self.instance_info()))
+            self.channel.send(Ready(self.stats()))
         while True:
-            cmds = self._inbox() if self.rank == 0 else None
-            cmds = self._exchange(cmds)
+            cmds = self._exchange(self._inbox() if self.rank == 0 else None)
             if self._apply(cmds):
                 break
-            records = [out_record(r) for r in self.engine.step() or ()]
+            if (reqs := self.engine.step()) and self.par.leads:
+                self.pending += [TokenOut.of(r) for r in reqs]
             if self.rank == 0:
-                self.outbox += records
-                self._observe()
+                self.snapshots[0] = self.engine.server_info()
+                if self.size == 1:           # more ranks: tracked at the exchange, every rank after one step
+                    self._track_peak()
                 self._flush_outbox()
-            elif not self.replicated:
-                self.pending += records
-        return self.stats()
+        return self.engine.server_info()
 
-    def _inbox(self) -> list[tuple]:
-        """Rank 0: the parent's messages, as commands for every rank (DP: each add gets its rank here)."""
-        busy = self.engine.scheduler.has_work() or any(self.loads) or self.sent_cmds
-        if not busy:                         # about to wait: let the parent see the idle state now
+    def _inbox(self) -> list:
+        """Rank 0: the parent's messages, as commands for every rank (each Add gets its DP group here)."""
+        loads = self._group_loads()
+        busy = self.engine.scheduler.has_work() or any(loads) or self.sent_adds
+        if not busy and not self.sent_cmds:  # about to wait: let the parent see the idle state now
             self._flush_outbox(force_info=True)
         msgs = []
         try:
-            if self.channel.poll(0 if busy else HEARTBEAT_S):
+            if self.channel.poll(0 if busy or self.sent_cmds else HEARTBEAT_S):
                 msgs.append(self.channel.recv())
                 while self.channel.poll(0):
                     msgs.append(self.channel.recv())
         except EOFError:                     # the parent is gone: stop the instance
-            msgs.append(("stop",))
+            msgs.append(Stop())
+        self.dispatcher.update(loads)
         cmds = []
         for msg in msgs:
-            if msg[0] == "add" and self.controller is not None:
+            if isinstance(msg, Add):
                 try:
-                    msg = msg[:5] + (self.controller.assign(msg[5]),)
+                    msg = dataclasses.replace(msg, dp_rank=self.dispatcher.assign(msg.dp_rank))
                 except ValueError as e:
-                    self.outbox.append(("reject", msg[1], str(e)))
+                    self.pending.append(Rejected(msg.rid, str(e)))
                     continue
-            elif msg[0] == "flush":
-                ok = not busy and not any(c[0] == "add" for c in cmds)
-                self.channel.send(("flushed", msg[1], ok))
-                if not ok:
-                    continue
-                msg = ("flush",)
+            elif isinstance(msg, Flush) and (busy or any(isinstance(c, Add) for c in cmds)):
+                self.channel.send(Flushed(msg.token, False))   # requests in flight: nothing done
+                continue
             cmds.append(msg)
         return cmds
 
-    def _exchange(self, cmds: list[tuple] | None) -> list[tuple]:
+    def _exchange(self, cmds: list | None) -> list:
         self.steps += 1
-        self.control.step = self.par.group.step = self.steps
-        if self.size == 1:
-            out = cmds
-        elif self.replicated:
-            out = self.control.broadcast_object(cmds)
-        else:
-            payload = (cmds, self.pending, self._own_info())
-            gathered = self.control.all_gather_object(payload)
-            self.pending = []
-            out = gathered[0][0]
-            self.infos = [g[2] for g in gathered]
-            self.loads = [i["running_requests"] + i["queued_requests"] for i in self.infos]
+        self.par.set_step(self.steps)
+        if self.size > 1:
+            reports = self.control.all_gather_object(Report(cmds or [], self.pending if self.rank else [],
+                                                            self.engine.server_info()))
+            if self.rank:
+                self.pending = []
+            cmds = reports[0].commands
+            self.snapshots = [r.snapshot for r in reports]
             if self.rank == 0:
-                for _, records, _ in gathered[1:]:
-                    self.outbox += records
-                self.controller.update(self.loads)
-                self.peak_running = max(self.peak_running, sum(i["running_requests"] for i in self.infos))
-        self.sent_cmds = bool(out)
-        return out
+                for report in reports[1:]:
+                    self.pending += report.events
+                self._track_peak()
+        self.sent_cmds = bool(cmds)
+        self.sent_adds = any(isinstance(c, Add) for c in cmds)
+        return cmds
 
-    def _apply(self, cmds: list[tuple]) -> bool:
-        """Returns True at "stop"."""
+    def _apply(self, cmds: list) -> bool:
+        """Returns True at Stop."""
         for cmd in cmds:
-            kind = cmd[0]
-            if kind == "add":
-                _, rid, prompt_ids, params, arrival, target = cmd
-                if self.replicated or target == self.rank:
-                    self._add(Req(prompt_ids, params, rid=rid, arrival_time=arrival))
-            elif kind == "abort":
-                self.engine.scheduler.abort(cmd[1])
-            elif kind == "flush":
+            if isinstance(cmd, Add):
+                if cmd.dp_rank == self.par.dp_rank:
+                    self._add(Req(list(cmd.prompt_ids), cmd.params, rid=cmd.rid, arrival_time=cmd.arrival_time))
+            elif isinstance(cmd, Abort):
+                self.engine.scheduler.abort(cmd.rid)
+            elif isinstance(cmd, Flush):
                 self.engine.scheduler.cache.reset()
-            elif kind == "stop":
+                if self.rank == 0:           # the others reset in this same step, before any new request
+                    self.channel.send(Flushed(cmd.token, True))
+            elif isinstance(cmd, Stop):
                 return True
         return False
 
@@ -178,70 +238,46 @@ class RankLoop:
             self.engine.add(req)
             self.added.append(req)
         except ValueError as e:              # can never fit on this rank: the parent fails this request
-            if self.rank == 0:
-                self.outbox.append(("reject", req.rid, str(e)))
-            elif not self.replicated:
-                self.pending.append(("reject", req.rid, str(e)))
+            if self.par.leads:
+                self.pending.append(Rejected(req.rid, str(e)))
 
     # -- what rank 0 tells the parent -----------------------------------------------------------------------
-    def _own_info(self) -> dict:
-        return self.engine.server_info()
+    def _group_loads(self) -> list[int]:
+        """Requests (running + queued) per DP group, as of the last exchange."""
+        leaders = [s for s in self.snapshots if s["leads"]]
+        return [s["running_requests"] + s["queued_requests"] for s in leaders]
 
-    def _observe(self) -> None:
-        """Rank 0 after its step: refresh its own info. The instance's peak of running requests is the one shared
-        batch under TP; under DP attention the sum over ranks, taken at each exchange (all ranks after one step)."""
-        self.infos = [self._own_info()] + self.infos[1:]
-        if self.replicated:
-            self.peak_running = max(self.peak_running, self.infos[0]["running_requests"])
+    def _track_peak(self) -> None:
+        """The instance's peak of running requests: the sum over DP groups, every rank after the same step."""
+        running = sum(s["running_requests"] for s in self.snapshots if s["leads"])
+        self.peak_running = max(self.peak_running, running)
 
-    def instance_info(self) -> dict:
-        own = self.infos[0]
-        ranks = self.infos if not self.replicated else [own]
-        per_rank_capacity = own["kv_capacity_tokens"]
-
-        def total(key: str) -> int:
-            return sum(i.get(key, 0) for i in ranks)
-        return {"parallel": self.par.cfg.name, "parallel_size": self.size,
-                "running_requests": total("running_requests"), "queued_requests": total("queued_requests"),
-                "kv_capacity_tokens": per_rank_capacity * len(ranks), "kv_capacity_tokens_per_rank": per_rank_capacity,
-                "kv_used_tokens": total("kv_used_tokens"), "cache_tokens": total("cache_tokens"),
-                "kv_bytes_per_token_per_rank": own["kv_bytes_per_token"], "retractions": total("retractions"),
-                "max_running_requests": self.peak_running,
-                "per_rank_requests": [i.get("running_requests", 0) + i.get("queued_requests", 0) for i in ranks]}
+    def stats(self) -> dict:
+        return instance_stats(self.snapshots, self.peak_running)
 
     def _flush_outbox(self, force_info: bool = False) -> None:
         now = time.monotonic()
         info = None
         if force_info or now - self._info_sent >= INFO_EVERY_S:
-            info, self._info_sent = self.instance_info(), now
-        if self.outbox or info is not None:
-            self.channel.send(("out", self.outbox, info))
-            self.outbox = []
-
-    def stats(self) -> dict:
-        s = self.engine.scheduler.stats
-        return {"rank": self.rank, "kv_capacity_tokens": self.engine.capacity,
-                "kv_bytes_per_token": self.engine.kv_bytes_per_token, "retractions": s["retractions"],
-                "max_running_requests": s["max_running_requests"], "extend_steps": s["extend_steps"],
-                "decode_steps": s["decode_steps"], "requests": len(self.added), **self.par.stats,
-                "instance_steps": self.steps, "timing": dict(self.engine.timing),
-                "instance_peak_running": self.peak_running if self.rank == 0 else None,
-                "assigned": self.controller.assigned if self.controller is not None else None,
-                "expert_counts": rank_expert_counts(self.engine.model)}
+            info, self._info_sent = self.stats(), now
+        if self.pending or info is not None:
+            self.channel.send(Outputs(self.pending, info))
+            self.pending = []
 
 
 # -- rank functions (module level: spawned ranks import them by name) -------------------------------------------
 def serve_rank(group: Group, channel, spec: InstanceSpec) -> dict:
-    """Serve requests from the parent until it sends "stop"."""
+    """Serve requests from the parent until it sends Stop; returns this rank's final snapshot."""
     torch.set_grad_enabled(False)
     control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
     engine = build_rank_engine(spec, group, control)
-    return RankLoop(engine, control, channel).run()
+    loop = RankLoop(engine, control, channel)
+    return {**loop.run(), "instance_peak_running": loop.peak_running}
 
 
 def verify_rank(group: Group, channel, spec: InstanceSpec) -> dict:
-    """verify mode: for each case a fresh engine serves the parent's requests until "stop"; returns every
-    sampled token's logits of the requests this rank served, plus its sync_step log."""
+    """verify mode: for each case a fresh engine serves the parent's requests until Stop; returns every sampled
+    token's logits of the requests this rank served, plus its sync_step log and final snapshot."""
     torch.set_grad_enabled(False)
     control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
     results = {}
@@ -251,8 +287,9 @@ def verify_rank(group: Group, channel, spec: InstanceSpec) -> dict:
         engine.logit_hook = lambda req, row: logits.setdefault(req.rid, []).append(row.clone())
         engine.par.step_log = []
         loop = RankLoop(engine, control, channel)
-        stats = loop.run()
-        results[name] = {"stats": stats, "step_log": engine.par.step_log,
+        snapshot = loop.run()
+        results[name] = {"stats": {**snapshot, "instance_peak_running": loop.peak_running},
+                         "step_log": engine.par.step_log,
                          "requests": {r.rid: (r.prompt_ids, r.output_ids) for r in loop.added},
                          "logits": {rid: torch.stack(rows) for rid, rows in logits.items()}}
     return results

@@ -1,7 +1,15 @@
-"""A token-level KV pool: one row per token slot, per layer: the MLA latent plus the RoPE key."""
+"""The two memory pools of one rank (SGLang's mem_cache/memory_pool.py).
+
+KVPool: token slots; each slot holds one token's KV for every layer (the MLA latent plus the RoPE key). Slot 0 is a
+padding sink that is never handed out: padded rows of a batch (CUDA graphs) write there.
+ReqToTokenPool: one row per running request holding the KV slots of its tokens in order, written once per token in
+place; attention reads a request's slots through its row. Row 0 is a padding row that is never handed out.
+"""
 from __future__ import annotations
 
 import torch
+
+SLOT_DTYPE = torch.int32
 
 
 class KVPool:
@@ -9,8 +17,9 @@ class KVPool:
         if capacity < 1:
             raise ValueError(f"the KV pool holds no token (capacity {capacity}); raise engine.kv_budget_mb")
         self.capacity = capacity
-        self.buffer = torch.zeros(num_layers, capacity, width, dtype=dtype, device=device)
-        self._free = torch.arange(capacity, dtype=torch.long)
+        self.device = torch.device(device)
+        self.buffer = torch.zeros(num_layers, capacity + 1, width, dtype=dtype, device=device)
+        self._free = torch.arange(1, capacity + 1, dtype=SLOT_DTYPE)     # on the CPU, as SGLang keeps it
 
     def layer(self, i: int) -> torch.Tensor:
         return self.buffer[i]
@@ -22,12 +31,43 @@ class KVPool:
         return self.capacity - self.available()
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        """n free slots, or None when there are not enough (the caller evicts, waits or retracts)."""
+        """n free slots (on the pool's device), or None when there are not enough (the caller evicts first)."""
         if n > self._free.shape[0]:
             return None
         slots, self._free = self._free[:n], self._free[n:]
-        return slots
+        return slots.to(self.device, non_blocking=True)
 
     def free(self, slots: torch.Tensor) -> None:
         if slots.numel():
-            self._free = torch.cat([self._free, slots.to(torch.long).cpu()])
+            self._free = torch.cat([self._free, slots.to(device="cpu", dtype=SLOT_DTYPE)])
+
+
+class ReqToTokenPool:
+    def __init__(self, rows: int, context_len: int, device="cpu"):
+        self.context_len = context_len
+        self.table = torch.zeros(rows + 1, context_len, dtype=SLOT_DTYPE, device=device)
+        self._free = list(range(rows, 0, -1))          # pop() hands out row 1 first
+
+    def available(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise RuntimeError("req_to_token pool exhausted: more running requests than engine.max_running_requests")
+        return self._free.pop()
+
+    def free(self, row: int) -> None:
+        self._free.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start:start + slots.shape[0]] = slots.to(SLOT_DTYPE)
+
+    def write_tokens(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """slots[i] at (rows[i], positions[i]): one scatter into the flat table (a decode step's new tokens)."""
+        width = self.table.shape[1]
+        flat = torch.tensor([r * width + p for r, p in zip(rows, positions)], device=self.table.device)
+        self.table.view(-1)[flat] = slots.to(SLOT_DTYPE)
+
+    def slots(self, row: int, end: int, start: int = 0) -> torch.Tensor:
+        """A view of row's slots [start, end)."""
+        return self.table[row, start:end]

@@ -1,15 +1,16 @@
-"""A token-level radix prefix cache (SGLang's RadixCache, page size 1).
+"""A token-level radix prefix cache: SGLang v0.4.1's RadixCache (mem_cache/radix_cache.py), page size 1.
 
-Edges hold token lists and the KV slots of those tokens. A request locks the path to its matched node
-(reference counts up to the root) so that the slots it reads cannot be evicted; eviction frees the least
-recently used unlocked leaves. The cache owns every slot in the tree; requests own the slots they add until they
-are inserted.
+Edges hold token lists and the KV slots of those tokens. A request locks the path to its matched node (reference
+counts up to the root) so that the slots it reads cannot be evicted; eviction frees the least recently used unlocked
+leaves, a whole leaf at a time. The cache owns every slot in the tree; a request owns the slots it adds until they
+are inserted. Access times follow SGLang's: match_prefix and insert touch the nodes they walk through (a node created
+by a split counts as touched when it is created, the lower half keeps its old time), on a logical clock that stands
+for SGLang's time.time().
 """
 from __future__ import annotations
 
 import heapq
 import itertools
-import time
 
 import torch
 
@@ -31,7 +32,7 @@ class Node:
         self.children: dict[int, Node] = {}
         self.parent = parent
         self.key = key or []
-        self.value = value if value is not None else torch.empty(0, dtype=torch.long)
+        self.value = value if value is not None else torch.empty(0, dtype=torch.int32)
         self.lock_ref = 0
         self.last_access = next(_clock)
 
@@ -40,15 +41,16 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self, free_slots, enabled: bool = True):
-        """free_slots: callable that returns slots to the KV pool."""
+    def __init__(self, free_slots, req_to_token=None, enabled: bool = True):
+        """free_slots: returns slots to the KV pool. req_to_token: the ReqToTokenPool whose rows the request
+        life-cycle methods read and rewrite (not needed for the tree operations alone)."""
         self.free_slots = free_slots
+        self.req_to_token = req_to_token
         self.enabled = enabled
         self.root = Node()
         self.root.lock_ref = 1
         self._evictable = 0
         self._protected = 0
-        self.hits = self.lookups = 0
         self.observer = None  # told of every insert, eviction and flush (KV events: framework/kv_events/emitter.py)
 
     # -- sizes -------------------------------------------------------------------------------------------
@@ -63,23 +65,23 @@ class RadixCache:
 
     # -- match / insert ----------------------------------------------------------------------------------
     def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, Node]:
-        """Slots of the longest cached prefix of `key`, and the node where it ends."""
+        """Slots of the longest cached prefix of `key`, and the node where it ends (an edge matched only in part
+        is split there)."""
         if not self.enabled:
-            return torch.empty(0, dtype=torch.long), self.root
+            return torch.empty(0, dtype=torch.int32), self.root
         node, values, i = self.root, [], 0
-        stamp = next(_clock)
+        node.last_access = next(_clock)
         while i < len(key) and key[i] in node.children:
             child = node.children[key[i]]
             n = _common_len(child.key, key[i:i + len(child.key)])
-            child.last_access = stamp
             if n < len(child.key):
-                child = self._split(child, n)
-                values.append(child.value)
-                node = child
+                node = self._split(child, n)
+                values.append(node.value)
                 break
             values.append(child.value)
             node, i = child, i + n
-        slots = torch.cat(values) if values else torch.empty(0, dtype=torch.long)
+            node.last_access = next(_clock)
+        slots = torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
         return slots, node
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
@@ -88,55 +90,70 @@ class RadixCache:
         if not self.enabled:
             return 0
         node, i = self.root, 0
-        stamp = next(_clock)
+        node.last_access = next(_clock)
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
-                leaf = Node(node, list(key[i:]), value[i:].clone())
-                leaf.last_access = stamp
-                node.children[key[i]] = leaf
-                self._evictable += len(leaf.key)
+                node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
+                self._evictable += len(key) - i
                 if self.observer is not None:
                     self.observer.stored(key, i)
                 return i
             n = _common_len(child.key, key[i:i + len(child.key)])
-            child.last_access = stamp
+            if n == len(child.key) and i + n == len(key):
+                return len(key)                     # ends exactly at this node: SGLang leaves its time alone
             if n < len(child.key):
                 child = self._split(child, n)
             node, i = child, i + n
+            node.last_access = next(_clock)
         return i
 
     def _split(self, child: Node, n: int) -> Node:
-        """Cut child's edge after n tokens; returns the new upper node (same lock count as child)."""
+        """Cut child's edge after n tokens; returns the new upper node (same lock count as child, a fresh time)."""
         upper = Node(child.parent, child.key[:n], child.value[:n])
-        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.lock_ref = child.lock_ref
         upper.children = {child.key[n]: child}
         child.parent.children[child.key[0]] = upper
         child.parent, child.key, child.value = upper, child.key[n:], child.value[n:]
         return upper
 
     # -- locks -------------------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: Node) -> None:
+    def inc_lock_ref(self, node: Node) -> int:
+        """Lock the path to node. Returns the change of the evictable size (<= 0)."""
+        if not self.enabled:
+            return 0
+        delta = 0
         while node is not self.root:
             if node.lock_ref == 0:
-                self._evictable -= len(node.key)
-                self._protected += len(node.key)
+                delta -= len(node.key)
             node.lock_ref += 1
             node = node.parent
+        self._evictable += delta
+        self._protected -= delta
+        return delta
 
-    def dec_lock_ref(self, node: Node) -> None:
+    def dec_lock_ref(self, node: Node) -> int:
+        """Unlock the path to node. Returns the change of the evictable size (>= 0)."""
+        if not self.enabled:
+            return 0
+        delta = 0
         while node is not self.root:
-            if node.lock_ref == 1:
-                self._evictable += len(node.key)
-                self._protected -= len(node.key)
             if node.lock_ref <= 0:
                 raise RuntimeError("radix cache: unlocking a node that is not locked")
+            if node.lock_ref == 1:
+                delta += len(node.key)
             node.lock_ref -= 1
             node = node.parent
+        self._evictable += delta
+        self._protected -= delta
+        return delta
 
     # -- eviction ----------------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        """Free at least num_tokens slots from unlocked leaves, least recently used first. Returns slots freed."""
+        """Free whole unlocked leaves, least recently used first, until at least num_tokens slots are freed or none
+        is left. Returns slots freed."""
+        if not self.enabled:
+            return 0
         leaves = [n for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(leaves)
         freed = 0
@@ -168,28 +185,35 @@ class RadixCache:
             stack.extend(node.children.values())
         return out
 
-    # -- request life cycle ------------------------------------------------------------------------------
-    def cache_req(self, req, keep_lock: bool) -> None:
-        """Hand a request's computed tokens to the cache (or back to the pool when the cache is off).
+    # -- request life cycle (SGLang's cache_finished_req / cache_unfinished_req) -----------------------------
+    def cache_finished_req(self, req) -> None:
+        """A finished (or aborted) request: its tokens with KV go into the tree, duplicates back to the pool; its
+        row and its lock are released. With the cache off its KV goes back to the pool."""
+        row, n = req.req_pool_idx, req.kv_len
+        slots = self.req_to_token.slots(row, n)
+        if self.enabled:
+            already = self.insert(req.fill_ids[:n], slots)
+            self.free_slots(slots[len(req.prefix_indices):already])
+            self.dec_lock_ref(req.last_node)
+        else:
+            self.free_slots(slots)
+        self.req_to_token.free(row)
+        req.release_kv()
 
-        keep_lock=False (finished or retracted): unlock and forget. keep_lock=True (a prefill chunk): the request
-        keeps a lock on the tree's copy of its tokens and reads them from there.
-        """
-        n = req.kv_slots.shape[0]
+    def cache_unfinished_req(self, req) -> None:
+        """After a prefill (or a prefill chunk): publish the request's tokens at once, point its row at the tree's
+        copy of them and move its lock to the new node. With the cache off the request keeps its own slots."""
+        row, n = req.req_pool_idx, req.kv_len
+        slots = self.req_to_token.slots(row, n)
         if not self.enabled:
-            if not keep_lock:
-                self.free_slots(req.kv_slots)
-                req.kv_slots = req.kv_slots[:0]
+            req.prefix_indices = slots
             return
         tokens = req.fill_ids[:n]
-        already = self.insert(tokens, req.kv_slots)
-        self.free_slots(req.kv_slots[req.prefix_len:already])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-            req.last_node = None
-        if not keep_lock:
-            req.kv_slots, req.prefix_len = req.kv_slots[:0], 0
-            return
-        slots, node = self.match_prefix(tokens)
+        already = self.insert(tokens, slots.clone())
+        old = len(req.prefix_indices)
+        self.free_slots(slots[old:already].clone())
+        new_indices, node = self.match_prefix(tokens)
+        self.req_to_token.write(row, old, new_indices[old:])
+        self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(node)
-        req.kv_slots, req.prefix_len, req.last_node = slots, n, node
+        req.prefix_indices, req.last_node = new_indices, node

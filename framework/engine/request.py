@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 _ids = itertools.count()
+_NO_SLOTS = torch.empty(0, dtype=torch.int32)
 
 
 @dataclass
@@ -34,9 +35,12 @@ class Req:
     rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
     output_ids: list[int] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.perf_counter)
-    # KV state: slots holding fill_ids[:len(kv_slots)]; the first `prefix_len` belong to the radix cache (locked)
-    kv_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    prefix_len: int = 0
+    # KV state (SGLang's Req): the row of the req_to_token table holding this request's slots (0: none), how many
+    # tokens have KV there, the leading ones the radix cache owns (locked through last_node), this round's extend
+    extend_input_len: int = 0
+    req_pool_idx: int = 0
+    kv_len: int = 0
+    prefix_indices: torch.Tensor = field(default_factory=lambda: _NO_SLOTS)
     last_node: object = None
     cached_tokens: int = -1        # prompt tokens found in the radix cache at first admission (-1: not yet admitted)
     finish_reason: str | None = None
@@ -54,16 +58,18 @@ class Req:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def remaining_new_tokens(self) -> int:
-        return self.params.max_new_tokens - len(self.output_ids)
+    def release_kv(self) -> None:
+        """Forget the KV state (its slots went back to the pool or into the radix cache)."""
+        self.req_pool_idx = self.kv_len = self.extend_input_len = 0
+        self.prefix_indices, self.last_node = _NO_SLOTS, None
 
     def check_finished(self, eos_id: int, decode_tail) -> None:
-        if self.output_ids and not self.params.ignore_eos and self.output_ids[-1] == eos_id:
+        """SGLang's order: the length limit first, then EOS, then stop strings."""
+        if len(self.output_ids) >= self.params.max_new_tokens:
+            self.finish_reason = "length"
+        elif not self.params.ignore_eos and self.output_ids[-1] == eos_id:
             self.finish_reason = "stop"
         elif self.params.stop:
             self.text_tail = (self.text_tail + decode_tail(self.output_ids[-1:]))[-256:]
             if any(s in self.text_tail for s in self.params.stop):
                 self.finish_reason = "stop"
-        if self.finish_reason is None and len(self.output_ids) >= self.params.max_new_tokens:
-            self.finish_reason = "length"

@@ -1,19 +1,45 @@
 """Multi-head latent attention (DeepSeek-V2) over a token-level KV pool.
 
 The cache holds, per token per layer, only the normalised latent c (kv_lora_rank) and the roped key k_pe
-(qk_rope_head_dim), whatever the head count. Extend decompresses the latent into per-head keys and values;
-decode uses the weight-absorbed form: q_nope is folded into latent space (W_UK) and the attention output is
-lifted back per head (W_UV), so nothing per head is ever materialised for the cached tokens.
+(qk_rope_head_dim), whatever the head count. As SGLang v0.4's deepseek_v2.py (DeepseekV2AttentionMLA.forward):
+an EXTEND batch with no cached prefix at all decompresses its tokens' latents into per-head keys and values
+(forward_normal); decode, and an extend batch where any request has a cached prefix, use the weight-absorbed form
+(forward_absorb): q_nope is folded into latent space (W_UK) and the output lifted back per head (W_UV), so nothing
+per head is materialised for cached tokens and a long prefix costs one pass over its latents, not a decompression.
+
+A request's KV slots are read through the req_to_token table; `attention_metadata` turns the batch's rows into the
+indices every layer uses, once per forward.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from framework.model.config import ModelConfig
 from framework.model.layers import RMSNorm, rope
+
+
+@dataclass
+class AttentionMetadata:
+    slots: list[torch.Tensor] | None = None       # extend: each request's slots, prefix + new (views of its row)
+    absorbed: bool = False                       # extend: some request has a cached prefix
+    kv_index: torch.Tensor | None = None          # decode: [B, Lmax] slots, row by row
+    kv_mask: torch.Tensor | None = None           # decode: [B, Lmax] True where a slot is the request's
+
+
+def attention_metadata(batch) -> AttentionMetadata:
+    """What every layer of this forward reads: built once from the req_to_token table (one gather for decode)."""
+    table = batch.req_to_token
+    if batch.mode.is_decode():
+        width = max(batch.seq_lens_cpu)
+        index = table[batch.req_pool_indices, :width].long()
+        mask = torch.arange(width, device=table.device)[None, :] < batch.seq_lens[:, None]
+        return AttentionMetadata(kv_index=index, kv_mask=mask)
+    slots = [table[row, :n].long() for row, n in zip(batch.req_pool_indices_cpu, batch.seq_lens_cpu)]
+    return AttentionMetadata(slots=slots, absorbed=any(batch.prefix_lens))
 
 
 class MLAttention(nn.Module):
@@ -72,42 +98,63 @@ class MLAttention(nn.Module):
 
     # -- attention over the cache ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, batch, kv: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] hidden of this step's tokens; kv: this layer's pool [slots, width]. Returns [T, H] (a partial
-        sum when heads are sharded)."""
+        """x: [T, H] hidden of this step's tokens; kv: this layer's pool [slots, width]; batch.attn_metadata from
+        `attention_metadata`. Returns [T, H] (a partial sum when heads are sharded)."""
         kv[batch.out_cache_loc] = self.project_latent(x, batch.positions).to(kv.dtype)
         q_nope, q_pe = self.project_q(x, batch.positions)
+        meta = batch.attn_metadata
         if batch.mode.is_decode():
-            out = self._decode(q_nope, q_pe, batch, kv)
+            out = self._decode(q_nope, q_pe, meta, kv)
+        elif meta.absorbed:
+            out = self._extend_absorbed(q_nope, q_pe, batch, meta, kv)
         else:
-            out = self._extend(q_nope, q_pe, batch, kv)
+            out = self._extend_normal(q_nope, q_pe, batch, meta, kv)
         return out.reshape(x.shape[0], -1) @ self.o.t()
 
-    def _extend(self, q_nope, q_pe, batch, kv) -> torch.Tensor:
-        """Per request: decompress the latent of prefix + new tokens, causal attention for the new ones."""
+    def _extend_normal(self, q_nope, q_pe, batch, meta, kv) -> torch.Tensor:
+        """No cached prefix: per request, decompress its tokens' latents, causal attention over them."""
         c = self.cfg
         outs, start = [], 0
-        for slots, n_new in zip(batch.kv_slots, batch.extend_lens):
-            cached = kv[slots]                                           # [L, width]
-            latent, k_pe = cached.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        for slots, n in zip(meta.slots, batch.extend_lens):
+            latent, k_pe = kv[slots].split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
             kv_heads = (latent @ self.kv_b.t()).view(-1, self.num_heads, c.qk_nope_head_dim + c.v_head_dim)
             k_nope, v = kv_heads.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-            qn, qp = q_nope[start:start + n_new], q_pe[start:start + n_new]
+            qn, qp = q_nope[start:start + n], q_pe[start:start + n]
             scores = (torch.einsum("qhd,khd->hqk", qn, k_nope) + torch.einsum("qhd,kd->hqk", qp, k_pe)) * self.scale
-            length = slots.shape[0]
-            causal = torch.ones(n_new, length, dtype=torch.bool, device=kv.device).tril(length - n_new)
-            probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            outs.append(torch.einsum("hqk,khd->qhd", probs, v))
-            start += n_new
+            outs.append(torch.einsum("hqk,khd->qhd", self._causal_softmax(scores, n), v))
+            start += n
         return torch.cat(outs) if outs else q_nope.new_zeros(0, self.num_heads, c.v_head_dim)
 
-    def _decode(self, q_nope, q_pe, batch, kv) -> torch.Tensor:
-        """Weight-absorbed decode over a padded [B, Lmax] view of the requests' slots."""
+    def _extend_absorbed(self, q_nope, q_pe, batch, meta, kv) -> torch.Tensor:
+        """Some request has a cached prefix: per request, causal attention of its new tokens over prefix + new
+        tokens in latent space."""
+        c = self.cfg
+        w_uk, w_uv = self.absorbed_weights()
+        q_latent = torch.einsum("thd,hdc->thc", q_nope, w_uk)
+        outs, start = [], 0
+        for slots, n in zip(meta.slots, batch.extend_lens):
+            latent, k_pe = kv[slots].split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+            ql, qp = q_latent[start:start + n], q_pe[start:start + n]
+            scores = (torch.einsum("qhc,kc->hqk", ql, latent) + torch.einsum("qhr,kr->hqk", qp, k_pe)) * self.scale
+            outs.append(torch.einsum("hqk,kc->qhc", self._causal_softmax(scores, n), latent))
+            start += n
+        o_latent = torch.cat(outs) if outs else q_latent.new_zeros(0, self.num_heads, c.kv_lora_rank)
+        return torch.einsum("thc,hvc->thv", o_latent, w_uv)
+
+    @staticmethod
+    def _causal_softmax(scores: torch.Tensor, n_new: int) -> torch.Tensor:
+        """scores [h, n_new, L]: the new tokens are the last n_new of L."""
+        length = scores.shape[-1]
+        causal = torch.ones(n_new, length, dtype=torch.bool, device=scores.device).tril(length - n_new)
+        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+
+    def _decode(self, q_nope, q_pe, meta, kv) -> torch.Tensor:
+        """Weight-absorbed decode over the [B, Lmax] slot index."""
         c = self.cfg
         w_uk, w_uv = self.absorbed_weights()
         q_latent = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)              # [B, h, kv_lora]
-        cached = kv[batch.padded_slots]                                    # [B, L, width]
-        latent, k_pe = cached.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        latent, k_pe = kv[meta.kv_index].split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)   # [B, L, .]
         scores = (torch.einsum("bhc,blc->bhl", q_latent, latent) + torch.einsum("bhr,blr->bhl", q_pe, k_pe)) * self.scale
-        probs = scores.masked_fill(~batch.padded_mask[:, None, :], float("-inf")).softmax(dim=-1)
+        probs = scores.masked_fill(~meta.kv_mask[:, None, :], float("-inf")).softmax(dim=-1)
         o_latent = torch.einsum("bhl,blc->bhc", probs, latent)
         return torch.einsum("bhc,hvc->bhv", o_latent, w_uv)

@@ -42,10 +42,14 @@ class ModelConfig:
         """Values cached per token per layer: the latent plus the RoPE key, nothing per head."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
-    def kv_bytes_per_token(self) -> int:
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one value of `dtype` (weights and KV)."""
         import torch
-        itemsize = torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
-        return self.num_layers * self.kv_cache_width * itemsize
+        return torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * self.kv_cache_width * self.itemsize
 
     def validate(self) -> None:
         problems = []

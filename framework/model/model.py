@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from framework.model.attention import MLAttention
+from framework.model.attention import MLAttention, attention_metadata
 from framework.model.config import ModelConfig
 from framework.model.layers import MLP, MoE, RMSNorm
 
@@ -36,14 +36,17 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, batch, kv_pool, par) -> torch.Tensor:
         """One engine step. `batch`: a ForwardBatch; `kv_pool.layer(i)`: layer i's cache [slots, width];
-        `par`: the parallelism plugin (attention reduction and the token layout around each FFN).
+        `par`: the parallelism plugin (the embedding lookup and logits of a vocabulary slice, the attention
+        reduction and the token layout around each FFN).
 
         Returns logits [num_requests, vocab] of each request's last token (all extend tokens when
         batch.return_all_logits). An IDLE batch has no tokens: it skips attention and logits but runs every FFN,
         so it joins the collectives the other ranks make there.
         """
         idle = batch.mode.is_idle()
-        x = self.embed[batch.input_ids]
+        if not idle:
+            batch.attn_metadata = attention_metadata(batch)
+        x = par.embed(self.embed, batch.input_ids)
         for i, block in enumerate(self.layers):
             if not idle:
                 x = x + par.attn_reduce(block.attn(block.attn_norm(x), batch, kv_pool.layer(i)))
@@ -52,7 +55,7 @@ class Transformer(nn.Module):
             return x.new_zeros(0, self.cfg.vocab_size)
         if not batch.return_all_logits:
             x = x[batch.last_token_index]
-        return self.norm(x) @ self.lm_head.t()
+        return par.logits(self.norm(x), self.lm_head)
 
 
 def build_model(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> Transformer:

@@ -1,10 +1,11 @@
 """What a bench run through a `Cluster` measures, beyond `framework.metrics.summarize`: per-worker counts from what
 each worker reported (the records' meta_info, so the cache hit rate is the engines', not the router's guess), the load
-imbalance, the router's decision time, retries and estimated hit rate, and the engines' KV figures."""
+imbalance, the router's decision time, retries and estimated hit rate, and the engines' figures (the same keys as an
+in-process run: framework.engine.stats)."""
 from __future__ import annotations
 
+from framework.engine.stats import engine_figures
 from framework.metrics import RequestRecord, summarize
-from framework.moe_stats import load_stats
 from framework.workload.http_client import LoadClient
 
 
@@ -19,7 +20,7 @@ def bench(cluster, cfg, sessions, progress: bool = False) -> tuple[dict, list[Re
     results = summarize(records, duration, cfg.workload.slo)
     after = cluster.worker_infos()
     results.update(cluster_figures(records, cluster.worker_urls, cluster.router_stats(), after))
-    results.update(engine_figures(before, after))
+    results.update(engine_figures([_start(before.get(u, {}), a) for u, a in after.items()], list(after.values())))
     results["client_retries"] = client.retries
     results["worker_load_timeline"] = client.load_timeline
     return results, records
@@ -62,35 +63,7 @@ def cluster_figures(records: list[RequestRecord], worker_urls: list[str], router
     }
 
 
-def engine_figures(before: dict[str, dict], after: dict[str, dict]) -> dict:
-    """KV figures of the workers' engines (one rank's, as the in-process bench reports them), retractions during the
-    run, and the largest batch any instance has run since it started."""
-    infos = [i for i in after.values() if "error" not in i]
-    first = infos[0] if infos else {}
-    return {**_expert_load(before, after),
-        "kv_bytes_per_token_per_rank": first.get("kv_bytes_per_token_per_rank", first.get("kv_bytes_per_token", 0)),
-        "kv_capacity_tokens_per_rank": first.get("kv_capacity_tokens_per_rank", first.get("kv_capacity_tokens", 0)),
-        "max_running_requests": max((i.get("max_running_requests", 0) for i in infos), default=0),
-        "retractions": sum(_since(before.get(u, {}).get("retractions", 0), after[u].get("retractions", 0))
-                           for u in after if "error" not in after[u]),
-    }
-
-
-def _expert_load(before: dict[str, dict], after: dict[str, dict]) -> dict:
-    """Expert load of the whole cluster during the run: routed slots per expert, summed over the workers that
-    report them (single-rank engines), differenced against the start."""
-    if not after or not all("expert_counts" in i for i in after.values()):
-        return {}
-    per_layer: dict[int, list[int]] = {}
-    for url, info in after.items():
-        start = before.get(url, {}).get("expert_counts", {})
-        for layer, counts in info["expert_counts"].items():
-            delta = [_since(s, c) for c, s in zip(counts, start.get(layer, [0] * len(counts)))]
-            total = per_layer.setdefault(int(layer), [0] * len(delta))
-            per_layer[int(layer)] = [a + b for a, b in zip(total, delta)]
-    return load_stats(per_layer, 1)
-
-
-def _since(start: int, now: int) -> int:
-    """A counter's growth during the run; a worker restarted meanwhile (its counter went down) counts from its start."""
-    return now - start if now >= start else now
+def _start(before: dict, after: dict) -> dict:
+    """What a worker's counters are differenced against: its stats at the start of the run, or nothing when it was
+    restarted meanwhile (its step counter went down: it counts from its own start)."""
+    return before if after.get("steps", 0) >= before.get("steps", 0) else {}

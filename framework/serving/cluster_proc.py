@@ -39,22 +39,13 @@ class RouterSpec:
     name: str = "router"
 
 
-def build_engine_client(spec: WorkerSpec):
-    """An object with EngineClient's async interface (generate, server_info, flush_cache, close, error).
-    One rank: Engine + EngineClient in this process. More: a multi-rank instance (framework.engine.instance)."""
+def open_worker_engine(spec: WorkerSpec):
+    """The worker's EngineHandle: one engine instance of `parallel.size` ranks (framework.engine.instance_client)."""
     import torch
     torch.set_num_threads(1)
-    torch.set_grad_enabled(False)
-    if spec.parallel.size == 1:
-        from framework.dist.group import Group
-        from framework.engine.client import EngineClient
-        from framework.engine.engine import Engine
-        from framework.registry import PARALLELISM
-        par = PARALLELISM.build(spec.parallel.name, spec.parallel, Group())
-        return EngineClient(Engine(spec.model, spec.engine, par, spec.moe, spec.seed))
     from framework.engine.instance import InstanceSpec
-    from framework.engine.instance_client import InstanceClient
-    return InstanceClient(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed))
+    from framework.engine.instance_client import open_engine
+    return open_engine(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed))
 
 
 async def _serve(role: str, spec, report) -> None:
@@ -62,7 +53,7 @@ async def _serve(role: str, spec, report) -> None:
     client = publisher = None
     if role == "worker":   # (the spec's class is framework.serving.cluster_proc's, not this __main__'s)
         from framework.serving.worker import create_worker_app
-        client = build_engine_client(spec)
+        client = open_worker_engine(spec)
         info = {}
         if spec.kv_block_size:
             from framework.kv_events.worker import publish_cache_events

@@ -1,8 +1,8 @@
 """The worker HTTP server: SGLang's native API and OpenAI's API in front of one engine instance.
 
-The server speaks to the engine only through the async ``EngineAPI`` below (the surface of
-``framework.engine.client.EngineClient``). A client that disconnects cancels its handler (``handler_cancellation``),
-and ``aclosing`` closes the engine's iterator, which frees the request in the engine. ``POST /abort_request``
+The server speaks to the engine only through ``framework.engine.handle.EngineHandle`` (one rank or many), streaming
+with ``handle.generate``. A client that disconnects cancels its handler (``handler_cancellation``), and ``aclosing``
+closes the engine's iterator, which frees the request in the engine. ``POST /abort_request``
 (SGLang's, ``{"rid": ...}``) does the same for the requests with that id (the ``X-Request-Id`` header, else the native
 ``rid``) and says how many it aborted, so a router can tell a worker that dropped a request from one that is hung.
 """
@@ -13,37 +13,18 @@ import logging
 import time
 from contextlib import aclosing
 from functools import partial
-from typing import TYPE_CHECKING, AsyncIterator, Protocol
+from typing import AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from framework.engine.handle import EngineHandle, GenerateOutput, generate
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
 from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
 
-if TYPE_CHECKING:
-    from framework.engine.request import SamplingParams
-
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-class GenerateOutput(Protocol):
-    text: str  # delta
-    token_ids: list[int]  # delta
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-class EngineAPI(Protocol):
-    """``error`` (optional): not None once the engine died; ``/health`` then answers 503 so routers skip it."""
-    def generate(self, prompt: str, params: SamplingParams) -> AsyncIterator[GenerateOutput]: ...
-    def server_info(self) -> dict: ...
-    async def flush_cache(self) -> bool: ...
 
 
 class _Result:
@@ -153,7 +134,7 @@ class WorkerServer:
     MODELS = {"generate": P.GenerateRequest, "completions": P.CompletionRequest, "chat": P.ChatCompletionRequest}
     PROMPT_FIELDS = {"generate": "text", "completions": "prompt", "chat": "messages"}  # named by engine rejections
 
-    def __init__(self, engine: EngineAPI, model_name: str, extra_info: dict | None = None):
+    def __init__(self, engine: EngineHandle, model_name: str, extra_info: dict | None = None):
         self.engine, self.model_name = engine, model_name
         self.extra_info = extra_info or {}  # added to /get_server_info (e.g. where its KV events are published)
         self.metrics = WorkerMetrics()
@@ -224,7 +205,7 @@ class WorkerServer:
     async def _generate(self, prompt: str, params, field: str) -> AsyncIterator[GenerateOutput]:
         """The engine's iterator, with its input errors turned into a 400 and other failures into a 500."""
         try:
-            async with aclosing(self.engine.generate(prompt, params)) as outputs:
+            async with aclosing(generate(self.engine, prompt, params)) as outputs:
                 async for out in outputs:
                     yield out
         except ValueError as exc:  # the engine's way of rejecting a request (e.g. prompt longer than the KV pool)
@@ -243,13 +224,13 @@ class WorkerServer:
         return web.json_response({"success": True, "aborted": len(tasks)})
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        error = getattr(self.engine, "error", None)  # set by EngineClient when its engine thread died
+        error = self.engine.error  # set once the instance failed
         if error is not None:
             return web.json_response({"status": "unhealthy", "error": error}, status=503)
         return web.json_response({"status": "ok"})
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
-        info = dict(self.engine.server_info())
+        info = self.engine.stats()
         info.setdefault("model_name", self.model_name)
         info["http_in_flight"] = self.in_flight
         return web.json_response({**info, **self.extra_info})
@@ -257,16 +238,16 @@ class WorkerServer:
     async def handle_get_load(self, request: web.Request) -> web.Response:
         """SGLang's ``GET /get_load`` (what sglang-router's power_of_two polls): one object per DP rank; num_tokens is
         the KV the requests hold beyond the prefixes they share with the cache."""
-        info = self.engine.server_info()
+        info = self.engine.stats()
         running, queued = info.get("running_requests", 0), info.get("queued_requests", 0)
         tokens = max(info.get("kv_used_tokens", 0) - info.get("cache_tokens", 0), 0)
         return web.json_response([{"dp_rank": 0, "num_reqs": running + queued, "num_waiting_reqs": queued,
                                    "num_tokens": tokens}])
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        info = self.engine.server_info()
+        info = self.engine.stats()
         for gauge, key in ((self.metrics.running, "running_requests"), (self.metrics.queued, "queued_requests")):
-            if key in info:  # EngineClient.server_info() keys
+            if key in info:  # empty until the instance first reports
                 gauge.set(info[key])
         return metrics_response(self.metrics.registry)
 
@@ -283,7 +264,7 @@ class WorkerServer:
 WORKER_KEY = web.AppKey("worker", WorkerServer)
 
 
-def create_worker_app(engine: EngineAPI, *, model_name: str = "servelab",
+def create_worker_app(engine: EngineHandle, *, model_name: str = "servelab",
                       client_max_size: int = DEFAULT_CLIENT_MAX_SIZE, extra_info: dict | None = None) -> web.Application:
     server = WorkerServer(engine, model_name, extra_info)
     app = make_app(client_max_size)
@@ -301,7 +282,7 @@ def create_worker_app(engine: EngineAPI, *, model_name: str = "servelab",
     return app
 
 
-async def serve_worker(engine: EngineAPI, host: str = "127.0.0.1", port: int = 30001, *,
+async def serve_worker(engine: EngineHandle, host: str = "127.0.0.1", port: int = 30001, *,
                        model_name: str = "servelab", client_max_size: int = DEFAULT_CLIENT_MAX_SIZE) -> None:
     """Serve the worker API on host:port until the calling task is cancelled (the engine runs in the same loop)."""
     await serve_forever(create_worker_app(engine, model_name=model_name, client_max_size=client_max_size), host, port)

@@ -13,7 +13,8 @@ from framework.workload.base import Session
 
 
 def play(engine, sessions: list[Session], wl_cfg, progress: bool = True) -> tuple[list[RequestRecord], float]:
-    """Returns (records, duration_s). `engine` needs add(req), step(), tokenizer and scheduler.has_work()."""
+    """Returns (records, duration_s). `engine`: a synchronous face, add(req), step() and tokenizer
+    (framework.engine.handle.SyncFace over any engine instance; a bare Engine has them too)."""
     total = sum(len(s.turns) for s in sessions)
     arrivals = list(sessions)                     # in arrival order
     ready: list[tuple[float, int, Session, int]] = []   # (due time, tiebreak, session, turn): FIFO once due

@@ -14,6 +14,10 @@ Two dispatch forms (`moe.dispatch`):
   its own experts (zeros for the rest) and the parallelism plugin's all-reduce / reduce-scatter combines them.
 
 A rank with no tokens (IDLE) joins every collective with empty buffers: the all-to-all exchanges zero counts.
+
+Host syncs: `all_to_all` reads its send counts and the received counts back to the host every layer (torch's
+all_to_all_single takes split sizes as Python ints), so a step that uses it cannot be captured into a CUDA graph;
+`all_reduce` and size 1 read nothing back.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.moe import MoEBackend, fused_moe_for
+from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
 from framework.registry import MOE
 
 DISPATCHES = ("all_to_all", "all_reduce")
@@ -70,6 +74,11 @@ class EPMoE(MoEBackend):
             raise ValueError(f"moe.dispatch={cfg.dispatch!r} is not one of {', '.join(DISPATCHES)}")
         return ("local", False) if cfg.dispatch == "all_to_all" else ("all", size > 1)
 
+    @classmethod
+    def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
+        first, last = local_expert_range(model_cfg.n_routed_experts, rank, size)
+        return routed_expert_bytes(model_cfg, experts=last - first)
+
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         super().__init__(cfg, w13, w2, group)
         self.first, self.last = local_expert_range(w13.shape[0], group.rank, group.size)
@@ -92,10 +101,13 @@ class EPMoE(MoEBackend):
         group, (num_tokens, top_k) = self.group, topk_ids.shape
         # One (token, destination rank) pair per rank owning any of the token's experts, ordered by destination.
         owner = topk_ids.long() // self.experts_per_rank
-        wanted = torch.zeros(num_tokens, group.size, dtype=torch.bool, device=hidden.device)
-        wanted[torch.arange(num_tokens, device=hidden.device)[:, None], owner] = True
-        dest, token = wanted.t().nonzero(as_tuple=True)
-        send_counts = torch.bincount(dest, minlength=group.size).tolist()
+        wanted = torch.zeros(group.size, num_tokens, dtype=torch.uint8, device=hidden.device)
+        wanted[owner, torch.arange(num_tokens, device=hidden.device)[:, None]] = 1
+        # all_to_all_single takes its split sizes on the host: this read and the group's count exchange are the
+        # layer's host syncs (framework.moe.count_host_syncs); the pair list below is sized from it.
+        send_counts = wanted.sum(dim=1).tolist()
+        pairs = torch.argsort(wanted.view(-1), descending=True, stable=True)[:sum(send_counts)]
+        token = pairs % num_tokens   # destination-major: pair i*T + t goes to rank i
 
         payload = pack_rows(hidden[token], topk_ids[token], topk_weights[token])
         received, recv_counts = group.all_to_all_uneven(payload, send_counts)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.moe import MoEBackend, fused_moe_for
+from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
 from framework.registry import MOE
 
 
@@ -42,6 +42,10 @@ class TritonFusedMoE(MoEBackend):
     Config = TritonFusedConfig
     token_layout = "all"
     partial = True            # on more than one rank (MoEBackend.layout)
+
+    @classmethod
+    def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
+        return routed_expert_bytes(model_cfg, intermediate=model_cfg.moe_intermediate_size // size)
 
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         super().__init__(cfg, w13, w2, group)

@@ -36,14 +36,54 @@ def rank_inputs(rank: int, size: int) -> dict[str, torch.Tensor]:
     }
 
 
+def expected_results(size: int) -> list[dict]:
+    """What each rank of run_every_collective must get, computed in one process from every rank's inputs."""
+    inputs = [rank_inputs(r, size) for r in range(size)]
+    counts, sends = COUNTS[size], SEND_MATRIX[size]
+    stacked = torch.stack([i["reduce_in"] for i in inputs])
+    total = sum(i["scatter_in"] for i in inputs)
+    offsets = [sum(counts[:r]) for r in range(size)]
+    # Block (i -> j) of rank i's all-to-all input: rows after the blocks it sends to ranks < j.
+    block = lambda i, j: inputs[i]["a2a_in"][sum(sends[i][:j]) : sum(sends[i][: j + 1])]  # noqa: E731
+    refs = []
+    for r in range(size):
+        refs.append({
+            "counts": counts,
+            "gathered": torch.cat([i["own_rows"] for i in inputs]),
+            "reduce_sum": stacked.sum(0), "reduce_min": stacked.min(0).values, "reduce_max": stacked.max(0).values,
+            "scattered": total[offsets[r] : offsets[r] + counts[r]],
+            "a2a": torch.cat([block(i, r) for i in range(size)]),
+            "a2a_recv_counts": [sends[i][r] for i in range(size)],
+            "a2a_round_trip": inputs[r]["a2a_in"],
+            "broadcast": {"from": size - 1, "payload": list(range(size + 1))},
+            "gathered_objects": [("rank", i, "x" * i) for i in range(size)],
+        })
+    return refs
+
+
+def assert_every_collective_right(results: list[dict], size: int) -> None:
+    """run_every_collective's per-rank results against expected_results."""
+    for rank, (got, want) in enumerate(zip(results, expected_results(size), strict=True)):
+        for key, expected in want.items():
+            if isinstance(expected, torch.Tensor):
+                assert got[key].shape == expected.shape, (rank, key)
+                # sums across ranks may be added in another order than torch's: allow float rounding only
+                torch.testing.assert_close(got[key], expected, rtol=1e-6, atol=1e-6, msg=f"rank {rank} {key}")
+            else:
+                assert got[key] == expected, (rank, key)
+        assert got["gathered_all_empty"].shape == (0, WIDTH)
+        assert all(got[f"reduce_{op}_in_place"] for op in ("sum", "min", "max"))
+
+
 def run_every_collective(group: Group) -> dict:
-    """Call each collective once (results go back to the test process, which checks them against a reference)."""
+    """Call each collective once on the group's device (results go back to the test process on the CPU, which
+    checks them against expected_results)."""
     torch.set_num_threads(1)
     rank, size = group.rank, group.size
-    inp = rank_inputs(rank, size)
+    inp = {name: t.to(group.device) for name, t in rank_inputs(rank, size).items()}
     counts = group.all_gather_counts(COUNTS[size][rank])
     out = {"counts": counts, "gathered": group.all_gather_uneven(inp["own_rows"], counts)}
-    out["gathered_all_empty"] = group.all_gather_uneven(torch.empty(0, WIDTH), [0] * size)
+    out["gathered_all_empty"] = group.all_gather_uneven(torch.empty(0, WIDTH, device=group.device), [0] * size)
     for op in ("sum", "min", "max"):
         x = inp["reduce_in"].clone()
         returned = group.all_reduce(x, op=op)
@@ -58,7 +98,7 @@ def run_every_collective(group: Group) -> dict:
     out["broadcast"] = group.broadcast_object({"from": rank, "payload": list(range(rank + 2))}, src=size - 1)
     out["gathered_objects"] = group.all_gather_object(("rank", rank, "x" * rank))
     group.barrier()
-    return out
+    return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in out.items()}
 
 
 def skip_a_collective(group: Group, timeout_s: float) -> str:
@@ -69,11 +109,35 @@ def skip_a_collective(group: Group, timeout_s: float) -> str:
         return "rank 0 skipped"
     start = time.monotonic()
     try:
-        group.all_gather_uneven(torch.ones(1, 2), [1, 1])
+        group.all_gather_uneven(torch.ones(1, 2, device=group.device), [1, 1])
     except CollectiveTimeout as exc:
         exc.add_note(f"elapsed_s={time.monotonic() - start:.3f}")
         raise
     return "rank 1 was not expected to get here"
+
+
+def nccl_size_one(group: Group) -> dict:
+    """A size-1 NCCL group: Group's own methods skip torch.distributed at size 1, so call the process group's
+    collectives directly, each waited on through the group's timed wait (on NCCL work objects)."""
+    import torch.distributed as dist
+
+    from framework.dist.group import _all_gather_single, _reduce_scatter_single
+
+    x = torch.arange(6.0, device=group.device).view(3, 2)
+    outs = {name: torch.full_like(x, -1.0) for name in ("all_gather", "reduce_scatter", "all_to_all")}
+    outs["all_reduce"], outs["broadcast"] = x.clone(), x.clone()
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(outs["all_reduce"], group=group.pg, async_op=True),
+        "all_gather": lambda: _all_gather_single(outs["all_gather"], x, group=group.pg, async_op=True),
+        "reduce_scatter": lambda: _reduce_scatter_single(outs["reduce_scatter"], x, group=group.pg, async_op=True),
+        "all_to_all": lambda: dist.all_to_all_single(outs["all_to_all"], x, output_split_sizes=[3],
+                                                     input_split_sizes=[3], group=group.pg, async_op=True),
+        "broadcast": lambda: dist.broadcast(outs["broadcast"], src=0, group=group.pg, async_op=True),
+    }
+    for name, call in calls.items():
+        group._wait(call(), name)
+    return {"backend": group.backend, "device": str(group.device), "input": x.cpu(),
+            "outputs": {name: out.cpu() for name, out in outs.items()}}
 
 
 def _write_pid(pid_dir: str, rank: int) -> None:

@@ -126,7 +126,7 @@ async def test_the_load_client_honours_retry_after(engines):
         async with aiohttp.ClientSession() as http:  # straight at the proxy: the client sees the 429 itself
             client = LoadClient(front, SharedPrefixConfig(), retries=1, request_timeout_s=10)
             t0 = time.perf_counter()
-            record, _ = await client.request(http, "hello", grouped_sessions(1, 1, 0)[0].turns[0])
+            record, _ = await client.request(http, client.payload(grouped_sessions(1, 1, 0)[0], 0, []))
         assert not record.ok and "HTTP 429" in record.error and client.retries == 1
         assert time.perf_counter() - t0 >= 1.0 and proxy.counts["error_429"] == 2
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from framework.engine.batch import ForwardBatch, ForwardMode
-from framework.engine.kv_pool import KVPool
+from framework.engine.kv_pool import KVPool, ReqToTokenPool
 from framework.model.config import ModelConfig
 from framework.model.gating import select_experts
 from framework.model.model import build_model
@@ -39,8 +39,9 @@ def test_same_seed_same_weights_other_seed_differs():
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 32])
-def test_absorbed_decode_matches_reference(q_lora_rank):
-    """Prefill 12 tokens through the cache, then decode 1 token in absorbed form: equal to the plain forward."""
+def test_normal_absorbed_extend_and_decode_match_reference(q_lora_rank):
+    """Prefill 8 tokens (no prefix: decompressed), extend 4 more on that prefix (absorbed), decode 1 (absorbed),
+    each reading its slots through a req_to_token row: equal to the plain forward."""
     cfg = dataclasses.replace(ModelConfig(), q_lora_rank=q_lora_rank)
     model = build_model(cfg, seed=3)
     for layer in model.moe_layers():
@@ -48,17 +49,22 @@ def test_absorbed_decode_matches_reference(q_lora_rank):
         layer.backend = ReferenceMoE(None, layer.w13, layer.w2, Group())
     par = Parallelism(ParallelConfig(), Group())
     pool = KVPool(cfg.num_layers, cfg.kv_cache_width, 64, torch.float32)
+    rows = ReqToTokenPool(2, 32)
+    row = rows.alloc()
     ids = list(range(40, 53))
-    slots = torch.arange(13)
-    extend = ForwardBatch(ForwardMode.EXTEND, input_ids=torch.tensor(ids[:12]), positions=torch.arange(12),
-                          out_cache_loc=slots[:12], extend_lens=[12], kv_slots=[slots[:12]], return_all_logits=True)
-    got_prefill = model(extend, pool, par)
-    decode = ForwardBatch(ForwardMode.DECODE, input_ids=torch.tensor(ids[12:]), positions=torch.tensor([12]),
-                          out_cache_loc=slots[12:], extend_lens=[1], padded_slots=slots[None, :],
-                          padded_mask=torch.ones(1, 13, dtype=torch.bool))
-    got_decode = model(decode, pool, par)
+    slots = pool.alloc(13)
+    rows.write(row, 0, slots)
+
+    def batch(mode, start, end, **kw):
+        return ForwardBatch(mode, input_ids=torch.tensor(ids[start:end]), positions=torch.arange(start, end),
+                            out_cache_loc=slots[start:end], req_to_token=rows.table, req_pool_indices_cpu=[row],
+                            seq_lens_cpu=[end], prefix_lens=[start], extend_lens=[end - start], **kw).to("cpu")
+    got_prefill = model(batch(ForwardMode.EXTEND, 0, 8, return_all_logits=True), pool, par)
+    got_extend = model(batch(ForwardMode.EXTEND, 8, 12, return_all_logits=True), pool, par)
+    got_decode = model(batch(ForwardMode.DECODE, 12, 13), pool, par)
     expect = reference_forward(model, ids)
-    assert (got_prefill - expect[:12]).abs().max() < 1e-4
+    assert (got_prefill - expect[:8]).abs().max() < 1e-4
+    assert (got_extend - expect[8:12]).abs().max() < 1e-4
     assert (got_decode[0] - expect[12]).abs().max() < 1e-4
 
 

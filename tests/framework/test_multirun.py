@@ -17,13 +17,21 @@ from framework.serving.ports import assign_free_ports, free_ports
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def installed(module: str) -> bool:
+    """find_spec raises, not returns None, when the parent package (hydra_plugins) is absent."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def test_a_failed_point_is_recorded_and_the_multirun_goes_on(tmp_path):
     r = subprocess.run([sys.executable, "run.py", "-m", "cluster.http=false", "workload.num_requests=2",
                         "engine.kv_budget_mb=-1,1", "logger.mode=offline", f"hydra.sweep.dir={tmp_path}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]                 # the exit status: how many points failed
     bad, good = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("0", "1"))
-    assert bad["error"] == "engine.kv_budget_mb must be > 0, got -1.0" and "Traceback" not in r.stderr
+    assert bad["error"].startswith("engine.kv_budget_mb must be > 0") and "Traceback" not in r.stderr
     assert "error" not in good and good["requests_completed"] == 2
     assert "1 of 2 runs completed, 1 failed" in r.stderr
     assert len((tmp_path / "1" / "requests.jsonl").read_text().splitlines()) == 2
@@ -54,7 +62,7 @@ def test_port_zero_takes_free_distinct_ports():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+@pytest.mark.skipif(not installed("hydra_plugins.hydra_joblib_launcher"),
                     reason="hydra-joblib-launcher is not installed ('.[studies]')")
 def test_two_clusters_at_once_on_one_node(tmp_path):
     """hydra/launcher=node runs both points at the same time; router.port=0 keeps their ports apart."""
@@ -76,7 +84,7 @@ PLUGINS = {"node": "hydra_joblib_launcher", "slurm": "hydra_submitit_launcher", 
 @pytest.mark.parametrize("group, option", [("launcher", "node"), ("launcher", "slurm"), ("launcher", "ray"),
                                            ("sweeper", "tune_cache_aware")])
 def test_launcher_and_sweeper_configs_compose(group, option):
-    if importlib.util.find_spec(f"hydra_plugins.{PLUGINS[option]}") is None:
+    if not installed(f"hydra_plugins.{PLUGINS[option]}"):
         pytest.skip(f"{PLUGINS[option]} is not installed")
     from hydra import compose as hydra_compose, initialize_config_dir
     from framework.config import CONF_DIR, register_configs

@@ -1,4 +1,5 @@
-"""fused_moe_triton (interpreted on CPU, compiled on CUDA) and fused_moe_torch against fused_moe_reference."""
+"""fused_moe_triton (interpreted on CPU, compiled on CUDA: these small edge cases run on the GPU when there is one)
+and fused_moe_torch against fused_moe_reference."""
 
 import logging
 
@@ -9,12 +10,12 @@ import kernels
 from kernels.fused_moe import fused_moe_reference, fused_moe_torch, fused_moe_triton
 
 IMPLEMENTATIONS = {"triton": fused_moe_triton, "torch": fused_moe_torch}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 2, "num_warps": 4,
          "num_stages": 2}
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def make_moe(T, H, E, I, top_k, seed, dtype=torch.float32, device="cpu"):
+def make_moe(T, H, E, I, top_k, seed, dtype=torch.float32, device=DEVICE):
     """Random layer inputs scaled so the output is O(1); top-k ids are distinct per token, as a router gives."""
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(T, H, generator=gen)
@@ -70,7 +71,7 @@ def test_expert_with_no_tokens(impl):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_all_tokens_on_one_expert(impl):
     hidden, w13, w2, _, topk_weights = make_moe(18, 32, 4, 16, 1, seed=7)
-    topk_ids = torch.full((18, 1), 2)
+    topk_ids = torch.full((18, 1), 2, device=DEVICE)
     got = assert_matches_reference(impl, hidden, w13, w2, topk_ids, topk_weights, config=SMALL)
     # independent check: with one expert the layer is that expert's MLP scaled by the weight
     gate, up = (hidden @ w13[2].t()).chunk(2, dim=-1)
@@ -94,6 +95,8 @@ def test_zero_tokens(impl):
     assert out.shape == (0, 32) and out.dtype == hidden.dtype
 
 
+# The interpreter warns when SiLU-and-mul meets the never-written (and never read) rows of non-local slots.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_local_experts_sum_to_the_full_layer(impl):
     """Expert parallelism: two ranks hold experts [0, 3) and [3, 6); their outputs add up to the full layer."""
@@ -131,7 +134,7 @@ def test_intermediate_slices_sum_to_the_full_layer(impl):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_non_contiguous_hidden(impl):
     hidden, w13, w2, topk_ids, topk_weights = make_moe(9, 32, 4, 16, 2, seed=12)
-    wide = torch.zeros(9, 64)
+    wide = torch.zeros(9, 64, device=DEVICE)
     wide[:, ::2] = hidden
     assert_matches_reference(impl, wide[:, ::2], w13, w2, topk_ids, topk_weights, config=SMALL)
 
@@ -150,7 +153,7 @@ def test_bad_input_is_named(impl, mutate, message):
     names = ("hidden", "w13", "w2", "topk_ids", "topk_weights")
     args = mutate(dict(zip(names, make_moe(5, 32, 4, 16, 2, seed=13))))
     with pytest.raises(ValueError, match=message):
-        IMPLEMENTATIONS[impl](*(args[n] for n in names), config=SMALL)
+        IMPLEMENTATIONS[impl](*(args[n] for n in names), config=SMALL, check=True)
 
 
 def test_float16_output_dtype():
@@ -176,19 +179,24 @@ def test_select_fused_moe_falls_back_once(caplog, monkeypatch):
     assert kernels.select_fused_moe("cuda") is fused_moe_triton
 
 
-@pytest.mark.gpu
-@requires_cuda
-@pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-4)])
-@pytest.mark.parametrize("T", [1, 7, 64, 333])
-def test_cuda_matches_reference(dtype, atol, T):
-    """Compiled kernel, DeepSeek-V2-Lite-like expert shape (E=64, I=1408, top 6; H cut to 256 to keep the loop
-    oracle quick): bf16 picks up the shipped H200 file on an H200, float32 the default config."""
-    args = make_moe(T, 256, 64, 1408, 6, seed=T, dtype=dtype, device="cuda")
-    name = torch.cuda.get_device_name()
-    for impl in IMPLEMENTATIONS:
-        assert_matches_reference(impl, *args, atol=atol, device_name=name)
-    hidden, w13, w2, topk_ids, topk_weights = args
-    local_ids = torch.where(topk_ids < 32, topk_ids, -1)
-    expected = fused_moe_reference(hidden, w13[:32], w2[:32], local_ids, topk_weights)
-    got = fused_moe_triton(hidden, w13[:32], w2[:32], local_ids, topk_weights, device_name=name)
-    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=0)
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels compile for real in every test")
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter never runs Triton's compiler: compile for sm_90 (ptxas ships with Triton) in a process
+    without TRITON_INTERPRET, and check the GEMMs' loads are software-pipelined (cp.async into shared memory), which
+    decode-sized batches need to stream weights at full bandwidth."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py"))], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compiled = json.loads(proc.stdout)
+    assert {c["name"] for c in compiled} == {"decode_bf16", "prefill_bf16", "fp32_ieee", "silu_and_mul_bf16"}
+    for c in compiled:
+        assert (c["cp_async"] > 0) == (c["name"] != "silu_and_mul_bf16"), c

@@ -50,19 +50,41 @@ def test_custom_dir_and_bad_file(tmp_path):
 
 
 def test_tuner_writes_a_file_get_config_reads(tmp_path):
-    """The tuner's plumbing under the interpreter on CPU (timings are meaningless there); an invalid candidate is
-    skipped, not fatal."""
+    """The tuner's plumbing under the interpreter on CPU (timings are meaningless there): an invalid candidate is
+    skipped, not fatal; the file it writes is what get_config reads, merged into an existing one."""
     import torch
 
-    from kernels.tune_fused_moe import search_space, tune, write_configs
+    from kernels.tune_fused_moe import tune, write_configs
 
-    candidates = [dict(c, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, GROUP_SIZE_M=1) for c in search_space(quick=True)[:1]]
-    candidates.append(dict(candidates[0], BLOCK_SIZE_N=48))  # not a power of two: rejected, skipped
+    good = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=16, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    candidates = [dict(good, BLOCK_SIZE_N=48), good]  # 48: not a power of two, rejected and skipped
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    table = tune(4, 16, 32, 2, torch.float32, device, batch_sizes=(1, 5), candidates=candidates, repeats=1)
-    assert sorted(table) == [1, 5] and all(cfg == candidates[0] for cfg in table.values())
-    path = write_configs(table, 4, 16, "Test Device", tmp_path, dtype=torch.float32)
+    result = tune(4, 16, 32, 2, torch.float32, device, batch_sizes=(1, 5), candidates=candidates, repeats=1)
+    assert result["tried"] == 2 and result["skipped"] == 1
+    assert sorted(result["table"]) == [1, 5] and all(cfg == good for cfg in result["table"].values())
+    for timing in result["timings"].values():
+        assert timing["ms"] > 0 and timing["weight_gbs"] > 0 and timing["shipped_ms"] > 0
+    old = dict(good, BLOCK_SIZE_N=64)
+    (tmp_path / "E=4,N=16,device_name=Test_Device,dtype=float32.json").write_text(json.dumps({"5": old, "64": old}))
+    path = write_configs(result["table"], 4, 16, "Test Device", tmp_path, dtype=torch.float32)
     assert path.name == "E=4,N=16,device_name=Test_Device,dtype=float32.json"
-    assert get_config(4, 16, "Test Device", 4, config_dir=tmp_path, dtype="float32") == candidates[0]
+    assert json.loads(path.read_text()) == {"1": good, "5": good, "64": old}   # tuned keys replaced, others kept
+    assert get_config(4, 16, "Test Device", 4, config_dir=tmp_path, dtype="float32") == good
     assert get_config(4, 16, "Test Device", 4, config_dir=tmp_path) == default_config(4, 4)  # 16-bit: no file
-    assert len(search_space()) == 384 and len(search_space(quick=True)) == 16
+
+
+def test_tuner_budget_and_candidate_order():
+    import torch
+
+    from kernels.tune_fused_moe import AXES, search_space, tune
+
+    space = search_space()
+    assert len(space) == len({tuple(c.values()) for c in space}) == 768
+    assert space[0] == {axis: values[0] for axis, values in AXES.items()}   # the preferred value of every axis first
+    for config in space:
+        validate_config(config)
+    # a spent budget still tries one candidate, so every batch size gets a config
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    small = [dict(space[0], BLOCK_SIZE_N=16, BLOCK_SIZE_K=16), dict(space[0], BLOCK_SIZE_N=32, BLOCK_SIZE_K=16)]
+    result = tune(4, 16, 32, 2, torch.float32, device, batch_sizes=(3,), candidates=small, budget_s=0.0, repeats=1)
+    assert result["tried"] == 1 and result["table"] == {3: small[0]}

@@ -1,5 +1,5 @@
 """The async face of a multi-rank instance (what the HTTP worker calls): streamed greedy outputs equal the
-reference model's greedy continuation, aborts free the request on its rank, flush and server_info work, and a rank
+reference model's greedy continuation, aborts free the request on its rank, flush and stats work, and a rank
 killed mid-run fails the requests in flight with one message and leaves no process behind."""
 import asyncio
 import os
@@ -8,8 +8,9 @@ from contextlib import aclosing
 
 import pytest
 
+from framework.engine.handle import generate
 from framework.engine.instance import InstanceSpec
-from framework.engine.instance_client import InstanceClient
+from framework.engine.instance_client import InstanceClient, open_engine
 from framework.engine.request import SamplingParams
 from framework.model.model import build_model
 from framework.model.reference import reference_forward
@@ -38,21 +39,21 @@ async def collect(stream) -> tuple[list[int], str, object]:
 
 async def scenario(client: InstanceClient) -> dict:
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    served = await asyncio.gather(*(collect(client.generate(p, greedy)) for p in PROMPTS))
-    info_busy = client.server_info()
+    served = await asyncio.gather(*(collect(generate(client, p, greedy)) for p in PROMPTS))
+    info_busy = client.stats()
     # abort: stop reading a long request after two outputs; its rank must drop it
-    async with aclosing(client.generate("a long one " * 3, SamplingParams(max_new_tokens=400, ignore_eos=True))) as s:
+    async with aclosing(generate(client, "a long one " * 3, SamplingParams(max_new_tokens=400, ignore_eos=True))) as s:
         async for i, _ in _enumerate(s):
             if i == 1:
                 break
     for _ in range(100):
         await asyncio.sleep(0.05)
-        if client.server_info()["running_requests"] + client.server_info()["queued_requests"] == 0:
+        if client.stats()["running_requests"] + client.stats()["queued_requests"] == 0:
             break
-    info_idle = client.server_info()
+    info_idle = client.stats()
     flushed = await client.flush_cache()
     # a rank dies while a request streams
-    stream = client.generate("doomed", SamplingParams(max_new_tokens=400, ignore_eos=True))
+    stream = generate(client, "doomed", SamplingParams(max_new_tokens=400, ignore_eos=True))
     first = await stream.__anext__()
     os.kill(client.instance.pids[1], signal.SIGKILL)
     with pytest.raises(RuntimeError) as dead:
@@ -71,7 +72,7 @@ async def _enumerate(stream):
 
 def test_generate_streams_the_reference_greedy_tokens_and_a_dead_rank_fails_cleanly():
     cfg = make_cfg("parallel=dp_attn", "parallel.size=2", "parallel.timeout_s=10")
-    client = InstanceClient(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
+    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
     pids = client.instance.pids
     try:
         out = asyncio.run(scenario(client))
@@ -85,7 +86,7 @@ def test_generate_streams_the_reference_greedy_tokens_and_a_dead_rank_fails_clea
         assert (last.finished, last.finish_reason, last.prompt_tokens, last.completion_tokens) == \
             (True, "length", len(ids), NEW_TOKENS)
     assert out["busy"]["parallel"] == "dp_attn" and out["busy"]["parallel_size"] == 2
-    assert out["busy"]["kv_capacity_tokens"] == 2 * out["busy"]["kv_capacity_tokens_per_rank"]
+    assert out["busy"]["kv_capacity_tokens_instance"] == 2 * out["busy"]["kv_capacity_tokens_per_rank"]
     assert out["idle"]["running_requests"] == out["idle"]["queued_requests"] == 0   # the aborted one is gone
     assert out["flushed"] is True
     assert out["first"].token_ids and not out["first"].finished
@@ -93,4 +94,4 @@ def test_generate_streams_the_reference_greedy_tokens_and_a_dead_rank_fails_clea
     assert client.error is not None
     assert_no_rank_left(pids)
     with pytest.raises(RuntimeError, match="engine is down"):
-        asyncio.run(collect(client.generate("after", SamplingParams(max_new_tokens=2))))
+        asyncio.run(collect(generate(client, "after", SamplingParams(max_new_tokens=2))))

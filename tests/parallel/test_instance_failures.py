@@ -5,8 +5,9 @@ import pytest
 
 from framework.app import UserError, run
 from framework.dist import RankFailed
+from framework.engine.handle import EngineDown, SyncFace
 from framework.engine.instance import InstanceSpec
-from framework.engine.instance_client import InstanceClient
+from framework.engine.instance_client import open_engine
 from framework.engine.request import Req, SamplingParams
 from parallel_helpers import assert_no_rank_left, make_cfg
 
@@ -41,16 +42,18 @@ def test_without_idle_batches_the_busy_rank_times_out_in_the_ffn_collective_not_
     rank 0 waits for it in the first FFN layer's all-gather and gets a CollectiveTimeout naming itself, the
     collective and the step; the launcher then stops every rank."""
     cfg = make_cfg("parallel=dp_attn", "parallel.size=2", "parallel.idle_batches=false", "parallel.timeout_s=2")
-    client = InstanceClient(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
+    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
     pids = client.instance.pids
     try:
         req = Req(client.tokenizer.encode("hello ranks"), SamplingParams(max_new_tokens=4))
-        client.add(req, dp_rank=0)
-        with pytest.raises(RankFailed) as info:
-            client.wait_all([req], timeout=60)
+        face = SyncFace(client)
+        face.add(req, dp_rank=0)
+        with pytest.raises(EngineDown, match="rank 0 failed: CollectiveTimeout"):
+            face.wait_all([req], timeout=60)
     finally:
         client.terminate()
-    err = info.value
+    err = client.failure
+    assert isinstance(err, RankFailed)
     assert (err.rank, err.exc_type) == (0, "CollectiveTimeout")
     assert err.exc_message.startswith("rank 0: all_gather_uneven timed out after 2.0 s at step ")
     assert "parallel.idle_batches" in err.exc_message
@@ -61,13 +64,14 @@ def test_without_idle_batches_the_busy_rank_times_out_in_the_ffn_collective_not_
 
 def test_the_same_instance_with_idle_batches_serves_the_request():
     cfg = make_cfg("parallel=dp_attn", "parallel.size=2", "parallel.timeout_s=10")
-    client = InstanceClient(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
+    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
     pids = client.instance.pids
     try:
         req = Req(client.tokenizer.encode("hello ranks"), SamplingParams(max_new_tokens=4, ignore_eos=True))
-        client.add(req, dp_rank=0)
-        client.wait_all([req], timeout=60)
-        ranks = client.close()
+        face = SyncFace(client)
+        face.add(req, dp_rank=0)
+        face.wait_all([req], timeout=60)
+        ranks = client.close_ranks()
     finally:
         client.terminate()
     assert len(req.output_ids) == 4 and req.finish_reason == "length"

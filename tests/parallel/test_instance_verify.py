@@ -1,20 +1,25 @@
 """Multi-rank instances (gloo) against the single-process reference: every rank's logits, the instance protocol
-(lockstep, IDLE batches, can_run_graph), KV accounting, and every token layout of the MoE contract."""
+(DP groups, lockstep, IDLE batches, can_run_graph), KV accounting under both sizings, and every token layout of the
+MoE contract under both FFN exchanges of DP attention."""
 from functools import lru_cache
 
 import pytest
 
-from framework.registry import MOE
+from framework.engine.engine import plan_memory
+from framework.registry import MOE, PARALLELISM
 from framework.verify import engine_cases, verify_instance
 from parallel_helpers import make_cfg
 
 ATOL = 1e-4   # verify.atol for fp32
+SIZES = {("tp", 2): [], ("dp_attn", 2): [], ("dp_attn_tp", 2): ["parallel.size=2"],    # dp_attn_tp x2: one group
+         ("tp", 4): ["parallel.size=4"], ("dp_attn", 4): ["parallel.size=4"], ("dp_attn_tp", 4): []}
 
 
 @lru_cache(maxsize=None)
 def verified(parallel: str, size: int) -> dict:
     """Every case of mode=verify plus one per MoE token layout, on one spawned instance."""
-    cfg = make_cfg(f"parallel={parallel}", f"parallel.size={size}")
+    cfg = make_cfg(f"parallel={parallel}", *SIZES[parallel, size])
+    assert cfg.parallel.size == size
     ep = MOE.get("ep").Config
     cases = {name: (engine_cfg, cfg.moe) for name, engine_cfg in engine_cases(cfg).items()}
     cases.update({
@@ -25,32 +30,61 @@ def verified(parallel: str, size: int) -> dict:
     return verify_instance(cfg, cases)
 
 
-@pytest.mark.parametrize("parallel,size", [("tp", 2), ("dp_attn", 2),
+@pytest.mark.parametrize("parallel,size", [("tp", 2), ("dp_attn", 2), ("dp_attn_tp", 2),
                                            pytest.param("tp", 4, marks=pytest.mark.slow),
-                                           pytest.param("dp_attn", 4, marks=pytest.mark.slow)])
+                                           pytest.param("dp_attn", 4, marks=pytest.mark.slow),
+                                           pytest.param("dp_attn_tp", 4, marks=pytest.mark.slow)])
 def test_every_rank_matches_the_reference(parallel, size):
     results = verified(parallel, size)
     for name, case in results.items():
         assert case["problems"] == [], (name, case["problems"])
         assert case["max_abs_err"] <= ATOL, (name, case["max_abs_err"])
         assert case["requests"] == 12
-    assert results["radix_cache"]["cached_tokens"] > 0          # the second round hit the per-rank radix caches
-    assert results["tight_kv_retract"]["retractions"] > 0       # and retraction + resume ran on a rank
+    assert results["radix_cache"]["cached_tokens"] > 0          # the second round hit the per-group radix caches
+    assert results["tight_kv_retract"]["retractions"] > 0       # and retraction + resume ran in a group
 
 
-@pytest.mark.parametrize("size", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_dp_attention_runs_idle_batches_and_counts_graph_eligible_steps(size):
-    results = verified("dp_attn", size)
-    pinned = results["chunked_prefill"]              # rank size-1 gets no request at all, the others uneven loads
-    assert pinned["requests_per_rank"][-1] == 0 and sum(pinned["requests_per_rank"]) == 12
-    assert pinned["idle_steps"] >= pinned["steps"]   # the empty rank ran an IDLE batch at every step
+@pytest.mark.parametrize("parallel,size", [("dp_attn", 2), pytest.param("dp_attn", 4, marks=pytest.mark.slow),
+                                           pytest.param("dp_attn_tp", 4, marks=pytest.mark.slow)])
+def test_dp_attention_runs_idle_batches_and_counts_graph_eligible_steps(parallel, size):
+    results = verified(parallel, size)
+    tp = size // PARALLELISM.get(parallel).dp_size(make_cfg(f"parallel={parallel}", *SIZES[parallel, size]).parallel)
+    pinned = results["chunked_prefill"]              # the last DP group gets no request at all, the others uneven
+    assert pinned["requests_per_rank"][-tp:] == [0] * tp and sum(pinned["requests_per_rank"]) == 12 * tp
+    assert pinned["idle_steps"] >= tp * pinned["steps"]          # its ranks ran an IDLE batch at every step
     assert 0 < pinned["graph_eligible_steps"] < pinned["steps"]   # decode/idle steps yes, steps with an extend no
-    spread = results["radix_cache"]["requests_per_rank"]          # the controller's round robin
-    assert spread == [12 // size] * size
+    spread = results["radix_cache"]["requests_per_rank"]          # the dispatcher's round robin over the groups
+    assert spread == [12 * tp // size] * size
 
 
-def test_kv_accounting_dp_attention_holds_size_times_the_tokens_of_tp():
-    tp, dp = verified("tp", 2)["radix_cache"], verified("dp_attn", 2)["radix_cache"]
-    assert dp["kv_capacity_tokens_per_rank"] == tp["kv_capacity_tokens_per_rank"]     # the full latent per rank
-    assert tp["kv_capacity_tokens_instance"] == tp["kv_capacity_tokens_per_rank"]     # TP: every rank a copy
-    assert dp["kv_capacity_tokens_instance"] == 2 * tp["kv_capacity_tokens_instance"]
+def test_kv_accounting_under_both_sizings():
+    """engine.mem_budget_mb (the default): the KV pool is what a rank's budget leaves after its weights, so DP
+    attention, which keeps attention, embedding and lm_head whole, has fewer tokens per rank than TP. With
+    engine.kv_budget_mb (tight_kv_retract sets it) every rank holds the same tokens: TP's instance holds one rank's
+    worth (every rank a copy), DP attention's size times as many."""
+    tp, dp = verified("tp", 2), verified("dp_attn", 2)
+    for parallel, res in (("tp", tp), ("dp_attn", dp)):
+        cfg = make_cfg(f"parallel={parallel}")
+        plan = plan_memory(cfg.model, cfg.engine, PARALLELISM.get(parallel), cfg.parallel, MOE.get(cfg.moe.name),
+                           cfg.moe)
+        assert plan.sizing == "mem_budget"
+        expect = (int(cfg.engine.mem_budget_mb * 2**20) - plan.weight_bytes_total) // cfg.model.kv_bytes_per_token()
+        assert res["radix_cache"]["kv_capacity_tokens_per_rank"] == plan.kv_tokens == expect
+    assert dp["radix_cache"]["kv_capacity_tokens_per_rank"] < tp["radix_cache"]["kv_capacity_tokens_per_rank"]
+    assert tp["radix_cache"]["kv_capacity_tokens_instance"] == tp["radix_cache"]["kv_capacity_tokens_per_rank"]
+    assert dp["radix_cache"]["kv_capacity_tokens_instance"] == 2 * dp["radix_cache"]["kv_capacity_tokens_per_rank"]
+    tight_tp, tight_dp = tp["tight_kv_retract"], dp["tight_kv_retract"]
+    cfg = make_cfg("parallel=tp")
+    tight_tokens = int(engine_cases(cfg)["tight_kv_retract"].kv_budget_mb * 2**20) // cfg.model.kv_bytes_per_token()
+    assert tight_tp["kv_capacity_tokens_per_rank"] == tight_dp["kv_capacity_tokens_per_rank"] == tight_tokens
+    assert tight_dp["kv_capacity_tokens_instance"] == 2 * tight_tp["kv_capacity_tokens_instance"]
+
+
+def test_dp_attention_reduce_scatter_switch_matches_the_reference():
+    """parallel.ffn_comm=reduce_scatter (servelab's) against the reference, with every MoE layout's partiality."""
+    cfg = make_cfg("parallel=dp_attn", "parallel.ffn_comm=reduce_scatter", "verify.max_new_tokens=3")
+    cases = {f"moe_{name}": (engine_cases(cfg)["chunked_prefill"], moe) for name, moe in {
+        "reference": cfg.moe, "triton_fused": MOE.get("triton_fused").Config(),
+        "ep_all_reduce": MOE.get("ep").Config(dispatch="all_reduce")}.items()}
+    for name, case in verify_instance(cfg, cases).items():
+        assert case["problems"] == [] and case["max_abs_err"] <= ATOL, (name, case)

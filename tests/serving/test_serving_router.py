@@ -314,7 +314,7 @@ async def test_startup_with_a_worker_not_up_yet(engines):
         assert info["router"]["healthy_workers"] == 2
         assert engine_stats(late_engine)["extend_steps"] == sum(w == late_url for _, _, w in served)
         assert info["workers"][late_url]["extend_steps"] == engine_stats(late_engine)["extend_steps"]
-        assert info["totals"]["kv_capacity_tokens"] == late_engine.engine.capacity + engines[0].engine.capacity
+        assert info["totals"]["kv_capacity_tokens_instance"] == late_engine.engine.capacity + engines[0].engine.capacity
         models = await (await http.get("/v1/models")).json()
         assert [m["id"] for m in models["data"]] == ["tiny"]
         async with http.post("/flush_cache") as r:

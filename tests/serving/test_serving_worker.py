@@ -272,7 +272,7 @@ async def test_metrics_info_models_and_flush(worker):
     async with http.get("/get_server_info") as r:
         info = await r.json()
     assert info["model_name"] == "tiny" and info["http_in_flight"] == 0 and info["running_requests"] == 0
-    assert info["kv_capacity_tokens"] == engine.engine.capacity and info["cache_tokens"] > 0
+    assert info["kv_capacity_tokens_instance"] == engine.engine.capacity and info["cache_tokens"] > 0
     async with http.get("/v1/models") as r:
         assert [m["id"] for m in (await r.json())["data"]] == ["tiny"]
 

@@ -28,16 +28,22 @@ def reference():
     return build_model(MODEL, 0)
 
 
+TIGHT = {"kv_budget_mb": 180 * KV_PER_TOKEN / 2**20, "chunked_prefill_tokens": 16, "init_new_token_ratio": 0.05,
+         "min_new_token_ratio_factor": 0.0}
+
+
 @pytest.mark.parametrize("engine_kw", [
     {},                                                      # radix hits on the second round
-    {"chunked_prefill_tokens": 16},                           # chunked prefill + hits
-    {"kv_budget_mb": 200 * KV_PER_TOKEN / 2**20, "new_token_ratio": 0.05, "min_new_token_ratio": 0.0},  # retraction
+    {"chunked_prefill_tokens": 16},                           # chunked prefill + hits (absorbed extend over a prefix)
+    TIGHT,                                                   # retraction and resume
     {"radix_cache": False},
+    {"radix_cache": False, "chunked_prefill_tokens": 16},     # chunks without a cache: a request's own prefix
     {"schedule_policy": "fcfs"},
+    {"alternate_extend_decode": True, "chunked_prefill_tokens": 16},
 ])
 def test_incremental_logits_match_reference(reference, engine_kw):
     engine = make_engine(**engine_kw)
-    result = run_case(engine, reference, verify_prompts(0), max_new_tokens=6)
+    result = run_case(engine, reference, verify_prompts(0), max_new_tokens=12 if engine_kw is TIGHT else 6)
     assert result["max_abs_err"] < 1e-4, result
     if engine_kw.get("radix_cache", True):
         assert result["cached_tokens"] > 0
@@ -47,8 +53,8 @@ def test_incremental_logits_match_reference(reference, engine_kw):
 
 def test_admission_never_exceeds_capacity_and_drops_nothing():
     rng = random.Random(0)
-    engine = make_engine(kv_budget_mb=300 * KV_PER_TOKEN / 2**20, chunked_prefill_tokens=32, new_token_ratio=0.2,
-                         min_new_token_ratio=0.05)
+    engine = make_engine(kv_budget_mb=300 * KV_PER_TOKEN / 2**20, chunked_prefill_tokens=32, init_new_token_ratio=0.2,
+                         min_new_token_ratio_factor=0.25)
     cap = engine.capacity
     reqs = []
     shared = [rng.randrange(256) for _ in range(40)]
@@ -63,10 +69,11 @@ def test_admission_never_exceeds_capacity_and_drops_nothing():
                 engine.add(pending.pop(0))
         engine.step()
         sched = engine.scheduler
-        held = sum(r.kv_slots.shape[0] - r.prefix_len for r in sched.running)
+        holders = {id(r): r for r in sched.running + (sched._last_extend or []) + [sched.chunked] if r and r.req_pool_idx}
+        held = sum(r.kv_len - len(r.prefix_indices) for r in holders.values())
         assert engine.pool.used() <= cap
-        assert engine.pool.used() == held + sched.cache.total_size() + (
-            sched.chunked.kv_slots.shape[0] - sched.chunked.prefix_len if sched.chunked else 0)
+        assert engine.pool.used() == held + sched.cache.total_size()
+        assert sched.req_to_token.available() == engine.cfg.max_running_requests - len(holders)
         steps += 1
         assert steps < 5000
     assert all(r.finish_reason == "length" and len(r.output_ids) == r.params.max_new_tokens for r in reqs)
@@ -75,8 +82,10 @@ def test_admission_never_exceeds_capacity_and_drops_nothing():
 
 def test_prompt_longer_than_capacity_is_refused_in_one_sentence():
     engine = make_engine(kv_budget_mb=100 * KV_PER_TOKEN / 2**20)
-    with pytest.raises(ValueError, match=r"needs 228 KV slots, more than this rank's capacity of 100"):
+    with pytest.raises(ValueError, match=r"= 228 tokens, more than a request may hold on this rank: 98 \(its KV "
+                                         r"capacity of 100 tokens less 2"):
         engine.add(Req(list(range(100)), SamplingParams(max_new_tokens=128)))
+    engine.add(Req(list(range(90)), SamplingParams(max_new_tokens=8)))      # 98 fits
 
 
 def test_lpm_serves_longest_cached_prefix_first():
@@ -95,18 +104,21 @@ def test_lpm_serves_longest_cached_prefix_first():
     assert order == [hot.rid, cold.rid] and hot.cached_tokens == 60
 
 
-def test_chunked_prefill_does_not_stall_decodes():
-    engine = make_engine(chunked_prefill_tokens=8)
-    short = Req([1, 2, 3], SamplingParams(max_new_tokens=20, ignore_eos=True))
+@pytest.mark.parametrize("alternate", [False, True])
+def test_chunked_prefill_and_running_decodes(alternate):
+    """SGLang runs a prefill batch whenever one can be formed: a 100-token prompt in 8-token chunks stalls the
+    running decode for all 13 chunks. servelab's alternate_extend_decode interleaves a decode after every chunk."""
+    engine = make_engine(chunked_prefill_tokens=8, alternate_extend_decode=alternate)
+    short = Req([1, 2, 3], SamplingParams(max_new_tokens=40, ignore_eos=True))
     engine.add(short)
-    engine.step()                                   # short is decoding now
+    engine.step()                                   # short is prefilled (its first token), it decodes next
     engine.add(Req(list(range(100)), SamplingParams(max_new_tokens=1, ignore_eos=True)))
-    modes = []
-    for _ in range(10):
+    gained = []
+    for _ in range(14):
         before = len(short.output_ids)
         engine.step()
-        modes.append(len(short.output_ids) - before)
-    assert sum(modes) >= 5          # a decode token at least every other step while 100 tokens prefill in chunks
+        gained.append(len(short.output_ids) - before)
+    assert gained == ([1, 0] * 7 if alternate else [0] * 13 + [1])
 
 
 def test_stop_strings_and_eos():
@@ -136,12 +148,16 @@ def test_sampling_is_seeded():
 
 
 @pytest.mark.parametrize("prompt_len", [84, 88, 94])
-def test_chunked_prefill_holding_the_pool_retracts_the_last_decode_and_finishes(prompt_len):
-    """A prefill in small chunks fills the pool while the only other request decodes: the decode is retracted
-    (not crashed), the prefill finishes, the retracted request resumes; nothing is lost."""
-    engine = make_engine(kv_budget_mb=100 * KV_PER_TOKEN / 2**20, chunked_prefill_tokens=4, new_token_ratio=0.0,
-                         min_new_token_ratio=0.0)
-    decoding = Req([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=95, ignore_eos=True))
+@pytest.mark.parametrize("alternate", [False, True])
+def test_chunked_prefill_holding_the_pool_finishes_and_loses_nothing(prompt_len, alternate):
+    """A prefill in small chunks fills the pool while the only other request has decodes ahead. SGLang's order
+    (chunks back to back) needs no retraction. With alternate_extend_decode the decode steps in between run the pool
+    dry: the decode is retracted (SGLang would stop here, servelab retracts even the last request), the prefill
+    finishes, the retracted request resumes; nothing is lost either way. 94 tokens + 1 do not fit beside the decode's
+    6 (SGLang's `total >= rem_total` check): that prefill waits for the decode to finish."""
+    engine = make_engine(kv_budget_mb=100 * KV_PER_TOKEN / 2**20, chunked_prefill_tokens=4, init_new_token_ratio=0.0,
+                         alternate_extend_decode=alternate)
+    decoding = Req([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=93, ignore_eos=True))
     engine.add(decoding)
     engine.step()
     engine.step()
@@ -153,5 +169,6 @@ def test_chunked_prefill_holding_the_pool_retracts_the_last_decode_and_finishes(
         assert engine.pool.used() <= engine.capacity
         steps += 1
         assert steps < 2000
-    assert len(decoding.output_ids) == 95 and len(prefill.output_ids) == 1
-    assert engine.scheduler.stats["retractions"] >= 1
+    assert len(decoding.output_ids) == 93 and len(prefill.output_ids) == 1
+    admitted_beside_decode = prompt_len + 1 < engine.capacity - 6
+    assert (engine.scheduler.stats["retractions"] > 0) == (alternate and admitted_beside_decode)

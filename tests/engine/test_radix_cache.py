@@ -100,3 +100,32 @@ def test_eviction_is_lru_and_skips_locked():
     assert freed == [2, 3]                         # [2,2] was least recently used
     cache.evict(100)
     assert sorted(freed) == [2, 3, 4, 5] and cache.protected_size() == 2
+
+
+def test_access_times_follow_sglang():
+    """RadixCache._match_prefix_helper / _insert_helper / _split_node: a split's upper node is new (touched now), its
+    lower half keeps its old time; an insert that ends exactly at a node leaves that node's time alone; a match
+    touches every node it fully walks. Eviction order (LRU leaves) shows it."""
+    freed = []
+    cache = RadixCache(lambda s: freed.append(s.tolist()))
+    cache.insert([1, 2, 3, 4], torch.tensor([0, 1, 2, 3]))
+    cache.insert([9, 9], torch.tensor([4, 5]))
+    cache.match_prefix([1, 2, 7])                  # splits [1 2 | 3 4]: [3 4] stays older than [9 9]
+    cache.insert([5, 5], torch.tensor([6, 7]))
+    cache.insert([9, 9], torch.tensor([8, 9]))     # ends exactly at [9 9]: not touched
+    cache.evict(1)
+    cache.evict(1)
+    assert freed == [[2, 3], [4, 5]]
+    cache.match_prefix([5, 5])                     # touches [5 5]: [1 2] is now the oldest leaf
+    cache.evict(1)
+    assert freed[-1] == [0, 1]
+
+
+def test_lock_deltas_are_evictable_size_changes():
+    """inc_lock_ref / dec_lock_ref return the change of the evictable size (PrefillAdder adds it to its budget)."""
+    cache = RadixCache(lambda s: None)
+    cache.insert([1, 2, 3], torch.tensor([0, 1, 2]))
+    _, node = cache.match_prefix([1, 2, 9])
+    assert cache.inc_lock_ref(node) == -2 and cache.inc_lock_ref(node) == 0
+    assert cache.dec_lock_ref(node) == 0 and cache.dec_lock_ref(node) == 2
+    assert cache.evictable_size() == 3

@@ -1,0 +1,84 @@
+"""One statistics builder, one name per figure.
+
+Three levels, each built from the one below, whatever ran it (in-process or behind HTTP, one rank or many):
+
+- a rank's snapshot: `Engine.server_info()` (load, KV, memory, its scheme, step counters, timing, expert counts);
+- an instance's stats (`instance_stats`): what `EngineHandle.stats()` and `close()` return and a worker serves at
+  /get_server_info. The ranks of one DP group hold copies of one scheduler's state, so its leader counts it once;
+- a run's engine figures (`engine_figures`): results.json's keys for one or many instances, counters taken over
+  the run (after - before), so `cluster.http=true` and `false` report the same keys for the same config.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from framework.moe_stats import combine_rank_counts, load_stats
+
+SCHEME_KEYS = ("parallel", "parallel_size", "dp_size", "ffn_comm", "tp_size")   # describe(): what ran
+STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
+               "kv_capacity_tokens_instance")
+GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
+GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps")              # one scheduler per DP group
+RANK_COUNTERS = ("idle_steps", "skipped_idle_steps", "schedule_s", "forward_s")   # every rank's own
+STEP_COUNTERS = ("steps", "graph_eligible_steps")                               # the same on every rank: rank 0's
+RUN_COUNTERS = ("retractions", "steps", "idle_steps", "graph_eligible_steps", "schedule_s", "forward_s")
+
+
+def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[str, Any]:
+    """An instance's stats from its ranks' snapshots (rank order). `peak_running`: the most requests running at
+    once over the instance's DP groups, as rank 0 saw them step by step (default: the one group's own peak)."""
+    leaders = [r for r in ranks if r["leads"]]
+    first = ranks[0]
+    per_rank = min(r["kv_capacity_tokens_per_rank"] for r in ranks)
+    out = {k: first[k] for k in SCHEME_KEYS if k in first}
+    out.update({
+        "kv_sizing": first["kv_sizing"],
+        "weight_bytes_per_rank": max(r["weight_bytes_per_rank"] for r in ranks),
+        "kv_bytes_per_token_per_rank": first["kv_bytes_per_token_per_rank"],
+        "kv_capacity_tokens_per_rank": per_rank,
+        "kv_capacity_tokens_instance": per_rank * len(leaders),
+        **{k: sum(r[k] for r in leaders) for k in GROUP_LOAD_KEYS + GROUP_COUNTERS},
+        "max_running_requests": first["max_running_requests"] if peak_running is None else peak_running,
+        **{k: sum(r[k] for r in ranks) for k in RANK_COUNTERS},
+        **{k: first[k] for k in STEP_COUNTERS},
+        "requests_per_rank": [r["requests"] for r in ranks],
+        "expert_counts": combine_rank_counts([(r["expert_counts"], r["expert_counts_local"]) for r in ranks]),
+    })
+    return out
+
+
+def engine_figures(before: list[dict], after: list[dict]) -> dict[str, Any]:
+    """results.json's engine keys for instances of one config: `after[i]` and `before[i]` are instance i's stats at
+    the end and at the start of the run ({} for a fresh instance). The largest batch is since the instance started."""
+    pairs = [(b, a) for b, a in zip(before, after) if "kv_sizing" in a]   # not a failed or external server
+    if not pairs:
+        return {}
+    first = pairs[0][1]
+
+    def delta(key: str) -> float:
+        return sum(a[key] - b.get(key, 0) for b, a in pairs)
+    out = {k: first[k] for k in SCHEME_KEYS + STATIC_KEYS if k in first}
+    out["max_running_requests"] = max(a["max_running_requests"] for _, a in pairs)
+    out.update({k: delta(k) for k in RUN_COUNTERS if k not in ("schedule_s", "forward_s")})
+    out["graph_eligible_frac"] = out["graph_eligible_steps"] / max(out["steps"], 1)
+    busy = delta("schedule_s") + delta("forward_s")
+    out["scheduler_overhead_frac"] = delta("schedule_s") / busy if busy > 0 else 0.0
+    out["requests_per_rank"] = [sum(col) for col in zip(*(
+        [n - m for n, m in zip(a["requests_per_rank"], b.get("requests_per_rank", [0] * len(a["requests_per_rank"])))]
+        for b, a in pairs))]
+    out.update(load_stats(_expert_deltas(pairs), first.get("parallel_size", 1)))
+    return out
+
+
+def _expert_deltas(pairs: list[tuple[dict, dict]]) -> dict[int, list[int]]:
+    """Routed slots per expert of each MoE layer during the run, summed over the instances (JSON turns the layer
+    keys into strings: both are read)."""
+    total: dict[int, list[int]] = {}
+    for before, after in pairs:
+        start = {int(k): v for k, v in before.get("expert_counts", {}).items()}
+        for layer, counts in after["expert_counts"].items():
+            layer = int(layer)
+            old = start.get(layer, [0] * len(counts))
+            acc = total.setdefault(layer, [0] * len(counts))
+            total[layer] = [t + c - s for t, c, s in zip(acc, counts, old)]
+    return total

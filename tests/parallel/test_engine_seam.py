@@ -1,0 +1,90 @@
+"""One engine seam: a one-rank engine and a multi-rank instance are the same EngineHandle, the in-process driver and
+the HTTP worker report the same keys from one statistics builder, and bad memory budgets fail before any rank."""
+import json
+import random
+import socket
+
+import pytest
+
+from framework.app import UserError, run
+from framework.dist.group import Group
+from framework.engine.client import EngineClient
+from framework.engine.engine import Engine
+from framework.engine.handle import SyncFace
+from framework.engine.instance_client import InstanceClient
+from framework.engine.request import Req, SamplingParams
+from framework.registry import PARALLELISM
+from parallel_helpers import assert_no_rank_left, make_cfg
+
+PROMPTS = ["one engine seam", "x", "a request per rank and a request per group"]
+CLUSTER_ONLY = {"workers", "load_imbalance", "router_decision_p50_us", "router_decision_p99_us", "router_retries",
+                "router_estimated_hit_rate", "router_reasons", "per_worker", "client_retries", "worker_load_timeline",
+                "worker_restarts", "router_restarts", "workers_given_up"}
+
+
+def free_port_pair() -> int:
+    for _ in range(100):
+        base = random.randint(20000, 60000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+                return base
+            except OSError:
+                continue
+    raise RuntimeError("no two free ports")
+
+
+def test_a_one_rank_engine_is_an_instance_handle_and_serves_what_stepping_it_directly_does():
+    cfg = make_cfg("engine.kv_budget_mb=1")
+    direct = Engine(cfg.model, cfg.engine, PARALLELISM.build("single", cfg.parallel, Group()), cfg.moe, cfg.seed)
+    expect = [Req(direct.tokenizer.encode(p), SamplingParams(max_new_tokens=5, ignore_eos=True)) for p in PROMPTS]
+    for r in expect:
+        direct.add(r)
+    while direct.scheduler.has_work():                                   # the oracle: stepped in this thread
+        direct.step()
+    client = EngineClient(Engine(cfg.model, cfg.engine, PARALLELISM.build("single", cfg.parallel, Group()),
+                                 cfg.moe, cfg.seed))
+    assert isinstance(client, InstanceClient)
+    face = SyncFace(client)
+    got = [Req(client.tokenizer.encode(p), SamplingParams(max_new_tokens=5, ignore_eos=True)) for p in PROMPTS]
+    for r in got:
+        face.add(r)
+    face.wait_all(got, timeout=60)
+    final = client.close()
+    assert [r.output_ids for r in got] == [r.output_ids for r in expect]
+    assert final["requests_per_rank"] == [3] and final["parallel"] == "single" and final["running_requests"] == 0
+    assert final["kv_capacity_tokens_instance"] == final["kv_capacity_tokens_per_rank"] == direct.capacity
+    with pytest.raises(RuntimeError, match="engine is down: the instance was closed"):
+        face.add(Req([1, 2], SamplingParams(max_new_tokens=1)))
+
+
+def test_in_process_and_http_runs_report_the_same_engine_keys(tmp_path):
+    """The headline command's scheme (DP attention over 2 ranks, expert parallelism), one instance both ways: the
+    same keys, the same memory figures, expert load included (multi-rank workers used to drop it)."""
+    common = ["parallel=dp_attn", "moe=ep", "router=cache_aware", "cluster.instances=1", "workload.num_conversations=3",
+              "workload.turns=2", "workload.output_len=4", f"router.port={free_port_pair()}"]
+    results = {}
+    for http in (False, True):
+        out = tmp_path / f"http_{http}"
+        run(make_cfg(*common, f"cluster.http={str(http).lower()}"), str(out), {})
+        results[http] = json.loads((out / "results.json").read_text())
+    inproc, over_http = results[False], results[True]
+    assert set(over_http) - set(inproc) == CLUSTER_ONLY and set(inproc) <= set(over_http)
+    for key in ("parallel", "parallel_size", "dp_size", "ffn_comm", "kv_sizing", "weight_bytes_per_rank",
+                "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank", "kv_capacity_tokens_instance",
+                "requests_completed"):
+        assert inproc[key] == over_http[key], key
+    assert (inproc["parallel"], inproc["parallel_size"], inproc["dp_size"]) == ("dp_attn", 2, 2)
+    for res in (inproc, over_http):
+        assert sum(res["requests_per_rank"]) == res["requests_completed"] == 6      # the run's, not the warm-up's
+        assert res["moe_layer1_routed_slots"] > 0 and "moe_layer1_ep_rank_imbalance" in res
+    assert_no_rank_left([])
+
+
+def test_a_memory_budget_below_the_weights_fails_before_any_rank_starts(tmp_path):
+    cfg = make_cfg("parallel=dp_attn", "engine.mem_budget_mb=2", "cluster.http=false")
+    with pytest.raises(UserError, match=r"engine.mem_budget_mb=2 leaves no KV on a rank: its weights take \d+\.\d+ MB "
+                                        r"under parallel=dp_attn x2, moe=reference; raise engine.mem_budget_mb"):
+        run(cfg, str(tmp_path), {})
+    assert_no_rank_left([])
