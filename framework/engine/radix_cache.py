@@ -51,6 +51,7 @@ class RadixCache:
         self.root.lock_ref = 1
         self._evictable = 0
         self._protected = 0
+        self.observer = None  # told of every insert, eviction and flush (KV events: framework/kv_events/emitter.py)
 
     # -- sizes -------------------------------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -95,6 +96,8 @@ class RadixCache:
             if child is None:
                 node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
                 self._evictable += len(key) - i
+                if self.observer is not None:
+                    self.observer.stored(key, i)
                 return i
             n = _common_len(child.key, key[i:i + len(child.key)])
             if n == len(child.key) and i + n == len(key):
@@ -159,6 +162,8 @@ class RadixCache:
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
+            if self.observer is not None:
+                self.observer.evicted(leaf)
             parent = leaf.parent
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -168,6 +173,8 @@ class RadixCache:
     def reset(self) -> None:
         """Drop every unlocked entry (POST /flush_cache)."""
         self.evict(self._evictable)
+        if self.observer is not None and self.total_size() == 0:
+            self.observer.cleared()
 
     def _leaves(self) -> list[Node]:
         out, stack = [], [self.root]
