@@ -50,7 +50,7 @@ BF16_VERIFY_ATOL = 0.5
 NEEDED_MODULES = ("hydra", "omegaconf")   # run.py's; the device image has everything else the parts import
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
 TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
-               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=50, timeout_s=75)}
+               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=40, timeout_s=60)}
 TAIL_CHARS = 3000
 
 
@@ -129,10 +129,10 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                             lambda d: {k: v for k, v in read_json(d / "results.json").items()
                                        if k.startswith("verify_") or k.endswith("max_abs_err")},
                             lambda f: f"max abs logit error {f['verify_max_abs_err']:.3g} (atol {f['verify_atol']})"))
-    decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "3",
+    decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "2",
                "--cuda-graph-max-bs", "256"] if gpu
               else ["--batches", "1", "2", "--contexts", "8", "--steps", "2", "--repeats", "1"])
-    out.append(Part("decode_step", 90,
+    out.append(Part("decode_step", 60,
                     lambda d: [py, "experiments/decode_step/bench.py", "--device", device, "--moe", "triton_fused",
                                "--cuda-graph", "both", *decode, "--out", str(d / "decode_step.json")],
                     lambda d: read_json(d / "decode_step.json"), decode_headline))
