@@ -10,6 +10,7 @@ import torch
 
 from framework.engine.batch import ForwardBatch
 from framework.engine.config import EngineConfig
+from framework.engine.cuda_graph import CudaGraphCapture, GraphRunner
 from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
 from framework.engine.sampling import sample
@@ -91,6 +92,12 @@ class Engine:
         self.requests = 0              # requests this rank took
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0}
+        self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
+                                  self.device)
+        if engine_cfg.cuda_graph and self.device.type == "cuda":
+            self.graphs.capture(CudaGraphCapture(self.device))
+        elif engine_cfg.cuda_graph:
+            log.info("no CUDA: CUDA graphs off (engine.cuda_graph=true on %s); decode runs eagerly", self.device)
 
     @property
     def capacity(self) -> int:
@@ -121,8 +128,9 @@ class Engine:
         return out
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The one call the scheduler's step makes into the model (a simulator replaces it with a cost model)."""
-        return self.model(batch.to(self.device), self.pool, self.par).float().cpu()
+        """The one call the scheduler's step makes into the model (a simulator replaces it with a cost model):
+        through a captured graph when the step may replay one. A copy: a graph's next replay overwrites its output."""
+        return self.graphs.forward(batch.to(self.device)).to("cpu", torch.float32, copy=True)
 
     def server_info(self) -> dict:
         """This rank's snapshot: load, KV, memory, its scheme (`par.describe()`), step counters, timing and expert
@@ -134,5 +142,5 @@ class Engine:
                 "kv_capacity_tokens_per_rank": self.capacity, "kv_used_tokens": self.pool.used(),
                 "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": self.kv_bytes_per_token,
                 "kv_sizing": self.memory.sizing, "weight_bytes_per_rank": self.memory.weight_bytes_total,
-                "requests": self.requests, **s.stats, **par.stats, **self.timing,
+                "requests": self.requests, **s.stats, **par.stats, **self.graphs.stats, **self.timing,
                 "expert_counts": counts, "expert_counts_local": local}
