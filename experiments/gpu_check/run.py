@@ -47,7 +47,7 @@ PEAK_GBS = 4800.0             # H200 HBM3e
 # spread as the bf16 reference itself (0.14-0.29). 0.5 leaves ~1.7x headroom and still fails gross errors (a lost
 # KV entry moves logits by 1.4-2.0); finer errors are fp32 verify's (atol 1e-4) and the kernel tests' (bf16 at 1.5%).
 BF16_VERIFY_ATOL = 0.5
-NEEDED_MODULES = ("hydra", "omegaconf")   # run.py's; the device image has everything else the parts import
+NEEDED_MODULES = ("hydra", "omegaconf", "yaml", "pydantic", "msgpack")   # not in the device image (run.py, the plugins)
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
 TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
                "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=40, timeout_s=60)}
@@ -122,7 +122,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
             overrides = ["mode=verify", f"parallel={par}", "parallel.size=1", "moe=triton_fused",
                          # the compiled kernel on a GPU; the smoke takes the torch twin (interpreted: minutes)
                          f"moe.kernel={'triton' if gpu else 'torch'}", f"engine.device={device}",
-                         f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled",
+                         f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled", "logger.plots=false",
                          *([] if gpu else ["verify.max_new_tokens=2"])]
             out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 35,
                             lambda d, o=overrides: [py, "run.py", *o, f"hydra.run.dir={d}"],
