@@ -50,7 +50,7 @@ BF16_VERIFY_ATOL = 0.5
 NEEDED_MODULES = ("hydra", "omegaconf", "yaml", "pydantic", "msgpack")   # not in the device image (run.py, the plugins)
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
 TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
-               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=40, timeout_s=60)}
+               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=28, timeout_s=45)}
 TAIL_CHARS = 3000
 
 
@@ -112,7 +112,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
     """Every part's command: the GPU run, or (gpu=False) the same code paths at tiny size on the CPU."""
     py, device = sys.executable, "cuda" if gpu else "cpu"
     # -v: if the part times out (its JUnit file is written at the end), the log still names every test's outcome.
-    out = [Part("gpu_tests", 140,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
+    out = [Part("gpu_tests", 175,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
                 lambda d: [py, "-m", "pytest", "-v", "-m", "not slow" if gpu else "gpu", "-p", "no:cacheprovider",
                            f"--junitxml={d / 'junit.xml'}", *GPU_TEST_PATHS],
                 junit_figures,
@@ -124,7 +124,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                          f"moe.kernel={'triton' if gpu else 'torch'}", f"engine.device={device}",
                          f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled", "logger.plots=false",
                          *([] if gpu else ["verify.max_new_tokens=2"])]
-            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 35,
+            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 30,
                             lambda d, o=overrides: [py, "run.py", *o, f"hydra.run.dir={d}"],
                             lambda d: {k: v for k, v in read_json(d / "results.json").items()
                                        if k.startswith("verify_") or k.endswith("max_abs_err")},
