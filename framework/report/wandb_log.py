@@ -27,18 +27,28 @@ def tables(results: dict) -> dict:
     for key, value in results.items():
         if key == "worker_load_timeline" and value:
             rows = [[t, w, n] for w, counts in value["in_flight"].items() for t, n in zip(value["t_s"], counts)]
-            out[key] = wandb.Table(columns=["t_s", "worker", "in_flight"], data=rows)
+            out[key] = _table(wandb, ["t_s", "worker", "in_flight"], rows)
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
             columns = sorted({c for v in value.values() for c in v})
-            out[key] = wandb.Table(columns=["key", *columns],
-                                   data=[[k, *(v.get(c) for c in columns)] for k, v in value.items()])
+            out[key] = _table(wandb, ["key", *columns], [[k, *(v.get(c) for c in columns)] for k, v in value.items()])
         elif isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
             width = max(len(v) for v in value.values())
-            out[key] = wandb.Table(columns=["key", *map(str, range(width))],
-                                   data=[[k, *v, *[None] * (width - len(v))] for k, v in value.items()])
+            out[key] = _table(wandb, ["key", *map(str, range(width))],
+                              [[k, *v, *[None] * (width - len(v))] for k, v in value.items()])
         elif isinstance(value, dict) and value:
-            out[key] = wandb.Table(columns=["key", "value"], data=[[k, v] for k, v in value.items()])
+            out[key] = _table(wandb, ["key", "value"], [[k, v] for k, v in value.items()])
     return out
+
+
+def _table(wandb, columns: list[str], rows: list[list]):
+    """A wandb.Table whose columns each hold one type: W&B refuses a column mixing numbers and strings (a model's
+    shapes: ints beside a dtype name), so such a column is written as strings."""
+    for i in range(len(columns)):
+        kinds = {type(r[i]) for r in rows if r[i] is not None}
+        if len(kinds - {int, float}) > 0 and len(kinds) > 1:
+            for r in rows:
+                r[i] = None if r[i] is None else str(r[i])
+    return wandb.Table(columns=columns, data=rows)
 
 
 def log_run(results: dict, config: dict, logger_cfg, out: Path, plots: list[Path]) -> None:

@@ -64,3 +64,13 @@ def test_one_runs_plots(tmp_path):
     assert [p.name for p in made] == ["worker_load.png", "expert_load.png"]
     assert all(p.read_bytes().startswith(PNG) for p in made)
     assert run_plots({"expert_load": {"layer1": [0, 0]}}, tmp_path / "x") == []     # nothing routed: no plot
+
+
+def test_wandb_tables_of_mixed_values():
+    """W&B refuses a table column mixing numbers and strings (a model's shapes beside its dtype): written as text."""
+    import wandb
+
+    from framework.report.wandb_log import tables
+    out = tables({"model": {"vocab_size": 260, "dtype": "float32"}, "per_worker": {"w0": {"requests": 3}}})
+    assert out["model"].get_column("value") == ["260", "float32"]
+    assert out["per_worker"].get_column("requests") == [3] and isinstance(out["per_worker"], wandb.Table)
