@@ -62,7 +62,13 @@ class VerifyConfig:
 
 @dataclass
 class SimConfig:
-    cost: Any = None                  # the cost model's Config (group sim/cost: `sim/cost=roofline`)
+    """mode=sim (framework/sim/): what the simulator adds to the run's config."""
+    cost: Any = None                  # the cost model's Config (group sim/cost: `sim.cost=calibrated|roofline`)
+    host_cores: int = 0               # 0: each instance on its own GPUs; N: every rank shares N CPU cores (a CPU host)
+    router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
+    network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
+    fast_forward: bool = True         # advance runs of plain decode steps at once (same results, faster)
+    itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale
 
 
 @dataclass

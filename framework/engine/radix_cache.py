@@ -14,15 +14,25 @@ import itertools
 
 import torch
 
+from framework.engine.kv_pool import cat_slots
+
 _clock = itertools.count()
 
 
 def _common_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix, by list comparisons (C loops; prompts run to thousands of tokens): the whole
+    overlap at once, else a bisection for the first difference."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n            # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class Node:
@@ -80,7 +90,7 @@ class RadixCache:
             values.append(child.value)
             node, i = child, i + n
             node.last_access = next(_clock)
-        slots = torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
+        slots = cat_slots(values) if values else torch.empty(0, dtype=torch.int32)
         return slots, node
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
