@@ -20,7 +20,7 @@ from framework.engine.scheduler import Scheduler
 from framework.engine.stats import instance_stats, rank_snapshot
 from framework.model.tokenizer import ByteTokenizer
 from framework.registry import MOE, PARALLELISM
-from framework.sim.cost import BatchShape, Step
+from framework.sim.cost import BatchShape, Step, decode_shape
 
 # printable ASCII: an answer's text has as many bytes as tokens, and never an EOS
 _PRINTABLE = bytes(32 + b % 95 for b in range(256))
@@ -66,7 +66,9 @@ class SimInstance:
     # -- one step ---------------------------------------------------------------------------------------------
     def start_step(self) -> float | None:
         """Form the next step's batches; returns its duration (None: no step, the instance is idle)."""
-        self.dispatcher.update([g.num_requests() for g in self.groups])
+        multi = len(self.groups) > 1
+        if multi:                                # one group: every request goes to it, its peak is its own
+            self.dispatcher.update([g.num_requests() for g in self.groups])
         batches = [g.next_batch() for g in self.groups]
         if all(b is None for b in batches):
             return None
@@ -76,7 +78,8 @@ class SimInstance:
         self.counters["steps"] += 1
         self.counters["idle_steps"] += sum(b is None for b in batches)
         self.counters["graph_eligible_steps"] += graph
-        self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
+        if multi:
+            self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
         t = self._step_time(shapes, graph)
         self.counters["forward_s"] += t
         return t
@@ -107,9 +110,9 @@ class SimInstance:
     def run_times(self, k: int) -> list[float]:
         """The durations of the next k steps, all DECODE (k <= run_ahead())."""
         groups = [g if g.has_work() else None for g in self.groups]
-        sizes = [len(g.running) if g else 0 for g in groups]
-        contexts = [sum(r.kv_len for r in g.running) if g else 0 for g in groups]
-        return [self._decode_time(sizes, [c + j * n for c, n in zip(contexts, sizes)]) for j in range(k)]
+        sizes = tuple(len(g.running) if g else 0 for g in groups)
+        contexts = tuple(sum(r.kv_len for r in g.running) if g else 0 for g in groups)
+        return self.cost.decode_times(sizes, contexts, k)
 
     def advance(self, k: int, times: list[float], end: float) -> list[Req]:
         """Run k DECODE steps of the given durations, the last ending at `end` (the same effects as k
@@ -117,8 +120,9 @@ class SimInstance:
         finished some)."""
         out: list[Req] = []
         busy = 0
-        self.dispatcher.update([g.num_requests() for g in self.groups])
-        self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
+        if len(self.groups) > 1:
+            self.dispatcher.update([g.num_requests() for g in self.groups])
+            self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
         answers = self.answers
         for g in self.groups:
             if not g.has_work():                 # an idle group's state after one IDLE step is a fixed point
@@ -139,12 +143,6 @@ class SimInstance:
     # -- costs ------------------------------------------------------------------------------------------------
     def _step_time(self, shapes: tuple[BatchShape, ...], graph: bool) -> float:
         return self.cost.step_time(Step(shapes, graph=graph))
-
-    def _decode_time(self, sizes: list[int], contexts: list[int]) -> float:
-        """A DECODE step of groups with sizes[i] requests whose KV holds contexts[i] tokens in all before it."""
-        return self.cost.step_time(Step(tuple(_decode_shape(n, c) if n else BatchShape()
-                                              for n, c in zip(sizes, contexts)), graph=True))
-
     # -- stats ------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
         """The instance's stats, in the engine's own format (framework.engine.stats)."""
@@ -157,19 +155,13 @@ class SimInstance:
                         "idle_steps": self.counters["idle_steps"] if rank == 0 else 0}
             ranks.append(rank_snapshot(self.groups[dp], scheme, rank, dp, leads, self.memory,
                                        self.dispatcher.assigned[dp], counters))
-        return instance_stats(ranks, self.peak_running)
+        return instance_stats(ranks, self.peak_running if len(self.groups) > 1 else None)
 
 
 def _shape(batch: ForwardBatch | None) -> BatchShape:
     if batch is None:
         return BatchShape()
     if batch.mode.is_decode():
-        return _decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs))
+        return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs))
     return BatchShape("extend", tuple(batch.extend_lens), tuple(batch.prefix_lens))
 
-
-def _decode_shape(n: int, context: int) -> BatchShape:
-    """A DECODE batch of n requests holding `context` tokens of KV in all, in one canonical form (the whole context
-    on the first request): the cost models price decode by the batch size and its total context, and a step priced
-    one at a time or in a run (`run_times`) gets the very same shape."""
-    return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1))

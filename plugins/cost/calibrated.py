@@ -98,3 +98,9 @@ class CalibratedCost(CostModel):
                 bt = self.prefill(new, sum(x * p for x, p in zip(b.new_tokens, b.prefix)) // new)
             t = bt if bt > t else t
         return t
+
+    def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int) -> list[float]:
+        """As step_time would price each step of the run (the same arithmetic), without building the steps."""
+        groups, fit = len(sizes), self.decode
+        busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]
+        return [max(fit(b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
