@@ -39,6 +39,16 @@ PREFILL_TERMS = (lambda n, p: 1.0, lambda n, p: n, lambda n, p: n * p, lambda n,
 DECODE_TERMS = (lambda b, c: 1.0, lambda b, c: b, lambda b, c: b * c)
 
 
+def prefill_time(coef: list[float], n: float, p: float) -> float:
+    """PREFILL_TERMS' sum, written out (the simulator's hot path)."""
+    return coef[0] + n * (coef[1] + coef[2] * p + coef[3] * n)
+
+
+def decode_time(coef: list[float], b: float, c: float) -> float:
+    """DECODE_TERMS' sum, written out."""
+    return coef[0] + b * (coef[1] + coef[2] * c)
+
+
 class Fit:
     """seconds ~ sum_i coef_i term_i(x, y), fitted by least squares on the grid's relative errors; the coefficients
     are kept >= 0 (a term that fits negative is dropped and the rest refitted) so no step costs less with more work."""
@@ -53,12 +63,10 @@ class Fit:
             if (coef >= 0).all() or len(keep) == 1:
                 break
             keep.pop(int(np.argmin(coef)))
-        self.terms = [terms[i] for i in keep]
-        self.coef = [max(float(c), 0.0) for c in coef]
+        self.coef = [0.0] * len(terms)                                  # a dropped term: 0
+        for i, c in zip(keep, coef):
+            self.coef[i] = max(float(c), 0.0)
         self.error = float(np.sqrt(np.mean((a @ coef - 1) ** 2)))     # RMS relative error on the grid
-
-    def __call__(self, x: float, y: float) -> float:
-        return sum(c * t(x, y) for c, t in zip(self.coef, self.terms))
 
 
 def load_profile(path: str, instance: Instance) -> dict:
@@ -84,6 +92,7 @@ class CalibratedCost(CostModel):
         pre, dec = prof["prefill"], prof["decode"]
         self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre["seconds"])
         self.decode = Fit(DECODE_TERMS, dec["batch"], dec["context"], dec["seconds"])
+        self._pc, self._dc = self.prefill.coef, self.decode.coef
 
     def step_time(self, step: Step) -> float:
         groups, t = len(step.batches), 0.0
@@ -92,15 +101,18 @@ class CalibratedCost(CostModel):
             if b.mode == "idle" or not n:
                 continue
             if b.mode == "decode":
-                bt = self.decode(groups * n, sum(b.prefix) / n)
+                bt = decode_time(self._dc, groups * n, sum(b.prefix) / n)
             else:
                 new = sum(b.new_tokens)
-                bt = self.prefill(new, sum(x * p for x, p in zip(b.new_tokens, b.prefix)) // new)
+                bt = prefill_time(self._pc, new, sum(x * p for x, p in zip(b.new_tokens, b.prefix)) / new)
             t = bt if bt > t else t
         return t
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int) -> list[float]:
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
-        groups, fit = len(sizes), self.decode
+        groups, coef = len(sizes), self._dc
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]
-        return [max(fit(b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
+        if len(busy) == 1:
+            (b, n, c), = busy
+            return [decode_time(coef, b, (c + j * n) / n) for j in range(k)]
+        return [max(decode_time(coef, b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
