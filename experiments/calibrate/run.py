@@ -37,6 +37,7 @@ from framework.engine.instance import InstanceSpec  # noqa: E402
 from framework.engine.instance_client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
 from framework.metrics import git_sha  # noqa: E402
+from framework.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
 
 CONFIGS = {   # key -> overrides; what experiments/sim_fidelity runs for real
@@ -75,7 +76,8 @@ def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> di
     face, rng = SyncFace(handle), random.Random(seed)
     try:
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
-        prefill = [[statistics.median(_prefill(face, rng, n, p) for _ in range(repeats)) for p in grid["prefix"]]
+        dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
+        prefill = [[statistics.median(_prefill(face, rng, n, p, dp) for _ in range(repeats)) for p in grid["prefix"]]
                    for n in grid["new"]]
         decode = [[statistics.median(_decode(face, rng, b, c) for _ in range(repeats)) for c in grid["context"]]
                   for b in grid["batch"]]
@@ -87,10 +89,10 @@ def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> di
             "decode": {"batch": grid["batch"], "context": grid["context"], "seconds": decode}}
 
 
-def _prefill(face: SyncFace, rng: random.Random, n: int, p: int) -> float:
+def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:
     prefix = _text(rng, p)
-    if p:
-        _serve(face, [prefix], 1)                                      # now cached
+    for _ in range(dp if p else 0):          # now cached on every DP group, wherever the dispatcher sends the next
+        _serve(face, [prefix], 1)
     (times,) = _serve(face, [prefix + _text(rng, n)], 1)
     return times[1] - times[0]
 
@@ -107,13 +109,14 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
-    ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH)
+    ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
     grid, repeats = (QUICK, 1) if args.quick else (GRID, args.repeats)
     t0 = time.perf_counter()
-    profiles = {}
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
     for name in args.configs:
         p = profile(CONFIGS[name], grid, repeats)
         profiles[p["key"]] = p
@@ -121,7 +124,8 @@ def main() -> None:
               f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
               flush=True)
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_1m": os.getloadavg()[0], "torch_threads": 1, "git_sha": git_sha(),
+           "loadavg_1m": os.getloadavg()[0],
+           "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
            "profiles": profiles}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,10 @@ _clock = itertools.count()
 
 def _common_len(a: list[int], b: list[int]) -> int:
     """Length of the common prefix, by list comparisons (C loops; prompts run to thousands of tokens): the whole
-    overlap at once, else a bisection for the first difference."""
+    overlap at once (without a copy when the lengths are equal: an edge against the key's slice of its length), else
+    a bisection for the first difference."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if (a == b) if len(a) == len(b) else (a[:n] == b[:n]):
         return n
     lo, hi = 0, n            # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 1:
