@@ -101,7 +101,10 @@ class SlotCount:
         return self.n
 
     def __getitem__(self, cut: slice) -> "SlotCount":
-        return SlotCount(len(range(*cut.indices(self.n))))
+        start, stop, step = cut.indices(self.n)
+        if step != 1:
+            raise ValueError("counted slots are sliced with step 1 only")
+        return SlotCount(stop - start if stop > start else 0)
 
     def clone(self) -> "SlotCount":
         return self

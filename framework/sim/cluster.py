@@ -129,10 +129,12 @@ class Simulation:
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
             itl_s=[b - a for a, b in zip(times, times[1:])]))
         self.end = max(self.end, now)
-        self.answers[s.sid].append(bytes(t for t in req.output_ids if t < 256).decode("utf-8", errors="replace"))
         self.bar.update(1)
         if k + 1 < len(s.turns):
+            self.answers[s.sid].append(bytes(t for t in req.output_ids if t < 256).decode("utf-8", errors="replace"))
             self.push(now + s.turns[k + 1].think_time_s, CLIENT, "due", s, k + 1)
+        else:
+            del self.answers[s.sid]                        # the conversation is over
 
     def _fail(self, now: float, flight: _Flight, error: str) -> None:
         del self.flights[flight.req.rid]
@@ -141,6 +143,7 @@ class Simulation:
         self.records.append(RequestRecord(ok=False, prompt_tokens=len(flight.req.prompt_ids), error=error,
                                           worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k))
         self.bar.update(len(s.turns) - k)                 # its session ends (as the in-process client's)
+        self.answers.pop(s.sid, None)
         self.push(now + 2 * self.net, CLIENT, "fail")
 
     # -- the instances ------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_decode_runs_equal_single_steps(extra):
     fast, fast_records = _sim(extra + ["sim.fast_forward=true"])
     slow, slow_records = _sim(extra + ["sim.fast_forward=false"])
     assert fast_records == slow_records
-    skip = ("sim_wall_s", "sim_requests_per_wall_s")
+    skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
     same = [json.dumps({k: v for k, v in r.items() if k not in skip}, default=str) for r in (fast, slow)]
     assert same[0] == same[1] and fast["requests_failed"] == 0
     if "engine.kv_budget_mb=0.3" in extra:
@@ -94,7 +94,7 @@ def test_run_py_mode_sim_reports_like_a_bench_and_is_deterministic(tmp_path):
     assert bench_keys <= set(results[0])
     assert results[0]["sim_cost_model"] == "calibrated" and results[0]["sim_wall_s"] > 0
     assert results[0]["sim_model"]["name"] == "tiny_mla_moe" and results[0]["requests_completed"] == 18
-    skip = ("sim_wall_s", "sim_requests_per_wall_s")
+    skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
     assert [{k: v for k, v in r.items() if k not in skip} for r in results][0] == \
         [{k: v for k, v in r.items() if k not in skip} for r in results][1]
     assert (outs[0] / "requests.jsonl").read_text() == (outs[1] / "requests.jsonl").read_text()
