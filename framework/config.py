@@ -64,7 +64,8 @@ class VerifyConfig:
 class SimConfig:
     """mode=sim (framework/sim/): what the simulator adds to the run's config."""
     cost: Any = None                  # the cost model's Config (group sim/cost: `sim.cost=calibrated|roofline`)
-    host_cores: int = 0               # 0: each instance on its own GPUs; N: every rank shares N CPU cores (a CPU host)
+    host_cores: int = 0               # 0: each instance on its own GPUs; N: every rank (and, over HTTP, the router and
+                                      # the load client) shares N CPU cores (a CPU host: framework/sim/cluster.py)
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

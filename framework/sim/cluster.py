@@ -8,8 +8,9 @@ formed when it starts (an arrival joins at the next step, as in the engine) and 
 `fast_forward`, a run of plain decode steps is one event; an arrival during the run cuts it after the step it falls
 in, so the decisions and times are those of stepping one at a time.
 
-`host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the ranks busy at its
-start over the cores (processor sharing), when they outnumber the cores.
+`host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the processes busy at
+its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
+`side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight.
 """
 from __future__ import annotations
 
@@ -52,10 +53,11 @@ class _State:
 
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, *, network_s: float = 0.0,
-                 router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, itl: bool = True,
-                 progress: bool = False):
+                 router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: int = 0,
+                 itl: bool = True, progress: bool = False):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
+        self.side_procs = side_procs
         self.state = {name: _State() for name in instances}
         self.progress = progress
         self.heap: list = []
@@ -87,6 +89,9 @@ class Simulation:
             t, kind, _, payload = heapq.heappop(heap)
             handlers[kind](t, *payload)
         self.bar.close()
+        if self.flights or self.pending:      # the engine would spin: say so rather than lose requests
+            raise RuntimeError(f"the simulation stalled with {len(self.flights)} request(s) in flight on idle "
+                               f"instances (a scheduler that forms no batch while requests wait)")
         return self.records, self.end
 
     def _maintain(self, now: float) -> None:
@@ -172,7 +177,8 @@ class Simulation:
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        stretch = max(1.0, self.busy_ranks / self.cores) if self.cores else 1.0
+        busy = self.busy_ranks + (self.side_procs if self.flights else 0)
+        stretch = max(1.0, busy / self.cores) if self.cores else 1.0
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
             st.times = [t * stretch for t in inst.run_times(k)]

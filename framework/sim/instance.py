@@ -65,7 +65,16 @@ class SimInstance:
 
     # -- one step ---------------------------------------------------------------------------------------------
     def start_step(self) -> float | None:
-        """Form the next step's batches; returns its duration (None: no step, the instance is idle)."""
+        """Form the next step's batches; returns its duration (None: no step, the instance is idle). A round that
+        forms no batch while requests wait is followed at once by another, as the engine's loop steps again while it
+        has work (a batch that just emptied lets the waiting ones in only at the next round)."""
+        for _ in range(2):
+            t = self._try_step()
+            if t is not None or not self.has_work():
+                return t
+        return None
+
+    def _try_step(self) -> float | None:
         multi = len(self.groups) > 1
         if multi:                                # one group: every request goes to it, its peak is its own
             self.dispatcher.update([g.num_requests() for g in self.groups])

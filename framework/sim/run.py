@@ -33,14 +33,15 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
     if cfg.cluster.instances < 1:
         raise ValueError(f"cluster.instances must be >= 1, got {cfg.cluster.instances}")
     cost = COST.build(cfg.sim.cost.name, cfg.sim.cost, cost_instance(cfg))
-    names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances)]
+    http = cfg.cluster.http                 # cluster.http=false: one instance, the in-process driver (no router, HTTP)
+    names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
     instances = {n: SimInstance(n, cfg, cost, cfg.seed) for n in names}
     policy_cfg, service = split_router_config(cfg.router)
     router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs)
     s = cfg.sim
-    return Simulation(instances, router, sessions, cfg.workload, network_s=s.network_latency_s,
-                      router_s=s.router_overhead_s, fast_forward=s.fast_forward, host_cores=s.host_cores,
-                      itl=s.itl, progress=progress)
+    return Simulation(instances, router, sessions, cfg.workload, network_s=s.network_latency_s if http else 0.0,
+                      router_s=s.router_overhead_s if http else 0.0, fast_forward=s.fast_forward, host_cores=s.host_cores,
+                      side_procs=2 if http else 0, itl=s.itl, progress=progress)
 
 
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:

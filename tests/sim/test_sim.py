@@ -76,6 +76,7 @@ def test_decode_runs_equal_single_steps(extra):
     skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
     same = [json.dumps({k: v for k, v in r.items() if k not in skip}, default=str) for r in (fast, slow)]
     assert same[0] == same[1] and fast["requests_failed"] == 0
+    assert fast["requests_completed"] == (24 if "workload.turns=1" in extra else 18)
     if "engine.kv_budget_mb=0.3" in extra:
         assert fast["retractions"] > 0
 
