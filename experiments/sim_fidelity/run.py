@@ -107,13 +107,16 @@ def plot(cases: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for ax, (key, label) in zip(axes, (("output_throughput_tok_s", "output tok/s"), ("ttft_p50_ms", "TTFT p50 ms"),
                                        ("cache_hit_rate", "cache hit rate"))):
-        for c in cases:
+        shown = [c for c in cases if key != "cache_hit_rate" or c["real"][key] > 0]   # radix cache off: no hits
+        for c in shown:
             marker = "o" if c["study"] == "router_ablation" else "s"
             ax.scatter(c["real"][key], c["sim"][key], marker=marker)
             ax.annotate(c["case"], (c["real"][key], c["sim"][key]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-        values = [c[w][key] for c in cases for w in ("real", "sim")]
+        values = [c[w][key] for c in shown for w in ("real", "sim")]
         lo, hi = min(values) * 0.8, max(values) * 1.2
+        if key == "ttft_p50_ms":                          # from tens of ms to seconds
+            ax.set(xscale="log", yscale="log")
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="sim = real")
         if key in TARGETS and key != "cache_hit_rate":
             ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], alpha=0.12, label="+-10%")
