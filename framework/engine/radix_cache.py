@@ -6,6 +6,11 @@ leaves, a whole leaf at a time. The cache owns every slot in the tree; a request
 are inserted. Access times follow SGLang's: match_prefix and insert touch the nodes they walk through (a node created
 by a split counts as touched when it is created, the lower half keeps its old time), on a logical clock that stands
 for SGLang's time.time().
+
+Eviction takes the leaves in SGLang's order (least recently used first, a parent once its last child goes), but from
+a heap kept as the tree changes instead of a walk over the whole tree per eviction (SGLang's `_collect_leaves`):
+every leaf is pushed when it is created, touched or unlocked, and stale entries are skipped; the decisions are the
+same, and a simulator's cache of tens of thousands of nodes stays cheap to evict from.
 """
 from __future__ import annotations
 
@@ -62,6 +67,8 @@ class RadixCache:
         self.root.lock_ref = 1
         self._evictable = 0
         self._protected = 0
+        self._heap: list[tuple[int, Node]] = []     # (last_access, leaf) entries; an entry is stale once its node
+                                                    # changed time, got a child, left the tree or got locked
 
     # -- sizes -------------------------------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -80,7 +87,7 @@ class RadixCache:
         if not self.enabled:
             return torch.empty(0, dtype=torch.int32), self.root
         node, values, i = self.root, [], 0
-        node.last_access = next(_clock)
+        self._stamp(node)
         while i < len(key) and key[i] in node.children:
             child = node.children[key[i]]
             n = _common_len(child.key, key[i:i + len(child.key)])
@@ -90,7 +97,7 @@ class RadixCache:
                 break
             values.append(child.value)
             node, i = child, i + n
-            node.last_access = next(_clock)
+            self._stamp(node)
         slots = cat_slots(values) if values else torch.empty(0, dtype=torch.int32)
         return slots, node
 
@@ -100,11 +107,12 @@ class RadixCache:
         if not self.enabled:
             return 0
         node, i = self.root, 0
-        node.last_access = next(_clock)
+        self._stamp(node)
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
-                node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
+                leaf = node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
+                heapq.heappush(self._heap, (leaf.last_access, leaf))
                 self._evictable += len(key) - i
                 return i
             n = _common_len(child.key, key[i:i + len(child.key)])
@@ -113,7 +121,7 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             node, i = child, i + n
-            node.last_access = next(_clock)
+            self._stamp(node)
         return i
 
     def _split(self, child: Node, n: int) -> Node:
@@ -150,6 +158,8 @@ class RadixCache:
                 raise RuntimeError("radix cache: unlocking a node that is not locked")
             if node.lock_ref == 1:
                 delta += len(node.key)
+                if not node.children:                 # an evictable leaf again
+                    heapq.heappush(self._heap, (node.last_access, node))
             node.lock_ref -= 1
             node = node.parent
         self._evictable += delta
@@ -162,19 +172,32 @@ class RadixCache:
         is left. Returns slots freed."""
         if not self.enabled:
             return 0
-        leaves = [n for n in self._leaves() if n.lock_ref == 0]
-        heapq.heapify(leaves)
-        freed = 0
-        while freed < num_tokens and leaves:
-            leaf = heapq.heappop(leaves)
+        heap, freed = self._heap, 0
+        while freed < num_tokens and heap:
+            stamp, leaf = heapq.heappop(heap)
+            if not self._evictable_leaf(leaf, stamp):
+                continue
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
             parent = leaf.parent
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(leaves, parent)
+                heapq.heappush(heap, (parent.last_access, parent))
+        if len(heap) > 2 * self.total_size() + 1024:    # mostly stale entries: rebuild from the tree
+            self._heap = [(n.last_access, n) for n in self._leaves() if n.lock_ref == 0]
+            heapq.heapify(self._heap)
         return freed
+
+    def _evictable_leaf(self, node: Node, stamp: int) -> bool:
+        """An entry is current: its node is still in the tree, a leaf, unlocked, and not touched since."""
+        return (stamp == node.last_access and not node.children and node.lock_ref == 0
+                and node.parent is not None and node.parent.children.get(node.key[0]) is node)
+
+    def _stamp(self, node: Node) -> None:
+        node.last_access = next(_clock)
+        if not node.children and node is not self.root:
+            heapq.heappush(self._heap, (node.last_access, node))
 
     def reset(self) -> None:
         """Drop every unlocked entry (POST /flush_cache)."""
