@@ -52,6 +52,8 @@ class ClusterConfig:
     max_restarts: int = 5             # ...at most this many times each within restart_window_s, then give up on it
     restart_window_s: float = 300.0
     restart_backoff_s: float = 0.5    # the wait before a restart, doubling with each restart in the window (<= 30 s)
+    kv_events: bool = False           # local workers publish KV events (on anyway for a router= that follows them)
+    kv_block_size: int = 16           # ...in blocks of this many tokens (such a router's router.block_size too)
 
 
 @dataclass

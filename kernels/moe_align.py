@@ -73,7 +73,7 @@ def moe_align_block_size(
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
     counts.scatter_add_(0, key, torch.ones_like(key))   # bincount, minus its host read of the largest id
     padded_counts = (counts + block_size - 1) // block_size * block_size
-    padded_counts[num_experts] = 0
+    padded_counts[num_experts:].zero_()   # not `[E] = 0`: on CUDA that copies a host scalar (a sync)
     padded_ends = torch.cumsum(padded_counts, 0)
     padded_starts = padded_ends - padded_counts
     num_tokens_post_padded = padded_ends[num_experts:].to(torch.int32)

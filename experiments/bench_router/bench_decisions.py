@@ -8,7 +8,15 @@ sees realistic counts. Each decision is timed alone (match + select + insert for
 
 Columns: median / p99 / mean wall time of one ``select``; "cpu us" is the whole loop's CPU time per request
 (select, timers and bookkeeping), which other processes on a shared machine do not inflate. Each policy runs
-``--repeats`` times on a fresh policy and the run with the lowest median is reported (timeit's convention).
+``--repeats`` times on a fresh policy and the run with the lowest median is reported (timeit's convention), with the
+spread of the medians over the repeats.
+
+The yardstick (``plain_tree``, plain_tree.py): a plain ~100-line pure-Python radix tree making the same cache-aware
+decisions (one dict of children per node, tenant stamps, no eviction queue, no undo). It runs alternately with
+cache_aware, repeat by repeat, on the same requests in the same process, and must pick the same worker for every
+request (checked); "x plain" is cache_aware's median over the plain tree's in the same repeat (median and range over
+the repeats). PYTHONPATH must reach the repository root (``PYTHONPATH=. python experiments/...``) when another
+checkout of servelab is installed in the environment.
 
 Eviction: the tree built by the run (~1.8 M characters) is evicted down to half of the mean per-worker size, off the
 request path, as ``maintain`` does every ``eviction_interval_secs``.
@@ -21,12 +29,14 @@ import argparse
 import collections
 import gc
 import json
+import os
 import random
 import statistics
 import time
 from pathlib import Path
 
 from framework.registry import ROUTING
+from plain_tree import PlainCacheAware
 
 OUT = Path(__file__).with_name("results_decisions.json")
 
@@ -75,7 +85,7 @@ def run_policy(key: str, requests: list[str], workers: int, in_flight: int, seed
     for i in range(workers):
         policy.add_worker(f"http://worker-{i}:30000")
     pending: collections.deque[str] = collections.deque()
-    times_ns = []
+    times_ns, picks = [], []
     reasons: collections.Counter[str] = collections.Counter()
     matched = total = 0
     clock = time.perf_counter_ns
@@ -88,20 +98,46 @@ def run_policy(key: str, requests: list[str], workers: int, in_flight: int, seed
         reasons[d.reason] += 1
         matched += d.matched_chars
         total += d.request_chars
+        picks.append(worker)
         pending.append(worker)
         if len(pending) > in_flight:
             policy.on_request_done(pending.popleft())
     cpu_seconds = time.process_time() - cpu0  # CPU time: not inflated by other processes taking the cores
+    return policy, summary(times_ns, cpu_seconds, matched, total, reasons), picks
+
+
+def run_plain(requests: list[str], workers: int, in_flight: int, seed: int) -> tuple[dict, list[str]]:
+    """The same pass through the plain tree (the yardstick)."""
+    tree = PlainCacheAware([f"http://worker-{i}:30000" for i in range(workers)], seed=seed)
+    pending: collections.deque[str] = collections.deque()
+    times_ns, picks = [], []
+    matched = total = 0
+    clock = time.perf_counter_ns
+    cpu0 = time.process_time()
+    for text in requests:
+        t0 = clock()
+        worker, held = tree.select(text)
+        times_ns.append(clock() - t0)
+        matched += held
+        total += len(text)
+        picks.append(worker)
+        pending.append(worker)
+        if len(pending) > in_flight:
+            tree.done(pending.popleft())
+    cpu_seconds = time.process_time() - cpu0
+    return summary(times_ns, cpu_seconds, matched, total, collections.Counter()), picks
+
+
+def summary(times_ns: list[int], cpu_seconds: float, matched: int, total: int, reasons) -> dict:
     us = sorted(t / 1000 for t in times_ns)
-    row = {
+    return {
         "decision_median_us": statistics.median(us),
         "decision_p99_us": us[int(0.99 * (len(us) - 1))],
         "decision_mean_us": statistics.fmean(us),
-        "loop_cpu_us_per_request": cpu_seconds / len(requests) * 1e6,
+        "loop_cpu_us_per_request": cpu_seconds / len(us) * 1e6,
         "estimated_hit_rate": matched / total,
         **{f"decisions_{r}": n for r, n in sorted(reasons.items())},
     }
-    return policy, row
 
 
 def eviction_pass(policy) -> dict:
@@ -135,6 +171,9 @@ def best_of(runs: list[dict], key: str) -> dict:
     return best
 
 
+POLICIES = ("plain_tree", "cache_aware", "round_robin", "random")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conversations", type=int, default=200)
@@ -149,35 +188,46 @@ def main() -> None:
     requests = multi_turn_workload(args.conversations, args.turns, args.seed)
     lengths = [len(r) for r in requests]
     print(f"workload: {len(requests)} requests, mean {statistics.fmean(lengths):.0f} chars, "
-          f"max {max(lengths)}, {args.workers} workers, {args.in_flight} in flight, best of {args.repeats} runs")
+          f"max {max(lengths)}, {args.workers} workers, {args.in_flight} in flight, best of {args.repeats} runs "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
-    rows, evictions, tree = {}, [], {}
-    for key in ("cache_aware", "round_robin", "random"):
-        runs = []
-        for _ in range(args.repeats):
-            policy, row = run_policy(key, requests, args.workers, args.in_flight, args.seed)
-            runs.append(row)
+    runs: dict[str, list[dict]] = {key: [] for key in POLICIES}
+    evictions, tree, same = [], {}, True
+    for _ in range(args.repeats):  # one run of each policy per repeat: plain tree and cache_aware side by side
+        row, plain_picks = run_plain(requests, args.workers, args.in_flight, args.seed)
+        runs["plain_tree"].append(row)
+        for key in POLICIES[1:]:
+            policy, row, picks = run_policy(key, requests, args.workers, args.in_flight, args.seed)
+            runs[key].append(row)
             if key == "cache_aware":
+                same = same and picks == plain_picks
                 tree = {"tree_chars": policy.tree.total_chars, "tree_nodes": policy.tree.node_count}
                 evictions.append(eviction_pass(policy))
             del policy
             gc.collect()
-        rows[key] = best_of(runs, "decision_median_us")
+    if not same:
+        raise SystemExit("the plain tree and cache_aware chose different workers: the yardstick is not comparable")
+    rows = {key: best_of(r, "decision_median_us") for key, r in runs.items()}
+    ratios = sorted(c["decision_median_us"] / p["decision_median_us"]
+                    for c, p in zip(runs["cache_aware"], runs["plain_tree"]))
     evict = best_of(evictions, "eviction_pass_ms")
 
-    print(f"\n{'policy':<12} {'median us':>10} {'p99 us':>8} {'mean us':>8} {'cpu us':>7} {'est. hit':>9}  "
-          f"decisions by reason")
+    print(f"\n{'policy':<12} {'median us':>10} {'medians over repeats':>21} {'p99 us':>8} {'mean us':>8} "
+          f"{'cpu us':>7} {'est. hit':>9}  decisions by reason")
     for key, r in rows.items():
         by_reason = ", ".join(f"{k[len('decisions_'):]}={v}" for k, v in r.items() if k.startswith("decisions_"))
-        print(f"{key:<12} {r['decision_median_us']:>10.2f} {r['decision_p99_us']:>8.2f} "
-              f"{r['decision_mean_us']:>8.2f} {r['loop_cpu_us_per_request']:>7.2f} {r['estimated_hit_rate']:>9.3f}  "
-              f"{by_reason}")
-    ratio = rows["cache_aware"]["decision_median_us"] / rows["round_robin"]["decision_median_us"]
-    print(f"\ncache_aware tree: {tree['tree_chars']:,} chars in {tree['tree_nodes']:,} nodes; eviction pass down to "
+        medians = r["decision_median_us_all_runs"]
+        print(f"{key:<12} {r['decision_median_us']:>10.2f} {min(medians):>10.2f} - {max(medians):>8.2f} "
+              f"{r['decision_p99_us']:>8.2f} {r['decision_mean_us']:>8.2f} {r['loop_cpu_us_per_request']:>7.2f} "
+              f"{r['estimated_hit_rate']:>9.3f}  {by_reason}")
+    rr_ratio = rows["cache_aware"]["decision_median_us"] / rows["round_robin"]["decision_median_us"]
+    print(f"\ncache_aware x plain tree (same decisions: {'yes' if same else 'no'}), median over the repeats: "
+          f"{statistics.median(ratios):.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})")
+    print(f"cache_aware tree: {tree['tree_chars']:,} chars in {tree['tree_nodes']:,} nodes; eviction pass down to "
           f"{evict['eviction_bound_chars_per_worker']:,} chars/worker: {evict['eviction_pass_ms']:.2f} ms "
           f"({evict['tenant_chars_evicted']:,} worker-chars evicted, tree now {evict['tree_chars_after_eviction']:,} "
           f"chars); pass with nothing to evict: {evict['eviction_idle_pass_ms']:.3f} ms")
-    print(f"cache_aware median decision = {ratio:.1f}x round_robin's")
+    print(f"cache_aware median decision = {rr_ratio:.1f}x round_robin's")
 
     results = {
         "requests": len(requests), "conversations": args.conversations, "turns": args.turns,
@@ -185,7 +235,10 @@ def main() -> None:
         "request_chars_mean": statistics.fmean(lengths),
         **{f"{key}_{k}": v for key, r in rows.items() for k, v in r.items()},
         **{f"cache_aware_{k}": v for k, v in {**tree, **evict}.items()},
-        "cache_aware_over_round_robin_median_ratio": ratio,
+        "cache_aware_over_round_robin_median_ratio": rr_ratio,
+        "cache_aware_over_plain_tree_median_ratio": statistics.median(ratios),
+        "cache_aware_over_plain_tree_ratio_all_runs": ratios,
+        "cache_aware_same_decisions_as_plain_tree": same,
     }
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")

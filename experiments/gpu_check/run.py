@@ -7,10 +7,13 @@
 Parts, in order (each a subprocess with its own timeout, so one failure or hang loses nothing else; the JSON is
 rewritten after each part, so even a killed run keeps what finished):
   gpu_tests      the GPU tests: compiled kernel vs the oracle (fp32/fp16/bf16, tiny and V2-Lite shapes), CUDA-graph
-                 capture and replay, no host sync on the MoE path, NCCL; plus tests/kernels compiled
+                 capture and replay, no host sync on the MoE path, CUDA-graph decode vs eager (same tokens, logits
+                 within 1e-5 in fp32, 0.5 in bf16), NCCL; plus tests/kernels compiled
   verify_*       mode=verify on CUDA, parallel=tp and dp_attn, size 1, moe=triton_fused (the compiled kernel), fp32
                  (atol 1e-4) and bf16 (BF16_VERIFY_ATOL)
-  decode_step    decode step time at batch 1/8/32/64/256 (moe=triton_fused)
+  decode_step    decode step time at batch 1/8/32/64/256 (moe=triton_fused), eager and replaying CUDA graphs
+                 (engine.cuda_graph_max_bs=256 so that batch 256 has a graph too; SGLang's default 160 would run it
+                 eagerly); the verify parts run with graphs on (the engine's default), against the reference
   tune_*         the launch-config tuner on the default shapes (tiny model's, DeepSeek-V2-Lite's), time-bounded
   bench_moe      MoE layer steps by backend, and the fused kernel's own weight bandwidth against 4.8 TB/s
 Without a GPU (and without --cpu-smoke) it says so in one line and exits 0, running nothing.
@@ -44,10 +47,10 @@ PEAK_GBS = 4800.0             # H200 HBM3e
 # spread as the bf16 reference itself (0.14-0.29). 0.5 leaves ~1.7x headroom and still fails gross errors (a lost
 # KV entry moves logits by 1.4-2.0); finer errors are fp32 verify's (atol 1e-4) and the kernel tests' (bf16 at 1.5%).
 BF16_VERIFY_ATOL = 0.5
-NEEDED_MODULES = ("hydra", "omegaconf")   # run.py's; the device image has everything else the parts import
+NEEDED_MODULES = ("hydra", "omegaconf", "yaml", "pydantic", "msgpack")   # not in the device image (run.py, the plugins)
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
 TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
-               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=50, timeout_s=75)}
+               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=28, timeout_s=45)}
 TAIL_CHARS = 3000
 
 
@@ -83,6 +86,22 @@ def bench_moe_figures(folder: Path) -> dict:
     return {"records": [{k: r[k] for k in keep if k in r} for r in records]}
 
 
+def decode_headline(figures: dict) -> str:
+    """Step ms by batch, eager | graph, and the graph runs' replayed/timed steps."""
+    by_batch: dict[int, dict] = {}
+    for r in figures["rows"]:
+        by_batch.setdefault(r["batch"], {})[bool(r.get("cuda_graph"))] = r
+    cells = []
+    for b, runs in by_batch.items():
+        eager, graph = runs.get(False), runs.get(True)
+        cell = f"B={b} {eager['step_ms']:.2f}" if eager else f"B={b} -"
+        if graph:
+            timed = graph["graph_replayed_steps"] + graph["graph_eager_steps"]
+            cell += f"|{graph['step_ms']:.2f} ({graph['graph_replayed_steps']:.0f}/{timed:.0f} replayed)"
+        cells.append(cell)
+    return "ms eager|graph: " + ", ".join(cells)
+
+
 def bandwidth_headline(figures: dict) -> str:
     rows = [r for r in figures.get("records", []) if "peak_bw_frac" in r]
     big = [r for r in rows if r["shape"] != "tiny"] or rows   # tiny's weights sit in L2: the V2-Lite rows count
@@ -93,7 +112,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
     """Every part's command: the GPU run, or (gpu=False) the same code paths at tiny size on the CPU."""
     py, device = sys.executable, "cuda" if gpu else "cpu"
     # -v: if the part times out (its JUnit file is written at the end), the log still names every test's outcome.
-    out = [Part("gpu_tests", 140,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
+    out = [Part("gpu_tests", 175,   # on a GPU tests/kernels' edge cases run compiled too; the smoke collects only
                 lambda d: [py, "-m", "pytest", "-v", "-m", "not slow" if gpu else "gpu", "-p", "no:cacheprovider",
                            f"--junitxml={d / 'junit.xml'}", *GPU_TEST_PATHS],
                 junit_figures,
@@ -103,21 +122,20 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
             overrides = ["mode=verify", f"parallel={par}", "parallel.size=1", "moe=triton_fused",
                          # the compiled kernel on a GPU; the smoke takes the torch twin (interpreted: minutes)
                          f"moe.kernel={'triton' if gpu else 'torch'}", f"engine.device={device}",
-                         f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled",
+                         f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled", "logger.plots=false",
                          *([] if gpu else ["verify.max_new_tokens=2"])]
-            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 35,
+            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 30,
                             lambda d, o=overrides: [py, "run.py", *o, f"hydra.run.dir={d}"],
                             lambda d: {k: v for k, v in read_json(d / "results.json").items()
                                        if k.startswith("verify_") or k.endswith("max_abs_err")},
                             lambda f: f"max abs logit error {f['verify_max_abs_err']:.3g} (atol {f['verify_atol']})"))
-    decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "3"] if gpu
-              else ["--batches", "1", "2", "--context", "8", "--steps", "2", "--repeats", "1"])
-    # The CUDA-graph decode variant joins here: a second decode part with the bench's graph flag.
-    out.append(Part("decode_step", 45,
+    decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "2",
+               "--cuda-graph-max-bs", "256"] if gpu
+              else ["--batches", "1", "2", "--contexts", "8", "--steps", "2", "--repeats", "1"])
+    out.append(Part("decode_step", 60,
                     lambda d: [py, "experiments/decode_step/bench.py", "--device", device, "--moe", "triton_fused",
-                               *decode, "--out", str(d / "decode_step.json")],
-                    lambda d: read_json(d / "decode_step.json"),
-                    lambda f: ", ".join(f"B={r['batch']} {r['step_ms']:.2f} ms" for r in f["rows"])))
+                               "--cuda-graph", "both", *decode, "--out", str(d / "decode_step.json")],
+                    lambda d: read_json(d / "decode_step.json"), decode_headline))
     for name, s in TUNE_SHAPES.items():
         shape = [s["experts"], s["intermediate"], s["hidden"], s["top_k"]] if gpu else [4, 16, 32, 2]
         search = (["--batch-sizes", "1", "2", "4", "8", "16", "32", "64", "128", "256", "--budget-s",

@@ -45,10 +45,13 @@ class ForwardBatch:
     extend_lens: list[int] = field(default_factory=list)          # [B] new tokens per request (decode: all 1)
     sample: list[bool] = field(default_factory=list)              # False for a prefill chunk that is not the last
     return_all_logits: bool = False
+    kv_width: int | None = None        # decode: slots each row's attention reads (None: the longest context;
+                                       # a captured graph's is fixed, framework/engine/cuda_graph.py)
     # device tensors, made by to(); the attention metadata, made once per forward by the model
     req_pool_indices: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     attn_metadata: object = None
+    row_mask: torch.Tensor | None = None   # [T] 0 for a captured graph's padding rows (None: every row is real)
     # filled by the parallelism plugin's per-step sync (DP attention)
     global_num_tokens: list[int] | None = None
     can_run_graph: bool = False

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -25,6 +25,12 @@ class EngineConfig:
     # so a burst of prefills never stalls running decodes for more than one step
     alternate_extend_decode: bool = False
     device: str = "auto"                  # auto | cpu | cuda
+    # CUDA graphs for decode (SGLang's CudaGraphRunner, framework/engine/cuda_graph.py): a graph per batch-size
+    # bucket captured at start, a decode step padded to its bucket and replayed; on a CUDA device only
+    cuda_graph: bool = True               # false: SGLang's --disable-cuda-graph
+    cuda_graph_max_bs: Optional[int] = None   # the largest bucket; None: SGLang's 160 (96 under DP attention)
+    cuda_graph_bs: list[int] = field(default_factory=list)   # the buckets; empty: [1, 2, 4] + multiples of 8
+    cuda_graph_max_context: int = 2048    # slots a captured decode attends over; a longer context runs eagerly
 
     def validate(self) -> None:
         problems = []
@@ -44,6 +50,14 @@ class EngineConfig:
             problems.append(f"engine.min_new_token_ratio_factor must be in [0, 1], got {self.min_new_token_ratio_factor}")
         if self.new_token_ratio_decay_steps <= 0:
             problems.append(f"engine.new_token_ratio_decay_steps must be > 0, got {self.new_token_ratio_decay_steps}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            problems.append(f"engine.cuda_graph_max_bs must be >= 1 (or null: SGLang's 160), got "
+                            f"{self.cuda_graph_max_bs}")
+        if any(b < 1 for b in self.cuda_graph_bs):
+            problems.append(f"engine.cuda_graph_bs must hold batch sizes >= 1 (or be empty: SGLang's buckets), "
+                            f"got {list(self.cuda_graph_bs)}")
+        if self.cuda_graph_max_context < 1:
+            problems.append(f"engine.cuda_graph_max_context must be >= 1, got {self.cuda_graph_max_context}")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"engine.device={self.device!r} is not one of auto, cpu, cuda")
         if problems:

@@ -10,6 +10,7 @@ import torch
 
 from framework.engine.batch import ForwardBatch
 from framework.engine.config import EngineConfig
+from framework.engine.cuda_graph import CudaGraphCapture, GraphRunner
 from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
 from framework.engine.sampling import sample
@@ -92,6 +93,12 @@ class Engine:
         self.requests = 0              # requests this rank took
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0}
+        self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
+                                  self.device)
+        if engine_cfg.cuda_graph and self.device.type == "cuda":
+            self.graphs.capture(CudaGraphCapture(self.device))
+        elif engine_cfg.cuda_graph:
+            log.info("no CUDA: CUDA graphs off (engine.cuda_graph=true on %s); decode runs eagerly", self.device)
 
     @property
     def capacity(self) -> int:
@@ -122,8 +129,9 @@ class Engine:
         return out
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The one call the scheduler's step makes into the model (a simulator replaces it with a cost model)."""
-        return self.model(batch.to(self.device), self.pool, self.par).float().cpu()
+        """The one call the scheduler's step makes into the model (a simulator replaces it with a cost model):
+        through a captured graph when the step may replay one. A copy: a graph's next replay overwrites its output."""
+        return self.graphs.forward(batch.to(self.device)).to("cpu", torch.float32, copy=True)
 
     def server_info(self) -> dict:
         """This rank's snapshot: load, KV, memory, its scheme (`par.describe()`), step counters, timing and expert
@@ -131,4 +139,4 @@ class Engine:
         par = self.par
         counts, local = rank_expert_counts(self.model)
         return rank_snapshot(self.scheduler, par.describe(par.cfg), par.rank, par.dp_rank, par.leads, self.memory,
-                             self.requests, {**par.stats, **self.timing}, counts, local)
+                             self.requests, {**par.stats, **self.graphs.stats, **self.timing}, counts, local)

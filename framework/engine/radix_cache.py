@@ -69,6 +69,7 @@ class RadixCache:
         self._protected = 0
         self._heap: list[tuple[int, Node]] = []     # (last_access, leaf) entries; an entry is stale once its node
                                                     # changed time, got a child, left the tree or got locked
+        self.observer = None  # told of every insert, eviction and flush (KV events: framework/kv_events/emitter.py)
 
     # -- sizes -------------------------------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -114,6 +115,8 @@ class RadixCache:
                 leaf = node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
                 heapq.heappush(self._heap, (leaf.last_access, leaf))
                 self._evictable += len(key) - i
+                if self.observer is not None:
+                    self.observer.stored(key, i)
                 return i
             n = _common_len(child.key, key[i:i + len(child.key)])
             if n == len(child.key) and i + n == len(key):
@@ -180,6 +183,8 @@ class RadixCache:
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
+            if self.observer is not None:
+                self.observer.evicted(leaf)
             parent = leaf.parent
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -202,6 +207,8 @@ class RadixCache:
     def reset(self) -> None:
         """Drop every unlocked entry (POST /flush_cache)."""
         self.evict(self._evictable)
+        if self.observer is not None and self.total_size() == 0:
+            self.observer.cleared()
 
     def _leaves(self) -> list[Node]:
         out, stack = [], [self.root]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from framework.engine.cuda_graph import GRAPH_COUNTERS
 from framework.moe_stats import combine_rank_counts, load_stats
 
 SCHEME_KEYS = ("parallel", "parallel_size", "dp_size", "ffn_comm", "tp_size")   # describe(): what ran
@@ -20,8 +21,11 @@ STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_ran
 GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
 GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps")              # one scheduler per DP group
 RANK_COUNTERS = ("idle_steps", "skipped_idle_steps", "schedule_s", "forward_s")   # every rank's own
-STEP_COUNTERS = ("steps", "graph_eligible_steps")                               # the same on every rank: rank 0's
-RUN_COUNTERS = ("retractions", "steps", "idle_steps", "graph_eligible_steps", "schedule_s", "forward_s")
+# the same on every rank: rank 0's (graph counters: every rank replays the same steps; under DP attention the eager
+# reason is rank 0's own, e.g. `disagree` where the rank in extend counts `mode`)
+STEP_COUNTERS = ("steps", "graph_eligible_steps", *GRAPH_COUNTERS)
+RUN_COUNTERS = ("retractions", "steps", "idle_steps", "graph_eligible_steps", *GRAPH_COUNTERS, "schedule_s",
+                "forward_s")
 
 
 def rank_snapshot(scheduler, scheme: dict, rank: int, dp_rank: int, leads: bool, memory, requests: int,

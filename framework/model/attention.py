@@ -31,10 +31,12 @@ class AttentionMetadata:
 
 
 def attention_metadata(batch) -> AttentionMetadata:
-    """What every layer of this forward reads: built once from the req_to_token table (one gather for decode)."""
+    """What every layer of this forward reads: built once from the req_to_token table (one gather for decode).
+    Decode reads `batch.kv_width` slots per row (a captured graph's fixed width), by default the longest context;
+    the mask drops each row's slots past its length."""
     table = batch.req_to_token
     if batch.mode.is_decode():
-        width = max(batch.seq_lens_cpu)
+        width = batch.kv_width or max(batch.seq_lens_cpu)
         index = table[batch.req_pool_indices, :width].long()
         mask = torch.arange(width, device=table.device)[None, :] < batch.seq_lens[:, None]
         return AttentionMetadata(kv_index=index, kv_mask=mask)

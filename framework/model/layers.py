@@ -94,8 +94,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_ids, topk_weights = self.route(x)
-        flat_ids = topk_ids.reshape(-1)
-        self.expert_counts.index_add_(0, flat_ids, torch.ones_like(flat_ids))   # no host sync, unlike bincount
+        # no host sync, unlike bincount; a CUDA graph's padding rows are exactly zero (model.forward): not counted
+        real = x.ne(0).any(dim=-1, keepdim=True).expand_as(topk_ids)
+        self.expert_counts.index_add_(0, topk_ids.reshape(-1), real.reshape(-1).long())
         out = self.backend.forward(x, topk_ids, topk_weights.to(x.dtype))
         if self.shared is not None:
             out = out + self.shared(x)

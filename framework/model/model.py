@@ -47,13 +47,15 @@ class Transformer(nn.Module):
         if not idle:
             batch.attn_metadata = attention_metadata(batch)
         x = par.embed(self.embed, batch.input_ids)
+        if batch.row_mask is not None:   # a graph's padding rows start at zero and, with no biases, stay zero
+            x = x * batch.row_mask[:, None]
         for i, block in enumerate(self.layers):
             if not idle:
                 x = x + par.attn_reduce(block.attn(block.attn_norm(x), batch, kv_pool.layer(i)))
             x = x + par.ffn(block.ffn_norm(x), block.ffn, batch)
         if idle:
             return x.new_zeros(0, self.cfg.vocab_size)
-        if not batch.return_all_logits:
+        if not (batch.return_all_logits or batch.mode.is_decode()):   # decode: every row is a last token
             x = x[batch.last_token_index]
         return par.logits(self.norm(x), self.lm_head)
 

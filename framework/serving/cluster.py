@@ -26,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 
+from framework.registry import ROUTING
+from framework.routing import KV_EVENTS
 from framework.serving.cluster_proc import RouterSpec, WorkerSpec
 from framework.serving.ports import assign_free_ports, with_free_port
 from framework.serving.processes import (Child, ClusterError, check_port_free, raise_system_exit, signal_group,
@@ -76,6 +78,7 @@ class Cluster:
                 raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
             self.worker_ports = ports
             self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
+        self.kv_block_size = self._kv_block_size(cc)
         if cc.startup_timeout_s <= 0:
             raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")
         if cc.max_restarts < 0 or cc.restart_backoff_s < 0 or cc.restart_window_s <= 0:
@@ -89,6 +92,20 @@ class Cluster:
         self.metrics_url = self.router_url + "/metrics"
         self.lock = threading.RLock()  # the supervisor's changes against start_router's and stop's
         self._old_sigterm = None
+
+    def _kv_block_size(self, cc) -> int:
+        """The block size local workers publish KV events in (0: none): on with cluster.kv_events, or for a policy
+        that follows them (whose router.block_size must be the workers')."""
+        follows = KV_EVENTS in getattr(ROUTING.get(self.policy_cfg.name), "subscriptions", ())
+        if not (cc.kv_events or follows):
+            return 0
+        if cc.kv_block_size < 1:
+            raise ClusterError(f"cluster.kv_block_size={cc.kv_block_size} must be >= 1")
+        policy_size = getattr(self.policy_cfg, "block_size", cc.kv_block_size)
+        if follows and policy_size != cc.kv_block_size:
+            raise ClusterError(f"router.block_size={policy_size} but the workers publish blocks of "
+                               f"cluster.kv_block_size={cc.kv_block_size} tokens: make them equal")
+        return cc.kv_block_size
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def __enter__(self) -> "Cluster":
@@ -123,7 +140,7 @@ class Cluster:
     def spawn_worker(self, i: int) -> Child:
         c, url = self.cfg, self.worker_urls[i]
         spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
-                          f"worker {i} ({url})")
+                          f"worker {i} ({url})", self.kv_block_size)
         return spawn("worker", spec, spec.name, url)
 
     def spawn_router(self, worker_urls: list[str]) -> Child:

@@ -27,6 +27,7 @@ class WorkerSpec:
     host: str
     port: int
     name: str                      # "worker 0 (http://127.0.0.1:30001)": for messages
+    kv_block_size: int = 0         # > 0: publish the radix cache's KV events in blocks of this many tokens
 
 
 @dataclass
@@ -49,11 +50,15 @@ def open_worker_engine(spec: WorkerSpec):
 
 async def _serve(role: str, spec, report) -> None:
     from framework.serving.server_base import start_app, tune_gc_for_serving
-    client = None
+    client = publisher = None
     if role == "worker":   # (the spec's class is framework.serving.cluster_proc's, not this __main__'s)
         from framework.serving.worker import create_worker_app
         client = open_worker_engine(spec)
-        app, host, port = create_worker_app(client), spec.host, spec.port
+        info = {}
+        if spec.kv_block_size:
+            from framework.kv_events.worker import publish_cache_events
+            publisher, info["kv_events"] = publish_cache_events(client, spec.host, spec.kv_block_size)
+        app, host, port = create_worker_app(client, extra_info=info), spec.host, spec.port
     else:
         from framework.registry import ROUTING
         from framework.serving.router import create_router_app
@@ -76,6 +81,8 @@ async def _serve(role: str, spec, report) -> None:
     finally:
         if client is not None:
             client.close()
+        if publisher is not None:
+            publisher.close()
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -7,6 +7,7 @@ servelab's router config maps onto its flags as follows; what it cannot express 
 | servelab                        | sglang-router 0.3.2                                                          |
 |---------------------------------|------------------------------------------------------------------------------|
 | router=round_robin / random     | --policy round_robin / random                                                |
+| router=power_of_two             | --policy power_of_two (router.load=worker_tokens: it polls GET /get_load)    |
 | router=cache_aware              | --policy cache_aware; its cache miss goes to the least-loaded worker, so      |
 |                                 | `router.miss_policy` must be least_loaded (router=cache_aware_v2); the v0.4   |
 |                                 | smallest-tree miss is refused. Ties among equal matches: SGLang's tree picks  |
@@ -45,7 +46,7 @@ from framework.serving.ports import free_ports
 
 log = logging.getLogger("servelab.peer_router")
 PINNED = "0.3.2"
-POLICIES = ("round_robin", "random", "cache_aware")   # servelab's policies that sglang-router also has
+POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")   # servelab's policies that sglang-router has
 _SERIES = re.compile(r'^(smg_worker_cb_outcomes_total|smg_worker_retries_total)\{([^}]*)\}\s+(\S+)', re.M)
 
 
@@ -57,7 +58,10 @@ def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheu
     """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings."""
     if rc.name not in POLICIES:
         raise PeerRouterError(f"router.impl=sglang: sglang-router has no policy {rc.name!r}; it runs "
-                              f"{', '.join(POLICIES)} (and power_of_two, which servelab does not have)")
+                              f"{', '.join(POLICIES)}")
+    if rc.name == "power_of_two" and rc.load != "worker_tokens":
+        raise PeerRouterError("router.impl=sglang: sglang-router's power_of_two compares the loads its workers report "
+                              "(GET /get_load's num_tokens); set router.load=worker_tokens to run the same policy")
     args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
             "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
     if rc.name == "cache_aware":

@@ -221,6 +221,13 @@ class _RoutingView(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     stream: bool | None = False  # the router applies request_timeout_s (silence) to streams only; null: not one
 
+    def token_ids(self) -> list[int] | None:
+        """The routed prompt's token ids when the client sent ids (the first of a batch), else None."""
+        prompt = getattr(self, "input_ids", None) or getattr(self, "prompt", None)
+        if not isinstance(prompt, list) or isinstance(prompt[0], str):
+            return None
+        return prompt[0] if isinstance(prompt[0], list) else prompt
+
 
 class GenerateRouting(_RoutingView):
     """SGLang's ``/generate``: ``text`` (one string or a batch) or ``input_ids`` (one list of ids or a batch)."""

@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from framework.routing import RoutingDecision
+from framework.routing import RequestUsage, RequestView, RoutingDecision
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
 from framework.serving.health import WaitTimer, WorkerState, WorkerTimeout, describe_error, normalize_worker_url
@@ -46,6 +46,7 @@ from framework.serving.proxy import (NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEA
                                      WORKER_HEADER, Failed, pass_headers, retry_after_s)
 from framework.serving.router_config import RouterServiceConfig
 from framework.serving.router_control import RouterControl
+from framework.serving.router_events import USAGE_TAIL, WorkerEvents, parse_usage
 from framework.serving.router_stats import RouterStats, router_registry
 from framework.serving.server_base import make_app, serve_forever, tune_gc_for_serving
 
@@ -60,7 +61,7 @@ class _Call:
     """One client request, over all its attempts."""
     route: str
     raw: bytes
-    text: str  # the routing key
+    request: str | RequestView  # what the policy routes on: the text, or a view with the client's token ids
     stream: bool
     headers: CIMultiDict  # what goes to the worker
     rid: str  # its X-Request-Id: what /abort_request names
@@ -77,6 +78,7 @@ class _Attempt:
     verdict: str | None = None  # for the breaker: "ok" | "fail" | None (tells nothing about the worker)
     outcome: str | None = None  # for the stats, when a relayed stream ended badly: broken_stream | client_disconnect
     served: bool = False  # the worker answered 2xx: it was sent the text (the policy's cache credit stands)
+    usage: RequestUsage | None = None  # what the worker reported, read for a policy subscribed to USAGE
 
 
 class Router(RouterControl):
@@ -90,6 +92,7 @@ class Router(RouterControl):
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
         self._removals: dict[str, asyncio.Task] = {}  # url -> its drain, shared by every remove_worker caller
+        self.events = WorkerEvents(self)  # KV events, load reports, usage: what the policy subscribed to
         c = self.cfg
         # Built once. No total: a stream may run for as long as its worker keeps talking; waits on a worker are
         # bounded by self._timer (silence and the client's deadlines), not by aiohttp's per-request timers.
@@ -116,13 +119,14 @@ class Router(RouterControl):
         await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
         self._tasks = [asyncio.create_task(self._every(self.cfg.health_check_interval_secs, self.check_health)),
                        asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain)),
-                       asyncio.create_task(self._every(self._timer.tick_s, self._sweep))]
+                       asyncio.create_task(self._every(self._timer.tick_s, self._sweep)), *self.events.start()]
 
     async def close(self, app: web.Application | None = None) -> None:
         tasks = self._tasks + list(self._removals.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.events.close()
         if self.session is not None:
             await self.session.close()
 
@@ -184,13 +188,13 @@ class Router(RouterControl):
         try:
             raw = await request.read()
             view = parse_body(ROUTES[route], raw)
-            text = view.routing_text()
+            text, ids = view.routing_text(), view.token_ids()
             headers = pass_headers(request.headers, NOT_FORWARDED)
             rid = headers.get(REQUEST_ID_HEADER) or headers.setdefault(REQUEST_ID_HEADER, uuid.uuid4().hex)
             headers.setdefault("Content-Type", "application/json")
             now = time.monotonic()
-            call = _Call(route, raw, text, bool(view.stream), headers, rid, now + self.cfg.first_byte_timeout_s,
-                         now + self.cfg.total_timeout_s)
+            call = _Call(route, raw, text if ids is None else RequestView(text, ids), bool(view.stream), headers, rid,
+                         now + self.cfg.first_byte_timeout_s, now + self.cfg.total_timeout_s)
             outcome = "no_worker"
             failed = None
             while (plan := self._next(call, failed)) is not None:
@@ -218,7 +222,7 @@ class Router(RouterControl):
     def _dispatch(self, call: _Call, pool: list[WorkerState]) -> _Attempt:
         """Choose among ``pool`` with the policy and count the attempt (a retry when it is not the first)."""
         t0 = time.perf_counter()
-        url = self.policy.select(call.text, [w.url for w in pool])
+        url = self.policy.select(call.request, [w.url for w in pool])
         decision = self.policy.last_decision
         self.stats.decision(decision, time.perf_counter() - t0)
         w = self.workers[url]
@@ -249,6 +253,8 @@ class Router(RouterControl):
             if relay:
                 return await self._relay(request, call, up, att)
             att.verdict, att.served = "ok", status < 400  # a 4xx is the client's fault: it counts for the worker
+            if att.served and self.events.usage:
+                att.usage = parse_usage(body)
             headers = pass_headers(up.headers, NOT_RETURNED)
             headers[WORKER_HEADER] = w.url
             return web.Response(status=status, body=body, headers=headers)
@@ -275,9 +281,9 @@ class Router(RouterControl):
         w = att.worker
         w.end()
         if self._is_current(w):  # a worker removed and added again since is another worker: leave it alone
-            self.policy.on_request_done(w.url, att.decision, att.served)
-        if att.served and att.verdict == "ok":  # answered to the end: its estimated cache hit counts
-            self.stats.served(att.decision)
+            self.policy.on_request_done(w.url, att.decision, att.served, att.usage)
+        if att.served:  # the worker answered (and so prefilled the prompt): its estimated cache hit counts
+            self.stats.served(att.decision, att.usage)
         if att.verdict == "ok":
             w.breaker.record_success()
         elif att.verdict == "fail":
@@ -312,10 +318,13 @@ class Router(RouterControl):
         headers[WORKER_HEADER] = w.url
         resp = web.StreamResponse(status=up.status, headers=headers)
         att.served = up.status < 400
+        tail = b"" if self.events.usage else None  # the stream's end, for the usage in its last event
         try:
             await resp.prepare(request)
             call.answered = True
             while chunk:
+                if tail is not None:
+                    tail = (tail + chunk)[-USAGE_TAIL:]
                 await resp.write(chunk)
                 try:
                     with self._timer(*self._deadline(call)):
@@ -335,6 +344,9 @@ class Router(RouterControl):
         except asyncio.CancelledError:
             up.close()
             raise
+        finally:
+            if tail:  # a client may hang up once it has the last event: the usage is read all the same
+                att.usage = parse_usage(tail)
         return resp
 
 

@@ -44,14 +44,19 @@ class RouterServiceConfig:
     drain_timeout_secs: float = 600.0       # remove_worker waits this long for in-flight requests at most
     maintain_interval_secs: float = 1.0     # how often the policy's periodic work (cache eviction) runs
     client_max_size: int = 8 * 2**20        # request body limit, bytes (larger: a 413 JSON error)
+    # where a worker's KV events are when it does not say (vLLM: --kv-events-config publishes on tcp://*:5557); 0: none
+    kv_events_port: int = 0
+    kv_events_replay_port: int = 0
+    load_poll_interval_s: float = 0.5       # GET /get_load on every worker this often (a policy that follows loads)
 
     def validate(self) -> None:
         problems = []
         positive = ("health_check_interval_secs", "health_check_timeout_secs", "request_timeout_s",
                     "first_byte_timeout_s", "total_timeout_s", "abort_timeout_s", "connect_timeout_s",
-                    "drain_timeout_secs", "maintain_interval_secs", "client_max_size")
+                    "drain_timeout_secs", "maintain_interval_secs", "client_max_size", "load_poll_interval_s")
         problems += [f"router.{n} must be > 0, got {getattr(self, n)}" for n in positive if getattr(self, n) <= 0]
-        non_negative = ("max_retries", "retry_backoff_base_s", "retry_backoff_max_s", "breaker_cooldown_secs")
+        non_negative = ("max_retries", "retry_backoff_base_s", "retry_backoff_max_s", "breaker_cooldown_secs",
+                        "kv_events_port", "kv_events_replay_port")
         problems += [f"router.{n} must be >= 0, got {getattr(self, n)}" for n in non_negative if getattr(self, n) < 0]
         if self.breaker_failure_threshold < 1:
             problems.append(f"router.breaker_failure_threshold must be >= 1, got {self.breaker_failure_threshold}")

@@ -45,6 +45,8 @@ class RouterControl:
             log.info("worker %s is now %s%s", w.url, "healthy" if ok else "unhealthy", f" ({error})" if error else "")
         if ok and w.unreachable and self._is_current(w):
             self.policy.reset_worker(w.url)  # nothing listened there a moment ago: it may have restarted, cold
+        if ok and self._is_current(w):
+            self.events.worker_up(w.url)  # subscribe to what the policy follows of it (once)
         w.healthy, w.last_health_error = ok, error
         w.unreachable = unreachable or (w.unreachable and not ok)
 
@@ -81,6 +83,7 @@ class RouterControl:
                             self.cfg.drain_timeout_secs)
             del self.workers[w.url]
             self.policy.remove_worker(w.url)
+            await self.events.stop(w.url)
             return {"removed": w.url, "drained_requests": drained_from, "abandoned_requests": w.in_flight}
         finally:
             del self._removals[w.url]
@@ -106,7 +109,9 @@ class RouterControl:
         return metrics_response(self.registry)
 
     async def handle_router_stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats.snapshot(self.workers.values()))
+        accuracy = getattr(self.policy, "accuracy", None)  # a policy's own account of its estimates, when it keeps one
+        return web.json_response({**self.stats.snapshot(self.workers.values()), "kv_events": self.events.stats(),
+                                  **({"policy_accuracy": dict(accuracy)} if accuracy else {})})
 
     async def handle_reset_router_stats(self, request: web.Request) -> web.Response:
         self.stats.reset()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from framework.routing import RoutingDecision
+from framework.routing import RequestUsage, RoutingDecision
 from framework.serving.health import OPEN, WorkerState
 
 DECISION_WINDOW = 100_000  # decisions kept for the percentiles in /router_stats
@@ -37,6 +37,7 @@ class RouterStats:
         self.outcomes: Tally[tuple[str, str]] = Tally()  # (route, outcome) -> count
         self.retries = 0
         self.matched_chars = self.request_chars = 0
+        self.reported = [0, 0, 0]  # requests, prompt and cached tokens whose usage the router read (USAGE)
         self.decision_buckets = [0] * (len(DECISION_BUCKETS_S) + 1)  # last one: above the largest bound
         self.decision_sum_s = 0.0
         self.decision_us: deque[float] = deque(maxlen=DECISION_WINDOW)
@@ -45,7 +46,7 @@ class RouterStats:
     def reset(self) -> None:
         """Start a new /router_stats window (the Prometheus series stay cumulative)."""
         self._base = (Tally(self.decisions), Tally(self.outcomes), self.retries, self.matched_chars,
-                      self.request_chars, time.time())
+                      self.request_chars, time.time(), list(self.reported))
         self.decision_us.clear()
 
     def decision(self, d: RoutingDecision, elapsed_s: float) -> None:
@@ -54,14 +55,18 @@ class RouterStats:
         self.decision_buckets[bisect_left(DECISION_BUCKETS_S, elapsed_s)] += 1
         self.decision_sum_s += elapsed_s
 
-    def served(self, d: RoutingDecision) -> None:
+    def served(self, d: RoutingDecision, usage: RequestUsage | None = None) -> None:
         """An attempt the worker answered: its estimated cache hit counts (a failed attempt's does not, as its
-        worker never got the text)."""
+        worker never got the text), and what the worker said it hit, when the router read it."""
         self.matched_chars += d.matched_chars
         self.request_chars += d.request_chars
+        if usage is not None:
+            r = self.reported
+            r[0], r[1], r[2] = r[0] + 1, r[1] + usage.prompt_tokens, r[2] + usage.cached_tokens
 
     def snapshot(self, workers: Iterable[WorkerState]) -> dict:
-        decisions0, outcomes0, retries0, matched0, chars0, since = self._base
+        decisions0, outcomes0, retries0, matched0, chars0, since, reported0 = self._base
+        n_reported, prompt, cached = (a - b for a, b in zip(self.reported, reported0))
         decisions, outcomes = self.decisions - decisions0, self.outcomes - outcomes0
         matched, chars = self.matched_chars - matched0, self.request_chars - chars0
         per_worker, reasons, by_outcome = Tally(), Tally(), Tally()
@@ -78,6 +83,8 @@ class RouterStats:
                                    "window": len(us)},
             "estimated_hit_rate": matched / chars if chars else 0.0,
             "matched_chars": matched, "request_chars": chars,
+            # the workers' own hit rate over the requests whose usage the router read (a policy subscribed to USAGE)
+            "reported_hit_rate": cached / prompt if prompt else None, "reported_requests": n_reported,
             "reasons": dict(reasons),
             "retries": self.retries - retries0,
             "outcomes": dict(by_outcome),

@@ -134,8 +134,9 @@ class WorkerServer:
     MODELS = {"generate": P.GenerateRequest, "completions": P.CompletionRequest, "chat": P.ChatCompletionRequest}
     PROMPT_FIELDS = {"generate": "text", "completions": "prompt", "chat": "messages"}  # named by engine rejections
 
-    def __init__(self, engine: EngineHandle, model_name: str):
+    def __init__(self, engine: EngineHandle, model_name: str, extra_info: dict | None = None):
         self.engine, self.model_name = engine, model_name
+        self.extra_info = extra_info or {}  # added to /get_server_info (e.g. where its KV events are published)
         self.metrics = WorkerMetrics()
         self.in_flight = 0
         self._by_rid: dict[str, set[asyncio.Task]] = {}  # request id -> the handlers serving it (for /abort_request)
@@ -232,7 +233,16 @@ class WorkerServer:
         info = self.engine.stats()
         info.setdefault("model_name", self.model_name)
         info["http_in_flight"] = self.in_flight
-        return web.json_response(info)
+        return web.json_response({**info, **self.extra_info})
+
+    async def handle_get_load(self, request: web.Request) -> web.Response:
+        """SGLang's ``GET /get_load`` (what sglang-router's power_of_two polls): one object per DP rank; num_tokens is
+        the KV the requests hold beyond the prefixes they share with the cache."""
+        info = self.engine.stats()
+        running, queued = info.get("running_requests", 0), info.get("queued_requests", 0)
+        tokens = max(info.get("kv_used_tokens", 0) - info.get("cache_tokens", 0), 0)
+        return web.json_response([{"dp_rank": 0, "num_reqs": running + queued, "num_waiting_reqs": queued,
+                                   "num_tokens": tokens}])
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         info = self.engine.stats()
@@ -255,8 +265,8 @@ WORKER_KEY = web.AppKey("worker", WorkerServer)
 
 
 def create_worker_app(engine: EngineHandle, *, model_name: str = "servelab",
-                      client_max_size: int = DEFAULT_CLIENT_MAX_SIZE) -> web.Application:
-    server = WorkerServer(engine, model_name)
+                      client_max_size: int = DEFAULT_CLIENT_MAX_SIZE, extra_info: dict | None = None) -> web.Application:
+    server = WorkerServer(engine, model_name, extra_info)
     app = make_app(client_max_size)
     app[WORKER_KEY] = server
     app.router.add_post("/generate", partial(server.handle, kind="generate"))
@@ -264,6 +274,7 @@ def create_worker_app(engine: EngineHandle, *, model_name: str = "servelab",
     app.router.add_post("/v1/chat/completions", partial(server.handle, kind="chat"))
     app.router.add_get("/health", server.handle_health)
     app.router.add_get("/get_server_info", server.handle_server_info)
+    app.router.add_get("/get_load", server.handle_get_load)
     app.router.add_get("/metrics", server.handle_metrics)
     app.router.add_post("/flush_cache", server.handle_flush_cache)
     app.router.add_post("/abort_request", server.handle_abort)

@@ -1,7 +1,12 @@
 """The cache-aware router's approximate radix tree: ONE tree over raw request text shared by every worker.
 
-Each node holds an edge of text and, per tenant (worker), the last time text through that node was sent to it. The
-tree keeps two invariants: a tenant on a node is on every ancestor (it was sent the whole prefix), and every non-root
+Each node holds an edge of text and, per tenant (worker), a stamp: the last time a text sent to it ended at that node
+(or created it). A node's last access -- the last time a text through it was sent to the tenant, what SGLang stamps
+on every node of the path -- is the newest stamp of the tenant in its subtree; the request path stamps only the
+deepest node and its parent (two dict writes instead of one per node of the path), and eviction, which takes a node only once the
+tenant holds nothing below it, carries each evicted stamp up to the parent, so it meets every node with its last
+access all the same. A tree built with ``stamp_path=True`` stamps every node of the path, as SGLang does, for a caller
+that reads the last access of inner nodes (the ``most_recent`` tie break). The tree keeps two invariants: a tenant on a node is on every ancestor (it was sent the whole prefix), and every non-root
 node has at least one tenant. ``tenant_size(t)`` counts the characters of the nodes holding ``t`` (= the distinct
 non-empty prefixes of the texts sent to ``t``) and is kept up to date on every change, never recomputed by a walk.
 
@@ -92,10 +97,12 @@ def _common_prefix_len(text: str, pos: int, edge: str) -> int:
 
 
 class RadixTree:
-    def __init__(self, max_tenant_chars: int | None = None):
+    def __init__(self, max_tenant_chars: int | None = None, stamp_path: bool = False):
         """``max_tenant_chars``: the bound each tenant is evicted down to at insert time, once it passes it by
-        1/INSERT_EVICTION_SLACK_DIV (None: only explicit ``evict`` calls bound the tree)."""
+        1/INSERT_EVICTION_SLACK_DIV (None: only explicit ``evict`` calls bound the tree). ``stamp_path``: stamp every
+        node of an inserted text's path (each node's stamp is then its last access), not only the deepest."""
         self.max_tenant_chars = max_tenant_chars
+        self.stamp_path = stamp_path
         self._evict_above = (float("inf") if max_tenant_chars is None else
                              max_tenant_chars + max_tenant_chars // INSERT_EVICTION_SLACK_DIV)
         self.root = Node("", None, 0)
@@ -118,16 +125,15 @@ class RadixTree:
             if child is None:
                 break
             edge = child.text
-            if text.startswith(edge, pos):
-                pos += len(edge)
-                node = child
-            else:
+            if not text.startswith(edge, pos):
                 return pos + _common_prefix_len(text, pos, edge), child
+            pos = child.end
+            node = child
         return pos, node
 
     def match(self, text: str) -> tuple[int, dict[str, float], Node]:
-        """(longest prefix of ``text`` sent to any tenant, {tenant: last access} of the tenants that were sent all of
-        it -- empty when nothing matched; read only --, the node the match ended on)."""
+        """(longest prefix of ``text`` sent to any tenant, {tenant: stamp} of the tenants that were sent all of it --
+        empty when nothing matched; read only; the last accesses with ``stamp_path`` --, the node the match ended on)."""
         matched, node = self.walk(text)
         return matched, node.tenants, node
 
@@ -161,13 +167,16 @@ class RadixTree:
             self.total_chars += n - matched
         held = 0
         cur = node
-        while cur is not root:  # stamp the path; the tenant joins the nodes it was missing from
+        while cur is not root:  # the tenant joins the nodes it was missing from (stamped now)
             tenants = cur.tenants
             if tenant in tenants:  # the deepest node it already held: so does every ancestor
                 held = cur.end
-                while cur is not root:
-                    cur.tenants[tenant] = now
-                    cur = cur.parent
+                if cur is node:  # the text passed through or ended here (a queued entry of it is stale now)
+                    tenants[tenant] = now
+                if self.stamp_path:
+                    while cur is not root:
+                        cur.tenants[tenant] = now
+                        cur = cur.parent
                 break
             tenants[tenant] = now
             size += len(cur.text)
@@ -264,11 +273,15 @@ class RadixTree:
                 parent = node.parent
                 if not tenants:
                     self._unlink(node)
+                if parent is root:
+                    break
+                parent_stamp = parent.tenants[tenant]  # its last access is the newest stamp that was below it
+                if stamp > parent_stamp:
+                    parent.tenants[tenant] = parent_stamp = stamp
                 siblings = parent.children
-                if parent is root or siblings and any(tenant in c.tenants for c in siblings.values()):
+                if siblings and any(tenant in c.tenants for c in siblings.values()):
                     break
                 # The parent became a leaf for this tenant: take it next if it is the oldest, else queue it.
-                parent_stamp = parent.tenants[tenant]
                 if size > max_chars:
                     oldest = queue.oldest_stamp()
                     if oldest is None or parent_stamp <= oldest:

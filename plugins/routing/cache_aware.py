@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
-from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 from plugins.routing._radix_tree import RadixTree
 
 TIE_BREAKS = ("node_hash", "least_loaded", "most_recent", "first")
@@ -75,16 +75,19 @@ def _check_config(cfg: CacheAwareConfig) -> None:
 @ROUTING.register("cache_aware")
 class CacheAwareRouting(RoutingPolicy):
     Config = CacheAwareConfig
+    Reasons = ("balance", "cache_hit", "cache_miss")
 
     def __init__(self, cfg: CacheAwareConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         _check_config(self.cfg)
-        self.tree = RadixTree(self.cfg.max_tree_size)  # bounded at every insert, besides the periodic pass
+        # bounded at every insert, besides the periodic pass; most_recent reads the last access of inner nodes
+        self.tree = RadixTree(self.cfg.max_tree_size, stamp_path=self.cfg.tie_break == "most_recent")
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
         self._seed_key = _mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
 
-    def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
+        request_text = request.text
         cfg = self.cfg
         loads = self.loads
         tree = self.tree

@@ -5,7 +5,7 @@ import random
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
-from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 
 @dataclass
@@ -16,10 +16,11 @@ class RandomConfig(RoutingConfig):
 @ROUTING.register("random")
 class RandomRouting(RoutingPolicy):
     Config = RandomConfig
+    Reasons = ("random",)
 
     def __init__(self, cfg: RandomConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         self._rng = random.Random(seed)
 
-    def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
-        return RoutingDecision(self._rng.choice(candidates), 0, len(request_text), "random")
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
+        return RoutingDecision(self._rng.choice(candidates), 0, len(request.text), "random")

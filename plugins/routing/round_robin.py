@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
-from framework.routing import RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 
 @dataclass
@@ -15,12 +15,13 @@ class RoundRobinConfig(RoutingConfig):
 @ROUTING.register("round_robin")
 class RoundRobinRouting(RoutingPolicy):
     Config = RoundRobinConfig
+    Reasons = ("round_robin",)
 
     def __init__(self, cfg: RoundRobinConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         self._next = 0
 
-    def _decide(self, request_text: str, candidates: list[str]) -> RoutingDecision:
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         worker = candidates[self._next % len(candidates)]
         self._next += 1
-        return RoutingDecision(worker, 0, len(request_text), "round_robin")
+        return RoutingDecision(worker, 0, len(request.text), "round_robin")

@@ -43,7 +43,9 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     for name in ("verify_tp_fp32", "verify_dp_attn_fp32", "verify_tp_bf16", "verify_dp_attn_bf16"):
         assert parts[name]["verify_passed"] is True and parts[name]["verify_max_abs_err"] >= 0, name
     assert parts["verify_tp_bf16"]["verify_atol"] == gpu_check.BF16_VERIFY_ATOL
-    assert [row["batch"] for row in parts["decode_step"]["rows"]] == [1, 2]
+    rows = parts["decode_step"]["rows"]           # eager and graphs on (a CPU has none: every step eager, counted)
+    assert [(row["batch"], row["cuda_graph"]) for row in rows] == [(1, False), (1, True), (2, False), (2, True)]
+    assert all(row["graph_replayed_steps"] == 0 and row["graph_eager_steps"] > 0 for row in rows)
     for name in ("tune_tiny", "tune_v2lite"):
         assert sorted(parts[name]["table"]) == ["1", "3"] and parts[name]["tried"] >= 1
     kernel = [r for r in parts["bench_moe"]["records"] if "weight_gbs" in r]

@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from framework.registry import ROUTING
-from framework.routing import REASONS, NoWorkerAvailable, RoutingPolicy
+from framework.routing import SUBSCRIPTIONS, NoWorkerAvailable, RequestView, RoutingPolicy
 from framework.serving.router_config import router_schema, split_router_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "router"
@@ -24,6 +24,8 @@ def test_policy_contract(key):
     fields = dataclasses.fields(cls.Config)
     assert fields[0].name == "name" and cls.Config().name == key
     assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING for f in fields)
+    assert cls.Reasons and all(isinstance(r, str) for r in cls.Reasons)  # the reasons are the policy's own
+    assert cls.subscriptions <= set(SUBSCRIPTIONS)
 
     policy = cls(cls.Config(), seed=1)
     with pytest.raises(NoWorkerAvailable):
@@ -37,16 +39,18 @@ def test_policy_contract(key):
     assert set(chosen) <= set(WORKERS)
     assert sum(policy.loads.values()) == 20
     d = policy.last_decision
-    assert d.worker == chosen[-1] and d.request_chars == len(texts[-1]) and d.reason in REASONS
+    assert d.worker == chosen[-1] and d.request_chars == len(texts[-1]) and d.reason in cls.Reasons
     assert 0 <= d.matched_chars <= d.request_chars
 
     assert policy.select("pinned", workers=[WORKERS[2]]) == WORKERS[2]
+    assert policy.select(RequestView("pinned view", list(b"pinned view")), workers=[WORKERS[1]]) == WORKERS[1]
+    assert policy.last_decision.request_chars == len("pinned view")  # bytes = characters here
     with pytest.raises(ValueError, match="unknown workers"):
         policy.select("x", workers=["http://nowhere"])
     with pytest.raises(TypeError):
         policy.select(b"bytes")  # type: ignore[arg-type]
 
-    for w in chosen + [WORKERS[2]] + WORKERS:  # one release too many per worker: counts stop at zero
+    for w in chosen + [WORKERS[2], WORKERS[1]] + WORKERS:  # one release too many per worker: counts stop at zero
         policy.on_request_done(w)
     assert policy.loads == dict.fromkeys(WORKERS, 0)
 

@@ -1,0 +1,21 @@
+"""A workload's hit-rate ceiling: the share of prompt tokens one unbounded prefix cache would serve if it kept every
+prompt and every answer, requests taken in arrival order (sessions by arrival, each session's turns in order). Answers
+are placeholders of the asked length, unique per request (generated text shares nothing by chance). With the byte
+tokenizer and ASCII workloads characters are tokens, so the cache-aware policy's radix tree over text does it."""
+from __future__ import annotations
+
+from plugins.routing._radix_tree import RadixTree
+
+
+def hit_rate_ceiling(sessions) -> float:
+    tree = RadixTree()
+    answers: list[list[str]] = [[] for _ in sessions]
+    hit = total = 0
+    for _, i, k in sorted((s.arrival_s, i, k) for i, s in enumerate(sessions) for k in range(len(s.turns))):
+        prompt = sessions[i].prompt(k, answers[i])
+        matched, _ = tree.walk(prompt)
+        hit += min(matched, len(prompt) - 1)  # an engine computes the last prompt token at least
+        total += len(prompt)
+        answers[i].append(f"\x00{i}.{k}\x00".ljust(sessions[i].turns[k].max_new_tokens, "\x01"))
+        tree.insert(prompt + answers[i][-1], "cache", 0.0)
+    return hit / total if total else 0.0

@@ -1,0 +1,10 @@
+"""KV cache events in vLLM's wire format: what a worker's prefix cache stored and dropped, block by block.
+
+- ``events``: the messages (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared`` in a ``KVEventBatch``) and their
+  msgpack encoding, as vLLM's ``--kv-events-config`` publishes them (and SGLang's publisher since);
+- ``hashing``: block hashes chained over fixed-size token blocks;
+- ``emitter``: turns the radix cache's inserts and evictions (page size 1) into block events;
+- ``publisher``: the worker side, ZMQ PUB with sequence numbers and a replay socket (vLLM's ``ZmqEventPublisher``
+  protocol);
+- ``subscriber``: the router side, one ZMQ SUB per worker endpoint, which replays or resyncs on a gap or a restart.
+"""

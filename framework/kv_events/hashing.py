@@ -1,0 +1,67 @@
+"""Block hashes chained over fixed-size token blocks: block k of a sequence is named by a hash of (block k-1's hash,
+its ``block_size`` tokens), so equal hashes mean equal prefixes, as in vLLM's prefix cache. Only full blocks count.
+
+Two functions on purpose. ``chain_hashes`` is what servelab's workers publish: a hash of Python int tuples, the same
+in every process (unlike str and bytes hashes, int and tuple hashes are not salted), 64 bits. ``BlockKeys`` is the
+router's own key of a block, made from the tokens an event carries (so it follows workers whatever hash they publish,
+vLLM's sha256 included) and from a request's tokens alike: it only needs to agree within one process, so it takes
+the fastest form (a bytes slice per block for tokens below 256, as the byte tokenizer makes).
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Sequence
+
+MASK64 = 2**64 - 1
+ROOT_HASH = 0  # the "parent" of a sequence's first block
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """The chained hash of every full block of ``tokens`` (a trailing partial block has none), the first chained on
+    ``parent`` (None: the sequence starts here)."""
+    h = ROOT_HASH if parent is None else parent
+    out = []
+    for i in range(0, len(tokens) - block_size + 1, block_size):
+        h = hash((h, *tokens[i:i + block_size])) & MASK64
+        out.append(h)
+    return out
+
+
+def _canonical(block: Sequence[int]) -> bytes:
+    """One bytes form per token sequence: the bytes themselves when every token is below 256, else 32-bit ints."""
+    if isinstance(block, bytes):
+        return block
+    try:
+        return bytes(block)
+    except ValueError:  # a token of 256 or more
+        return b"\xff" + array("I", block).tobytes()  # the marker keeps the two forms apart
+
+
+class BlockKeys:
+    """The router's keys of blocks, chained like ``chain_hashes`` but process-local (salted bytes hashes)."""
+
+    def __init__(self, block_size: int):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+
+    def chain(self, tokens: Sequence[int], parent: int = ROOT_HASH) -> list[int]:
+        """Keys of every full block of ``tokens`` (bytes, or a sequence of ints), chained on ``parent``."""
+        b = self.block_size
+        if not isinstance(tokens, bytes):
+            try:
+                tokens = bytes(tokens)
+            except ValueError:
+                return self._chain_ints(tokens, parent)
+        h, out = parent, []
+        for i in range(0, len(tokens) - b + 1, b):
+            h = hash((h, tokens[i:i + b]))
+            out.append(h)
+        return out
+
+    def _chain_ints(self, tokens: Sequence[int], parent: int) -> list[int]:
+        b, h, out = self.block_size, parent, []
+        for i in range(0, len(tokens) - b + 1, b):
+            h = hash((h, _canonical(tokens[i:i + b])))
+            out.append(h)
+        return out

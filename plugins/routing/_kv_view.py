@@ -1,0 +1,204 @@
+"""The exact view of the workers' caches that the token policies share (precise_prefix, kv_cost): which full blocks
+each worker holds, learnt from its KV events (framework/kv_events), and the blocks the router expects it to hold.
+
+A block is keyed by ``BlockKeys`` (chained over the block's tokens, so a request's blocks and an event's meet whatever
+hash the worker publishes): an event's ``BlockStored`` chains its blocks on the key of its parent block, found through
+the worker's own hash of it. A worker holds a block, as far as a decision is concerned, while its count in
+``_holders`` is positive. The count adds up three things:
+
+- stored: one per event that stored the block and no event removed since (``_by_events``, the exact part);
+- in flight: one per request routed there with the block and not ended (``credit`` at the decision): without it, two
+  requests with a new prefix sent a moment apart scatter, since the first's blocks are not stored yet;
+- recent: one per request that ended there with the block, until the worker's event for it arrives or
+  ``confirm_s`` passes (``retire``; ``expire`` drops the old ones): the answer can reach the router before the
+  worker's events do, and the session's next request follows at once.
+
+The estimate a decision reports (``confirmed_prefix``) counts stored and recent blocks, not the in-flight ones: a
+request in flight may be prefilled alongside the next one rather than before it. In-flight and recent credits are
+servelab's addition (docs/routing.md); ``pending_credit=false`` turns both off.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
+from framework.kv_events.hashing import ROOT_HASH, BlockKeys
+
+
+class KvView:
+    def __init__(self, block_size: int, confirm_s: float = 2.0):
+        self.block_size, self.confirm_s = block_size, confirm_s
+        self.keys = BlockKeys(block_size)
+        self._holders: dict[int, dict[str, int]] = {}  # block key -> {worker: stored + in flight + recent}
+        self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
+        self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
+        self._recent: dict[str, dict[int, int]] = {}  # worker -> key -> ended requests awaiting its event
+        self._deadlines: deque[tuple[float, str, int]] = deque()  # (when a recent credit lapses, worker, key)
+        self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
+                      "lapsed": 0}
+
+    # -- events ------------------------------------------------------------------------------------------------------
+    def apply(self, worker: str, event) -> None:
+        if isinstance(event, BlockStored):
+            self._store(worker, event)
+        elif isinstance(event, BlockRemoved):
+            ext = self._external.get(worker, {})
+            for h in event.block_hashes:
+                key = ext.pop(h, None)
+                if key is None:
+                    self.stats["unknown_removed"] += 1
+                else:
+                    self._unstore(worker, key)
+                    self.stats["removed"] += 1
+        elif isinstance(event, AllBlocksCleared):
+            self.forget(worker)
+            self.stats["cleared"] += 1
+
+    def _store(self, worker: str, e: BlockStored) -> None:
+        b = self.block_size
+        if e.block_size != b:
+            raise ValueError(f"worker {worker} publishes blocks of {e.block_size} tokens; this policy's "
+                             f"router.block_size is {b}: set it to the workers' block size")
+        if len(e.token_ids) != len(e.block_hashes) * b:
+            raise ValueError(f"worker {worker}: a BlockStored of {len(e.block_hashes)} blocks carries "
+                             f"{len(e.token_ids)} tokens, not {len(e.block_hashes) * b}")
+        ext = self._external.setdefault(worker, {})
+        if e.parent_block_hash is None:
+            parent = ROOT_HASH
+        else:
+            parent = ext.get(e.parent_block_hash)
+            if parent is None:  # stored on a block the view never saw: unreachable from a request's first block
+                self.stats["orphans"] += len(e.block_hashes)
+                return
+        stored, recent = self._by_events.setdefault(worker, {}), self._recent.get(worker)
+        for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
+            if h in ext:
+                continue  # stored again without a removal in between: still one copy
+            ext[h] = key
+            stored[key] = stored.get(key, 0) + 1
+            self._add(worker, key)
+            self.stats["stored"] += 1
+            if recent and recent.get(key):  # the event an ended request was waiting for
+                self._take(recent, key)
+                self._drop(worker, key)
+                self.stats["confirmed"] += 1
+
+    def _unstore(self, worker: str, key: int) -> None:
+        self._take(self._by_events[worker], key)
+        self._drop(worker, key)
+
+    def forget(self, worker: str) -> None:
+        """Drop what the events said of ``worker`` and what it was expected to hold after its requests ended (the
+        credits of its requests in flight stay with them)."""
+        for key in self._external.pop(worker, {}).values():
+            self._unstore(worker, key)
+        for key, n in self._recent.pop(worker, {}).items():
+            for _ in range(n):
+                self._drop(worker, key)
+
+    def drop_credits(self, worker: str) -> None:
+        """Drop every credit of ``worker`` (removed: the ends of its requests will not be reported)."""
+        self._recent.pop(worker, None)
+        for key in [k for k, held in self._holders.items() if worker in held]:
+            del self._holders[key][worker]
+            if not self._holders[key]:
+                del self._holders[key]
+
+    def cached_blocks(self, worker: str) -> int:
+        return len(self._by_events.get(worker, ()))
+
+    # -- requests ----------------------------------------------------------------------------------------------------
+    def match(self, keys: Sequence[int], candidates: list[str]) -> dict[str, int]:
+        """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent)."""
+        matched = dict.fromkeys(candidates, 0)
+        live = candidates
+        holders = self._holders
+        depth = 0
+        for key in keys:
+            held = holders.get(key)
+            if held is None:
+                break
+            if len(live) == 1:  # the common case past the first blocks: one worker holds the session's history
+                if live[0] not in held:
+                    break
+            else:
+                still = [w for w in live if w in held]
+                if len(still) < len(live):
+                    for w in live:
+                        if w not in held:
+                            matched[w] = depth
+                    if not still:
+                        return matched
+                    live = still
+            depth += 1
+        for w in live:
+            matched[w] = depth
+        return matched
+
+    def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
+        """How many of the first ``upto`` of ``keys`` ``worker`` holds stored or recent (in-flight credits aside)."""
+        stored, recent = self._by_events.get(worker, {}), self._recent.get(worker, {})
+        n = 0
+        while n < upto and (keys[n] in stored or keys[n] in recent):
+            n += 1
+        return n
+
+    def credit(self, worker: str, keys: Sequence[int]) -> None:
+        """A request with these blocks is in flight on ``worker``."""
+        for key in keys:
+            self._add(worker, key)
+
+    def debit(self, worker: str, keys: Sequence[int]) -> None:
+        """A request credited with these blocks failed there."""
+        for key in keys:
+            self._drop(worker, key)
+
+    def retire(self, worker: str, keys: Sequence[int], now: float) -> None:
+        """A request credited with these blocks ended there: each credit stays (recent) until the worker's event for
+        the block arrives or ``confirm_s`` passes; already stored, it goes now."""
+        stored = self._by_events.get(worker, {})
+        recent = self._recent.setdefault(worker, {})
+        deadline = now + self.confirm_s
+        for key in keys:
+            if key in stored:
+                self._drop(worker, key)
+            else:
+                recent[key] = recent.get(key, 0) + 1
+                self._deadlines.append((deadline, worker, key))
+
+    def expire(self, now: float) -> None:
+        """Drop the recent credits whose event did not come within ``confirm_s`` (evicted meanwhile, or lost)."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, worker, key = deadlines.popleft()
+            recent = self._recent.get(worker)
+            if recent and recent.get(key):  # else confirmed (or forgotten) already
+                self._take(recent, key)
+                self._drop(worker, key)
+                self.stats["lapsed"] += 1
+
+    # -- counts ------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _take(counts: dict[int, int], key: int) -> None:
+        if counts[key] == 1:
+            del counts[key]
+        else:
+            counts[key] -= 1
+
+    def _add(self, worker: str, key: int) -> None:
+        held = self._holders.get(key)
+        if held is None:
+            self._holders[key] = {worker: 1}
+        else:
+            held[worker] = held.get(worker, 0) + 1
+
+    def _drop(self, worker: str, key: int) -> None:
+        held = self._holders[key]
+        n = held[worker] - 1
+        if n:
+            held[worker] = n
+        else:
+            del held[worker]
+            if not held:
+                del self._holders[key]

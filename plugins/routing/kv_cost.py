@@ -1,0 +1,92 @@
+"""Dynamo's KV router: the worker whose cost -- the prefill it would still have to do against the blocks it already
+decodes for -- is lowest, from the exact view of the workers' caches (KV events).
+
+For each candidate w, with the request's P prompt tokens in B-token blocks:
+    prefill_blocks(w) = (P - cached(w) + prefill_tokens_in_flight(w)) / B
+    active_blocks(w)  = blocks_in_flight(w) + ceil(P / B)
+    cost(w)           = overlap_score_weight * prefill_blocks(w) + active_blocks(w)
+where cached(w) is what w holds of the prompt (leading full blocks of the exact view: _kv_view.py) and the in-flight
+figures count the requests the router sent w that have not ended. Lowest cost wins (ties: fewer blocks in flight, then
+the first added); with ``temperature`` > 0 the worker is drawn with probability ~ exp(-cost' / temperature), cost'
+the costs scaled to [0, 1] (Dynamo's softmax sampling). Differences from Dynamo (docs/routing.md): a request's prefill
+counts until it ends (Dynamo: until its first token) and its decode blocks are its prompt's (Dynamo adds the tokens
+generated so far), since the router hears of a request only at its start and end.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from framework.registry import ROUTING
+from framework.routing import RequestUsage, RequestView, RoutingDecision
+from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
+
+
+@dataclass
+class KvCostConfig(KvViewConfig):
+    name: str = "kv_cost"
+    overlap_score_weight: float = 1.0  # Dynamo's --kv-overlap-score-weight: prefill against decode
+    temperature: float = 0.0           # Dynamo's --router-temperature: 0 = the lowest cost, always
+
+
+@ROUTING.register("kv_cost")
+class KvCostRouting(KvViewPolicy):
+    Config = KvCostConfig
+    Reasons = ("overlap", "no_overlap")
+
+    def __init__(self, cfg: KvCostConfig | None = None, seed: int = 0):
+        super().__init__(cfg, seed)
+        self._rng = random.Random(seed)
+        self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens of its requests in flight still to prefill
+        self.active_blocks: dict[str, int] = {}   # worker -> blocks of its requests in flight
+
+    @staticmethod
+    def _check_config(cfg: KvCostConfig) -> list[str]:
+        problems = KvViewPolicy._check_config(cfg)
+        if cfg.overlap_score_weight < 0:
+            problems.append(f"overlap_score_weight={cfg.overlap_score_weight} must be >= 0")
+        if cfg.temperature < 0:
+            problems.append(f"temperature={cfg.temperature} must be >= 0")
+        return problems
+
+    def costs(self, req, candidates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
+        """(cost per candidate, leading blocks each holds) for the request's ``RequestBlocks``."""
+        b, n = self.cfg.block_size, len(req.tokens)
+        blocks = -(-n // b)
+        matched = self.view.match(req.keys, candidates)
+        w8 = self.cfg.overlap_score_weight
+        cost = {w: w8 * (n - self.estimate(matched[w], n) + self.prefill_tokens.get(w, 0)) / b
+                + self.active_blocks.get(w, 0) + blocks for w in candidates}
+        return cost, matched
+
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
+        req = self.blocks(request)
+        n = len(req.tokens)
+        cost, matched = self.costs(req, candidates)
+        if self.cfg.temperature > 0 and len(candidates) > 1:
+            worker = self._sample(cost, candidates)
+        else:
+            worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
+        held = self.estimate(matched[worker], n)
+        credit = Credit(self.credit(worker, req, matched[worker]), n - held, -(-n // self.cfg.block_size))
+        self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
+        self.active_blocks[worker] = self.active_blocks.get(worker, 0) + credit.blocks
+        return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap", credit)
+
+    def _sample(self, cost: dict[str, float], candidates: list[str]) -> str:
+        lo, hi = min(cost.values()), max(cost.values())
+        span = (hi - lo) or 1.0
+        weights = [math.exp(-(cost[w] - lo) / span / self.cfg.temperature) for w in candidates]
+        return self._rng.choices(candidates, weights)[0]
+
+    def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
+        super()._settle(decision, ok, usage)
+        w, c = decision.worker, decision.memo
+        self.prefill_tokens[w] -= c.prefill_tokens
+        self.active_blocks[w] -= c.blocks
+
+    def remove_worker(self, worker: str) -> None:
+        super().remove_worker(worker)
+        self.prefill_tokens.pop(worker, None)
+        self.active_blocks.pop(worker, None)

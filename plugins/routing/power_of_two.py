@@ -1,0 +1,58 @@
+"""The power of two choices (Mitzenmacher, 2001): two candidates drawn at random, the less loaded one wins (the
+first drawn on a tie), as sglang-router's ``power_of_two``.
+
+``load``: ``in_flight`` (default) counts the requests this router has in flight on each worker; ``worker_tokens``
+compares what the workers report instead, as sglang-router 0.3.2 does: the KV tokens their requests hold
+(``GET /get_load``'s ``num_tokens``, polled by the router service: a ``LoadReport`` subscription), falling back to
+the in-flight count for a worker that has not reported yet.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from framework.registry import ROUTING
+from framework.routing import LOAD, LoadReport, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+
+LOADS = ("in_flight", "worker_tokens")
+
+
+@dataclass
+class PowerOfTwoConfig(RoutingConfig):
+    name: str = "power_of_two"
+    load: str = "in_flight"  # in_flight | worker_tokens
+
+
+@ROUTING.register("power_of_two")
+class PowerOfTwoRouting(RoutingPolicy):
+    Config = PowerOfTwoConfig
+    Reasons = ("power_of_two",)
+
+    def __init__(self, cfg: PowerOfTwoConfig | None = None, seed: int = 0):
+        super().__init__(cfg, seed)
+        if self.cfg.load not in LOADS:
+            raise ValueError(f"router=power_of_two: load={self.cfg.load!r} is not one of {LOADS}")
+        self._rng = random.Random(seed)
+        self._reported: dict[str, int] = {}
+        if self.cfg.load == "worker_tokens":
+            self.subscriptions = frozenset({LOAD})
+
+    def _observe(self, worker: str, event) -> None:
+        if isinstance(event, LoadReport):
+            self._reported[worker] = event.num_tokens
+
+    def _forget(self, worker: str) -> None:
+        self._reported.pop(worker, None)
+
+    def _load(self, worker: str) -> int:
+        if self.cfg.load == "worker_tokens":
+            return self._reported.get(worker, self.loads[worker])
+        return self.loads[worker]
+
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
+        if len(candidates) == 1:
+            worker = candidates[0]
+        else:
+            a, b = self._rng.sample(candidates, 2)
+            worker = a if self._load(a) <= self._load(b) else b
+        return RoutingDecision(worker, 0, len(request.text), "power_of_two")

@@ -1,0 +1,55 @@
+"""experiments/routing_study smoke-runs at tiny size (servelab's exact-view policy beside cache_aware, and SGLang's
+router when installed) and writes its table's figures and one plot per workload; its hit-rate ceiling is checked
+against brute force."""
+import json
+import random
+import subprocess
+import sys
+
+from cluster_helpers import ROOT
+from framework.serving.peer_router import installed_version
+from framework.workload.base import Session, Turn
+
+sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
+from ceiling import hit_rate_ceiling  # noqa: E402
+
+
+def test_routing_study_quick(tmp_path):
+    contenders = ["precise_prefix", "cache_aware"] + (["cache_aware/sglang"] if installed_version() else [])
+    r = subprocess.run([sys.executable, "experiments/routing_study/run.py", "--quick", "--out", str(tmp_path),
+                        "--workloads", "multi_turn", "agent", "--contenders", *contenders],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    print(r.stdout)
+    out = json.loads((tmp_path / "results.json").read_text())
+    rows = {(x["workload"], x["contender"]): x for x in out["rows"]}
+    assert set(rows) == {(w, c) for w in ("multi_turn", "agent") for c in contenders}
+    for row in rows.values():
+        assert row["requests_completed"] == 6 and row["requests_failed"] == 0
+        assert 0 < row["cache_hit_rate"] <= row["ceiling_hit_rate"] + 1e-9
+    for w in ("multi_turn", "agent"):  # the exact view: the router's estimate is the workers' hit rate, nearly
+        assert abs(rows[w, "precise_prefix"]["estimate_error"]) < 0.02
+        assert (tmp_path / "plots" / f"{w}.png").stat().st_size > 10_000
+    assert "exact view |estimate - measured|" in r.stdout
+
+
+def brute_ceiling(sessions) -> float:
+    held, answers, hit, total = [], [[] for _ in sessions], 0, 0
+    for _, i, k in sorted((s.arrival_s, i, k) for i, s in enumerate(sessions) for k in range(len(s.turns))):
+        prompt = sessions[i].prompt(k, answers[i])
+        best = max((next((j for j, (a, b) in enumerate(zip(prompt, h)) if a != b), min(len(prompt), len(h)))
+                    for h in held), default=0)
+        hit, total = hit + min(best, len(prompt) - 1), total + len(prompt)
+        answers[i].append(f"\x00{i}.{k}\x00".ljust(sessions[i].turns[k].max_new_tokens, "\x01"))
+        held.append(prompt + answers[i][-1])
+    return hit / total
+
+
+def test_ceiling_is_the_longest_prefix_of_anything_held_before():
+    rng = random.Random(0)
+    for _ in range(30):
+        sessions = [Session(f"s{i}", rng.choice([0.0, 1.0, 2.0]),
+                            [Turn("".join(rng.choice("ab") for _ in range(rng.randint(1, 6))), rng.randint(1, 4))
+                             for _ in range(rng.randint(1, 3))], prefix=rng.choice(["", "sys", "sy"]),
+                            carry_history=rng.random() < 0.5) for i in range(rng.randint(1, 6))]
+        assert abs(hit_rate_ceiling(sessions) - brute_ceiling(sessions)) < 1e-12

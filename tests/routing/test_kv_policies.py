@@ -1,0 +1,243 @@
+"""The policies on the exact view (precise_prefix, kv_cost) against brute force, and the view against real caches.
+
+Oracles: (1) real RadixCaches, one per worker, whose events (the emitter) feed the policy: the policy's estimate for
+a request equals what the chosen worker's cache holds of it, floored to whole blocks (and at most all but the last
+token); (2) a plain model of each worker's blocks (the block prefixes it stored, plus the requests in flight there),
+from which each rule is recomputed by brute force, decision by decision."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from framework.engine.radix_cache import RadixCache
+from framework.kv_events.emitter import CacheEventEmitter
+from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
+from framework.kv_events.hashing import chain_hashes
+from framework.registry import ROUTING
+from framework.routing import RequestView
+
+B = 4
+
+
+def make(key, workers="abc", **cfg):
+    cls = ROUTING.get(key)
+    policy = cls(cls.Config(block_size=B, **cfg))
+    for w in workers:
+        policy.add_worker(w)
+    return policy
+
+
+def cached_len(cache: RadixCache, tokens: list[int]) -> int:
+    slots, _ = cache.match_prefix(tokens)
+    return slots.shape[0]
+
+
+def test_estimate_is_the_real_cache_floored_to_blocks():
+    rng = random.Random(0)
+    policy = make("precise_prefix", cache_threshold=0.0, balance_abs_threshold=10**6)
+    caches = {}
+    for w in "abc":
+        caches[w] = RadixCache(lambda s: None)
+        caches[w].observer = CacheEventEmitter(B, lambda e, w=w: policy.on_worker_event(w, e))
+    prefixes = [bytes(rng.randrange(97, 100) for _ in range(rng.randrange(3, 30))) for _ in range(6)]
+    for i in range(300):
+        text = (rng.choice(prefixes) + bytes(rng.randrange(97, 100) for _ in range(rng.randrange(0, 12)))).decode()
+        tokens = list(text.encode())
+        if not tokens:
+            continue
+        worker = policy.select(text)
+        d = policy.last_decision
+        held = cached_len(caches[worker], tokens)
+        assert d.matched_chars == min(held // B * B, len(tokens) - 1), (i, text, worker)
+        assert d.request_chars == len(tokens)
+        caches[worker].insert(tokens, torch.arange(len(tokens)))  # the worker served it: its cache holds it now
+        policy.on_request_done(worker, d)
+        if i % 7 == 0:
+            victim = rng.choice("abc")
+            caches[victim].evict(rng.randrange(1, 40))
+
+
+def blocks_of(tokens) -> list[tuple]:
+    return [tuple(tokens[:k * B]) for k in range(1, len(tokens) // B + 1)]
+
+
+class Model:
+    """Each worker's blocks (as token prefixes) from events, the requests in flight there, and the blocks of requests
+    that ended there whose events have not come yet."""
+
+    def __init__(self, workers):
+        self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
+        self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
+        self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
+
+    def holds(self, w, prefix) -> bool:
+        return (prefix in self.stored[w] or prefix in self.recent[w]
+                or any(f[0] == w and prefix in f[2] for f in self.flight))
+
+    def confirmed(self, w, tokens, upto) -> int:
+        return next((k for k, p in enumerate(blocks_of(tokens)[:upto])
+                     if p not in self.stored[w] and p not in self.recent[w]), upto)
+
+    def matched(self, w, tokens) -> int:
+        k = 0
+        for prefix in blocks_of(tokens):
+            if not self.holds(w, prefix):
+                break
+            k += 1
+        return k
+
+
+def est(k, n):
+    return min(k * B, max(n - 1, 0))
+
+
+def precise_rule(cfg, model, loads, tokens, cands):
+    n = len(tokens)
+    matched = {w: model.matched(w, tokens) for w in cands}
+    hi, lo = max(loads[w] for w in cands), min(loads[w] for w in cands)
+    if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
+        return min(cands, key=loads.get), "balance", matched
+    if cfg.load_factor:
+        cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in cands) + 1) / len(cands))
+        cands = [w for w in cands if loads[w] < cap]
+    best = max(matched[w] for w in cands)
+    if n and est(best, n) / n > cfg.cache_threshold:
+        return min((w for w in cands if matched[w] == best), key=loads.get), "cache_hit", matched
+    if cfg.miss_policy == "least_loaded":
+        return min(cands, key=loads.get), "cache_miss", matched
+    return min(cands, key=lambda w: len(model.stored[w])), "cache_miss", matched
+
+
+def cost_rule(cfg, model, loads, tokens, cands):
+    n = len(tokens)
+    matched = {w: model.matched(w, tokens) for w in cands}
+    def cost(w):
+        prefill = sum(f[3] for f in model.flight if f[0] == w)
+        active = sum(f[4] for f in model.flight if f[0] == w)
+        return cfg.overlap_score_weight * (n - est(matched[w], n) + prefill) / B + active + math.ceil(n / B), active
+    worker = min(cands, key=cost)
+    return worker, "overlap" if matched[worker] else "no_overlap", matched
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("select"), st.lists(st.integers(0, 1), max_size=14), st.sampled_from([None, "ab", "bc"])),
+    st.tuples(st.just("done"), st.integers(0, 20), st.booleans()),
+    st.tuples(st.just("store"), st.lists(st.integers(0, 1), min_size=B, max_size=14), st.sampled_from("abc")),
+    st.tuples(st.just("evict"), st.integers(0, 50), st.sampled_from("abc")),
+    st.tuples(st.just("clear"), st.just(None), st.sampled_from("abc")),
+), min_size=5, max_size=50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["precise_prefix", "kv_cost"]), st.sampled_from([0.0, 0.3, 0.9]), st.sampled_from([0, 2, 99]),
+       st.sampled_from(["least_loaded", "smallest_cache"]), steps)
+def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
+    if key == "precise_prefix":
+        policy = make(key, cache_threshold=threshold, balance_abs_threshold=gap, miss_policy=miss,
+                      load_factor=0.0 if gap else 1.25)
+        rule = precise_rule
+    else:
+        policy = make(key, overlap_score_weight=threshold * 3)
+        rule = cost_rule
+    model = Model("abc")
+    decisions = []
+    for op, arg, extra in sequence:
+        if op == "select":
+            tokens = [97 + t for t in arg]
+            text = bytes(tokens).decode()
+            cands = sorted(extra) if extra else list("abc")
+            worker, reason, matched = rule(policy.cfg, model, policy.loads, tokens, cands)
+            assert policy.select(text, workers=extra and sorted(extra)) == worker
+            d = policy.last_decision
+            assert (d.reason, d.matched_chars) == (reason, est(matched[worker], len(arg)))
+            confirmed = model.confirmed(worker, tokens, matched[worker])  # without the in-flight credits
+            assert d.memo.confirmed_tokens == est(confirmed, len(arg))
+            credited = set(blocks_of(tokens)[matched[worker]:])
+            flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
+            model.flight.append(flight)
+            decisions.append((d, flight))
+        elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
+            d, flight = decisions.pop(arg % len(decisions))
+            model.flight.remove(flight)
+            if extra:  # served: its blocks stay credited until the worker's event for each comes
+                model.recent[d.worker] += [p for p in flight[2] if p not in model.stored[d.worker]]
+            policy.on_request_done(d.worker, d, ok=extra)
+        elif op == "store":  # the worker's cache stored these blocks (chained on what it already had)
+            tokens = [97 + t for t in arg]
+            have = 0
+            while have < len(tokens) // B and tuple(tokens[:(have + 1) * B]) in model.stored[extra]:
+                have += 1
+            hashes = chain_hashes(tokens, B)
+            if have < len(hashes):
+                policy.on_worker_event(extra, BlockStored(tuple(hashes[have:]), hashes[have - 1] if have else None,
+                                                          tuple(tokens[have * B:len(hashes) * B]), B))
+                for k in range(have, len(hashes)):
+                    prefix = tuple(tokens[:(k + 1) * B])
+                    model.stored[extra][prefix] = hashes[k]
+                    if prefix in model.recent[extra]:  # the event an ended request waited for
+                        model.recent[extra].remove(prefix)
+        elif op == "evict" and model.stored[extra]:  # one block and every block after it
+            prefixes = sorted(model.stored[extra])
+            gone = prefixes[arg % len(prefixes)]
+            dropped = [p for p in prefixes if p[:len(gone)] == gone]
+            policy.on_worker_event(extra, BlockRemoved(tuple(model.stored[extra].pop(p) for p in dropped)))
+        elif op == "clear":
+            policy.on_worker_event(extra, AllBlocksCleared())
+            model.stored[extra].clear()
+            model.recent[extra].clear()
+
+
+def test_block_size_mismatch_names_both_sizes():
+    policy = make("precise_prefix")
+    with pytest.raises(ValueError, match="blocks of 16 tokens; this policy's router.block_size is 4"):
+        policy.on_worker_event("a", BlockStored((1,), None, tuple(range(16)), 16))
+
+
+def test_pending_credit_keeps_a_new_prefix_together_until_its_events_arrive():
+    with_credit, without = make("precise_prefix"), make("precise_prefix", pending_credit=False)
+    for policy, together in ((with_credit, True), (without, False)):
+        first = policy.select("a brand new system prompt, then question 1")
+        second = policy.select("a brand new system prompt, then question 2")
+        assert (first == second) is together
+        policy.on_request_done(first, policy.last_decision)
+
+
+def test_recent_credits_wait_for_their_event_or_lapse():
+    policy = make("precise_prefix", confirm_s=2.0)
+    now = [0.0]
+    policy.clock = lambda: now[0]
+    text = "a brand new prefix of 32 tokens, then more"
+    w = policy.select(text)
+    policy.on_request_done(w, policy.last_decision)  # ended: no event yet, its blocks are still counted
+    assert policy.select(text) == w and policy.last_decision.matched_chars == len(text) // B * B
+    policy.on_request_done(w, policy.last_decision)
+    now[0] = 5.0
+    policy.maintain(now[0])  # no event within confirm_s: the credits lapse
+    assert policy.view._holders == {} and policy.view.stats["lapsed"] > 0
+
+
+def test_removed_worker_leaves_no_credit_behind():
+    policy = make("kv_cost")
+    w = policy.select("some prompt text")
+    policy.on_request_done(w, policy.last_decision)
+    w = policy.select("some other prompt text")
+    policy.remove_worker(w)
+    assert all(w not in held for held in policy.view._holders.values())
+    assert w not in policy.active_blocks
+
+
+def test_kv_cost_temperature_spreads_and_zero_does_not():
+    def picks(temperature):
+        policy = make("kv_cost", workers="abcd", temperature=temperature)
+        out = []
+        for i in range(200):
+            out.append(policy.select(RequestView("x", token_ids=[1] * 64)))
+            policy.on_request_done(out[-1], policy.last_decision)
+        return out
+    assert len(set(picks(0.0))) == 1  # equal costs: always the first added
+    spread = picks(1.0)
+    assert all(spread.count(w) > 20 for w in "abcd")
