@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 
-from framework.engine.batch import ForwardBatch
+from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.engine.cuda_graph import GRAPH_COUNTERS, SGLANG_DP_ATTENTION_MAX_BS, SGLANG_MAX_BS, capture_sizes
 from framework.engine.engine import plan_memory
 from framework.engine.kv_pool import CountingKVPool
 from framework.engine.request import Req
@@ -46,7 +47,14 @@ class SimInstance:
                        for _ in range(par_cls.dp_size(cfg.parallel))]
         self.dispatcher = par_cls.make_dispatcher(cfg.parallel)
         self.answers: dict[str, list[int]] = {}
-        self.counters = {"steps": 0, "idle_steps": 0, "graph_eligible_steps": 0, "forward_s": 0.0}
+        self.counters = {"steps": 0, "idle_steps": 0, "graph_eligible_steps": 0, "forward_s": 0.0,
+                         **dict.fromkeys(GRAPH_COUNTERS, 0)}
+        # CUDA graphs as the engine's GraphRunner decides them; captured only where the priced hardware has them
+        e = cfg.engine
+        max_bs = e.cuda_graph_max_bs or (SGLANG_DP_ATTENTION_MAX_BS if len(self.groups) > 1 else SGLANG_MAX_BS)
+        self.graph_max_bs = capture_sizes(max_bs, list(e.cuda_graph_bs), e.max_running_requests)[-1]
+        self.graph_width = min(e.cuda_graph_max_context, cfg.model.max_position_embeddings, self.memory.kv_tokens)
+        self.graphs = e.cuda_graph and cost_model.cuda_graphs
         self.peak_running = 0
         self._batches: list[ForwardBatch | None] | None = None    # the step in flight
 
@@ -83,15 +91,38 @@ class SimInstance:
             return None
         self._batches = batches
         shapes = tuple(_shape(b) for b in batches)
-        graph = all(b is None or b.mode.is_decode() for b in batches)
-        self.counters["steps"] += 1
-        self.counters["idle_steps"] += sum(b is None for b in batches)
-        self.counters["graph_eligible_steps"] += graph
+        eligible = all(b is None or b.mode.is_decode() for b in batches)
+        reason = self._graph_reason(batches, eligible)
+        self._count(1, sum(b is None for b in batches), eligible, reason)
         if multi:
             self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
-        t = self._step_time(shapes, graph)
+        t = self._step_time(shapes, reason is None)
         self.counters["forward_s"] += t
         return t
+
+    def _graph_reason(self, batches: list, eligible: bool) -> str | None:
+        """Why the step runs eagerly (GraphRunner.decide, as rank 0 sees it), None when it replays a graph."""
+        first = batches[0]
+        if first is not None and not first.mode.is_decode():
+            return "mode"
+        if not eligible:
+            return "disagree"
+        if max(len(b.reqs) if b else 0 for b in batches) > self.graph_max_bs:
+            return "size"
+        if not self.graphs:
+            return "off"
+        if max(max(b.seq_lens_cpu) if b else 0 for b in batches) > self.graph_width:
+            return "context"
+        return None
+
+    def _count(self, steps: int, idle: int, eligible: bool, reason: str | None) -> None:
+        c = self.counters
+        c["steps"] += steps
+        c["idle_steps"] += idle
+        c["graph_eligible_steps"] += steps if eligible else 0
+        c["graph_replayed_steps" if reason is None else "graph_eager_steps"] += steps
+        if reason is not None:
+            c[f"graph_eager_{reason}_steps"] += steps
 
     def finish_step(self, now: float) -> list[Req]:
         """The step in flight ends at `now`: every group takes its tokens. Returns the requests that got one."""
@@ -114,14 +145,24 @@ class SimInstance:
         through them); 0 when the next step may differ. The last of them may finish requests."""
         ahead = [g.decode_steps_ahead() if g.has_work() else None for g in self.groups]
         busy = [a for a in ahead if a is not None]
-        return min(busy) if busy else 0
+        if not busy or min(busy) == 0:
+            return 0
+        longest = max(r.kv_len + 1 for g in self.groups for r in g.running)
+        if self.graphs and longest <= self.graph_width:   # a run stays on one side of the graphs' context width
+            return min(min(busy), self.graph_width - longest + 1)
+        return min(busy)
+
+    def _run_reason(self) -> str | None:
+        """The graph decision of every step of a run (constant through it: run_ahead keeps it so)."""
+        batches = [_RunBatch(g.running) if g.has_work() else None for g in self.groups]
+        return self._graph_reason(batches, True)
 
     def run_times(self, k: int) -> list[float]:
         """The durations of the next k steps, all DECODE (k <= run_ahead())."""
         groups = [g if g.has_work() else None for g in self.groups]
         sizes = tuple(len(g.running) if g else 0 for g in groups)
         contexts = tuple(sum(r.kv_len for r in g.running) if g else 0 for g in groups)
-        return self.cost.decode_times(sizes, contexts, k)
+        return self.cost.decode_times(sizes, contexts, k, graph=self._run_reason() is None)
 
     def advance(self, k: int, times: list[float], end: float) -> list[Req]:
         """Run k DECODE steps of the given durations, the last ending at `end` (the same effects as k
@@ -132,6 +173,7 @@ class SimInstance:
         if len(self.groups) > 1:
             self.dispatcher.update([g.num_requests() for g in self.groups])
             self.peak_running = max(self.peak_running, sum(g.num_running() for g in self.groups))
+        reason = self._run_reason()
         answers = self.answers
         for g in self.groups:
             if not g.has_work():                 # an idle group's state after one IDLE step is a fixed point
@@ -140,9 +182,7 @@ class SimInstance:
                 continue
             busy += 1
             out += g.advance_decode(k, lambda r, n: answers[r.rid][len(r.output_ids):len(r.output_ids) + n], end)
-        self.counters["steps"] += k
-        self.counters["idle_steps"] += k * (len(self.groups) - busy)
-        self.counters["graph_eligible_steps"] += k
+        self._count(k, k * (len(self.groups) - busy), True, reason)
         self.counters["forward_s"] += sum(times)
         for r in out:
             if r.finished:
@@ -165,6 +205,14 @@ class SimInstance:
             ranks.append(rank_snapshot(self.groups[dp], scheme, rank, dp, leads, self.memory,
                                        self.dispatcher.assigned[dp], counters))
         return instance_stats(ranks, self.peak_running if len(self.groups) > 1 else None)
+
+
+class _RunBatch:
+    """What the graph decision reads of a decode batch about to run (its requests and their lengths after it)."""
+
+    def __init__(self, reqs: list[Req]):
+        self.reqs, self.seq_lens_cpu = reqs, [r.kv_len + 1 for r in reqs]
+        self.mode = ForwardMode.DECODE
 
 
 def _shape(batch: ForwardBatch | None) -> BatchShape:

@@ -85,6 +85,7 @@ def load_profile(path: str, instance: Instance) -> dict:
 @COST.register("calibrated")
 class CalibratedCost(CostModel):
     Config = CalibratedConfig
+    cuda_graphs = False             # profiled on this CPU: the engine captures no graph there
 
     def __init__(self, cfg: CalibratedConfig, instance: Instance) -> None:
         super().__init__(cfg, instance)
@@ -108,7 +109,8 @@ class CalibratedCost(CostModel):
             t = bt if bt > t else t
         return t
 
-    def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int) -> list[float]:
+    def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
+                     graph: bool = False) -> list[float]:
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
         groups, coef = len(sizes), self._dc
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]

@@ -28,7 +28,7 @@ def parameters(m, experts_per_token: int) -> float:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_deepseek_configs_compose_validate_and_match_published_sizes(name):
-    cfg = compose([f"model={name}", "hardware=h200", "sim.cost.weights=fp8"])
+    cfg = compose([f"model={name}", "hardware=h200", "sim.cost=roofline", "sim.cost.weights=fp8"])
     m = cfg.model
     m.validate()
     total, active = PUBLISHED[name]
@@ -40,7 +40,7 @@ def test_deepseek_configs_compose_validate_and_match_published_sizes(name):
 
 def test_default_model_stays_tiny():
     cfg = compose([])
-    assert cfg.model.name == "tiny_mla_moe" and cfg.hardware.name == "h100_sxm" and cfg.sim.cost.name == "roofline"
+    assert cfg.model.name == "tiny_mla_moe" and cfg.hardware.name == "h100_sxm" and cfg.sim.cost.name == "calibrated"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "hardware").glob("*.yaml")))

@@ -61,6 +61,7 @@ def _sim(overrides: list[str]) -> tuple[dict, list]:
 
 @pytest.mark.parametrize("extra", [
     ["workload.request_rate=50", "cluster.instances=3"],                              # arrivals cut decode runs
+    ["sim.cost=roofline", "engine.cuda_graph_max_context=300", "workload.request_rate=50"],   # graphs, their width
     ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused", "workload.request_rate=80"],   # IDLE groups
     ["engine.kv_budget_mb=0.3", "engine.radix_cache=false", "workload.ignore_eos=false", "workload.turns=1",
      "workload.num_conversations=24", "workload.system_prompt_len=0", "workload.user_len=8", "workload.output_len=64",
@@ -95,6 +96,7 @@ def test_run_py_mode_sim_reports_like_a_bench_and_is_deterministic(tmp_path):
     assert bench_keys <= set(results[0])
     assert results[0]["sim_cost_model"] == "calibrated" and results[0]["sim_wall_s"] > 0
     assert results[0]["sim_model"]["name"] == "tiny_mla_moe" and results[0]["requests_completed"] == 18
+    assert results[0]["graph_replayed_steps"] == 0 and results[0]["graph_eager_off_steps"] > 0   # a CPU: no graphs
     skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
     assert [{k: v for k, v in r.items() if k not in skip} for r in results][0] == \
         [{k: v for k, v in r.items() if k not in skip} for r in results][1]
@@ -128,6 +130,7 @@ def test_deepseek_v2_on_h200_with_roofline_allocates_nothing():
                                "workload.num_requests=20", "cluster.instances=2"]))
     assert res["requests_completed"] == 20 and res["kv_capacity_tokens_per_rank"] > 100_000
     assert res["sim_hardware"] == "h200" and res["dp_size"] == 8
+    assert res["graph_replayed_steps"] > 0 and res["graph_eager_mode_steps"] > 0   # decode replays, prefill not
 
 
 def test_calibrated_refuses_what_was_not_profiled():
