@@ -117,8 +117,9 @@ class Simulation:
         params = SamplingParams(max_new_tokens=turn.max_new_tokens, temperature=self.wl.temperature,
                                 ignore_eos=self.wl.ignore_eos)
         at_router = now + self.net
-        worker, decision = self.router.route(text, at_router)
-        req = Req(list(text.encode()), params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
+        ids = list(text.encode())                          # the byte tokenizer: one token per byte
+        worker, decision = self.router.route(text, ids, at_router)
+        req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
         flight = _Flight(s, k, req, worker, decision, now)
         self.flights[req.rid] = flight
         self.push(req.arrival_time, ARRIVE, worker, flight)
@@ -208,7 +209,7 @@ class Simulation:
             if self.itl:
                 flight.times += ends                       # a step gives each request one token, a run one per step
             if req.finished:
-                self.router.done(worker, flight.decision, now + self.net)
+                self.router.done(worker, flight.decision, now + self.net, req=req)
                 self.push(now + 2 * self.net, CLIENT, "done", flight)
         held, st.held = st.held, []
         for flight in held:

@@ -15,6 +15,7 @@ from framework.engine.kv_pool import CountingKVPool, KVPool
 from framework.engine.request import Req, SamplingParams
 from framework.engine.scheduler import Scheduler
 from framework.metrics import summarize
+from framework.registry import ROUTING
 from framework.sim.run import simulate
 
 SMALL = ["mode=sim", "logger.mode=disabled", "logger.plots=false", "workload.num_conversations=6",
@@ -111,6 +112,12 @@ def test_every_workload_runs_in_sim(workload):
                                      "workload.num_requests=12", "cluster.instances=2"]))
     assert res["requests_completed"] == len(records) == 12 and res["requests_failed"] == 0
     assert res["output_throughput_tok_s"] > 0
+
+
+@pytest.mark.parametrize("router", ROUTING.keys())
+def test_every_routing_policy_runs_in_sim(router):
+    res, records = _sim([f"router={router}", "cluster.instances=3"])
+    assert res["requests_completed"] == len(records) == 18 and sum(res["router_reasons"].values()) == 18
 
 
 def test_multi_turn_answers_are_cached_like_a_real_run():
