@@ -5,7 +5,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework.config import check_overrides, register_configs, to_objects
+from framework.config import check_overrides, group_overrides, register_configs, to_objects
 
 register_configs()
 
@@ -30,5 +30,6 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = group_overrides(sys.argv[1:])      # `sim.cost=roofline` as users type it
     check_overrides(sys.argv[1:])
     main()

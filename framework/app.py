@@ -34,7 +34,7 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
     except ValueError as e:
         raise UserError(str(e)) from None
     if cfg.mode is Mode.sim:
-        raise UserError("mode=sim is not available yet in this version; available: bench, verify, serve")
+        return _sim(cfg, out_dir, resolved)
     if cfg.mode is Mode.verify:
         return _verify(cfg, out_dir, resolved)
     if cfg.cluster.url:                 # client-only: drive a server started elsewhere (workload/client_bench.py)
@@ -131,6 +131,16 @@ def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
     if failure := failure_summary(records):
         raise UserError(failure)
     return results["output_throughput_tok_s"]
+
+
+def _sim(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
+    """The run's cluster and workload through the simulator (framework/sim/), priced by `sim.cost`."""
+    from framework.sim.run import run_sim
+    _check_instance(cfg)
+    try:
+        return run_sim(cfg, out_dir, resolved)
+    except (KeyError, ValueError, OSError) as e:
+        raise UserError(str(e)) from None
 
 
 def _verify(cfg: RootConfig, out_dir: str, resolved: dict) -> float:

@@ -64,7 +64,14 @@ class VerifyConfig:
 
 @dataclass
 class SimConfig:
-    cost: Any = None                  # the cost model's Config (group sim/cost: `sim/cost=roofline`)
+    """mode=sim (framework/sim/): what the simulator adds to the run's config."""
+    cost: Any = None                  # the cost model's Config (group sim/cost: `sim.cost=calibrated|roofline`)
+    host_cores: int = 0               # 0: each instance on its own GPUs; N: every rank (and, over HTTP, the router and
+                                      # the load client) shares N CPU cores (a CPU host: framework/sim/cluster.py)
+    router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
+    network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
+    fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
+    itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale
 
 
 @dataclass
@@ -110,12 +117,27 @@ def to_objects(cfg) -> Any:
 CONF_DIR = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "conf")
 
 
+def group_overrides(overrides: list[str]) -> list[str]:
+    """Overrides as users type them -> as Hydra takes them: a dotted key naming a nested config group chooses its
+    option (`sim.cost=roofline` -> `sim/cost=roofline`, sweeps' `sim.cost=a,b` alike), while the group's fields keep
+    their dotted keys (`sim.cost.weights=fp8`). run.py (runs, multiruns, W&B sweep agents) and compose() pass here."""
+    out = []
+    for arg in overrides:
+        key, eq, value = arg.partition("=")
+        name = key.lstrip("+~")
+        group = name.replace(".", "/")
+        if eq and group != name and group in PLUGIN_GROUPS:
+            arg = f"{key[:len(key) - len(name)]}{group}={value}"
+        out.append(arg)
+    return out
+
+
 def compose_dict(overrides: list[str]):
     """What `python run.py <overrides>` composes, as a DictConfig (for scripts and tests that skip run.py)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose("config", overrides=group_overrides(overrides))
 
 
 def compose(overrides: list[str]) -> RootConfig:
@@ -132,13 +154,7 @@ def check_overrides(argv: list[str]) -> None:
 
     if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
         return
-    overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
-    for key, _, value in (a.partition("=") for a in overrides):
-        group = key.replace(".", "/")
-        if group != key and group in PLUGIN_GROUPS:      # a nested group is chosen by its path, not a dotted key
-            print(f"config error: {key} is chosen as a config group: {group}={value} (known: "
-                  f"{', '.join(PLUGIN_GROUPS[group].keys())})", file=sys.stderr)
-            sys.exit(2)
+    overrides = [a for a in group_overrides(argv) if "=" in a and not a.lstrip("+~").startswith("hydra")]
     try:
         compose_dict(overrides)
         return

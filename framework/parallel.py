@@ -88,14 +88,23 @@ class Parallelism:
         """The first rank of its DP group: the one that reports the group's outputs and counts its state."""
         return self.rank == 0 or self.dp_rank_of(self.cfg, self.rank - 1) != self.dp_rank
 
-    @property
-    def schedule_conservativeness(self) -> float:
+    @classmethod
+    def conservativeness(cls, cfg) -> float:
         """Scales engine.new_token_ratio (SGLang: 0.3 under DP attention)."""
         return 1.0
 
+    @property
+    def schedule_conservativeness(self) -> float:
+        return self.conservativeness(self.cfg)
+
+    @classmethod
+    def make_dispatcher(cls, cfg) -> DataParallelController:
+        """The instance's choice of a DP group for each request (a classmethod: the simulator builds no rank)."""
+        return DataParallelController(cls.dp_size(cfg))
+
     def dispatcher(self) -> DataParallelController:
         """Rank 0's choice of a DP group for each request."""
-        return DataParallelController(self.dp_size(self.cfg))
+        return self.make_dispatcher(self.cfg)
 
     @classmethod
     def describe(cls, cfg) -> dict:

@@ -15,6 +15,7 @@ from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
 from framework.engine.sampling import sample
 from framework.engine.scheduler import Scheduler
+from framework.engine.stats import rank_snapshot
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
 from framework.model.tokenizer import ByteTokenizer
@@ -135,12 +136,7 @@ class Engine:
     def server_info(self) -> dict:
         """This rank's snapshot: load, KV, memory, its scheme (`par.describe()`), step counters, timing and expert
         counts. framework.engine.stats builds an instance's figures from its ranks' snapshots."""
-        s, par = self.scheduler, self.par
+        par = self.par
         counts, local = rank_expert_counts(self.model)
-        return {**par.describe(par.cfg), "rank": par.rank, "dp_rank": par.dp_rank, "leads": par.leads,
-                "running_requests": s.num_running(), "queued_requests": len(s.waiting),
-                "kv_capacity_tokens_per_rank": self.capacity, "kv_used_tokens": self.pool.used(),
-                "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": self.kv_bytes_per_token,
-                "kv_sizing": self.memory.sizing, "weight_bytes_per_rank": self.memory.weight_bytes_total,
-                "requests": self.requests, **s.stats, **par.stats, **self.graphs.stats, **self.timing,
-                "expert_counts": counts, "expert_counts_local": local}
+        return rank_snapshot(self.scheduler, par.describe(par.cfg), par.rank, par.dp_rank, par.leads, self.memory,
+                             self.requests, {**par.stats, **self.graphs.stats, **self.timing}, counts, local)

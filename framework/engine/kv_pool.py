@@ -4,6 +4,10 @@ KVPool: token slots; each slot holds one token's KV for every layer (the MLA lat
 padding sink that is never handed out: padded rows of a batch (CUDA graphs) write there.
 ReqToTokenPool: one row per running request holding the KV slots of its tokens in order, written once per token in
 place; attention reads a request's slots through its row. Row 0 is a padding row that is never handed out.
+
+The simulator's twins (`CountingKVPool`, `CountingReqToTokenPool`) keep the same accounting with nothing allocated:
+their slots are `SlotCount`s, a length without slot ids, which the scheduler and the radix cache handle like a slot
+tensor (len, slicing, clone, concatenation through `cat_slots`).
 """
 from __future__ import annotations
 
@@ -42,6 +46,11 @@ class KVPool:
             self._free = torch.cat([self._free, slots.to(device="cpu", dtype=SLOT_DTYPE)])
 
 
+    def req_to_token_pool(self, rows: int, context_len: int) -> "ReqToTokenPool":
+        """The req_to_token table that goes with this pool."""
+        return ReqToTokenPool(rows, context_len, self.device)
+
+
 class ReqToTokenPool:
     def __init__(self, rows: int, context_len: int, device="cpu"):
         self.context_len = context_len
@@ -71,3 +80,92 @@ class ReqToTokenPool:
     def slots(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """A view of row's slots [start, end)."""
         return self.table[row, start:end]
+
+
+class SlotCount:
+    """`n` KV slots, counted but not named: what the counting pools hand out. It answers what the scheduler and the
+    radix cache ask of a slot tensor (len, shape, numel, slicing, clone, to)."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def numel(self) -> int:
+        return self.n
+
+    def __getitem__(self, cut: slice) -> "SlotCount":
+        start, stop, step = cut.indices(self.n)
+        if step != 1:
+            raise ValueError("counted slots are sliced with step 1 only")
+        return SlotCount(stop - start if stop > start else 0)
+
+    def clone(self) -> "SlotCount":
+        return self
+
+    def to(self, *args, **kwargs) -> "SlotCount":
+        return self
+
+    def __repr__(self) -> str:
+        return f"SlotCount({self.n})"
+
+
+def cat_slots(parts: list) -> "torch.Tensor | SlotCount":
+    """Concatenate slot tensors, or add up counted slots."""
+    if isinstance(parts[0], SlotCount):
+        return SlotCount(sum(p.n for p in parts))
+    return torch.cat(parts)
+
+
+class CountingKVPool:
+    """KVPool's accounting without the KV: free slots are a count and slots are `SlotCount`s (the simulator sizes a
+    DeepSeek rank's pool this way without allocating it)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"the KV pool holds no token (capacity {capacity}); raise engine.kv_budget_mb")
+        self.capacity = capacity
+        self._available = capacity
+
+    def available(self) -> int:
+        return self._available
+
+    def used(self) -> int:
+        return self.capacity - self._available
+
+    def alloc(self, n: int) -> SlotCount | None:
+        if n > self._available:
+            return None
+        self._available -= n
+        return SlotCount(n)
+
+    def free(self, slots: SlotCount) -> None:
+        self._available += len(slots)
+
+    def req_to_token_pool(self, rows: int, context_len: int) -> "CountingReqToTokenPool":
+        return CountingReqToTokenPool(rows)
+
+
+class CountingReqToTokenPool(ReqToTokenPool):
+    """ReqToTokenPool's rows without the table: a request's slots [start, end) are end - start counted slots."""
+
+    def __init__(self, rows: int):
+        self.context_len, self.table = None, None
+        self._free = list(range(rows, 0, -1))
+
+    def write(self, row: int, start: int, slots) -> None:
+        pass
+
+    def write_tokens(self, rows: list[int], positions: list[int], slots) -> None:
+        pass
+
+    def slots(self, row: int, end: int, start: int = 0) -> SlotCount:
+        return SlotCount(max(0, end - start))

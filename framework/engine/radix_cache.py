@@ -6,6 +6,11 @@ leaves, a whole leaf at a time. The cache owns every slot in the tree; a request
 are inserted. Access times follow SGLang's: match_prefix and insert touch the nodes they walk through (a node created
 by a split counts as touched when it is created, the lower half keeps its old time), on a logical clock that stands
 for SGLang's time.time().
+
+Eviction takes the leaves in SGLang's order (least recently used first, a parent once its last child goes), but from
+a heap kept as the tree changes instead of a walk over the whole tree per eviction (SGLang's `_collect_leaves`):
+every leaf is pushed when it is created, touched or unlocked, and stale entries are skipped; the decisions are the
+same, and a simulator's cache of tens of thousands of nodes stays cheap to evict from.
 """
 from __future__ import annotations
 
@@ -14,15 +19,26 @@ import itertools
 
 import torch
 
+from framework.engine.kv_pool import cat_slots
+
 _clock = itertools.count()
 
 
 def _common_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix, by list comparisons (C loops; prompts run to thousands of tokens): the whole
+    overlap at once (without a copy when the lengths are equal: an edge against the key's slice of its length), else
+    a bisection for the first difference."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if (a == b) if len(a) == len(b) else (a[:n] == b[:n]):
+        return n
+    lo, hi = 0, n            # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class Node:
@@ -51,6 +67,8 @@ class RadixCache:
         self.root.lock_ref = 1
         self._evictable = 0
         self._protected = 0
+        self._heap: list[tuple[int, Node]] = []     # (last_access, leaf) entries; an entry is stale once its node
+                                                    # changed time, got a child, left the tree or got locked
         self.observer = None  # told of every insert, eviction and flush (KV events: framework/kv_events/emitter.py)
 
     # -- sizes -------------------------------------------------------------------------------------------
@@ -70,7 +88,7 @@ class RadixCache:
         if not self.enabled:
             return torch.empty(0, dtype=torch.int32), self.root
         node, values, i = self.root, [], 0
-        node.last_access = next(_clock)
+        self._stamp(node)
         while i < len(key) and key[i] in node.children:
             child = node.children[key[i]]
             n = _common_len(child.key, key[i:i + len(child.key)])
@@ -80,8 +98,8 @@ class RadixCache:
                 break
             values.append(child.value)
             node, i = child, i + n
-            node.last_access = next(_clock)
-        slots = torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
+            self._stamp(node)
+        slots = cat_slots(values) if values else torch.empty(0, dtype=torch.int32)
         return slots, node
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
@@ -90,11 +108,12 @@ class RadixCache:
         if not self.enabled:
             return 0
         node, i = self.root, 0
-        node.last_access = next(_clock)
+        self._stamp(node)
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
-                node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
+                leaf = node.children[key[i]] = Node(node, list(key[i:]), value[i:].clone())
+                heapq.heappush(self._heap, (leaf.last_access, leaf))
                 self._evictable += len(key) - i
                 if self.observer is not None:
                     self.observer.stored(key, i)
@@ -105,7 +124,7 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             node, i = child, i + n
-            node.last_access = next(_clock)
+            self._stamp(node)
         return i
 
     def _split(self, child: Node, n: int) -> Node:
@@ -142,6 +161,8 @@ class RadixCache:
                 raise RuntimeError("radix cache: unlocking a node that is not locked")
             if node.lock_ref == 1:
                 delta += len(node.key)
+                if not node.children:                 # an evictable leaf again
+                    heapq.heappush(self._heap, (node.last_access, node))
             node.lock_ref -= 1
             node = node.parent
         self._evictable += delta
@@ -154,11 +175,11 @@ class RadixCache:
         is left. Returns slots freed."""
         if not self.enabled:
             return 0
-        leaves = [n for n in self._leaves() if n.lock_ref == 0]
-        heapq.heapify(leaves)
-        freed = 0
-        while freed < num_tokens and leaves:
-            leaf = heapq.heappop(leaves)
+        heap, freed = self._heap, 0
+        while freed < num_tokens and heap:
+            stamp, leaf = heapq.heappop(heap)
+            if not self._evictable_leaf(leaf, stamp):
+                continue
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
@@ -167,8 +188,21 @@ class RadixCache:
             parent = leaf.parent
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(leaves, parent)
+                heapq.heappush(heap, (parent.last_access, parent))
+        if len(heap) > 2 * self.total_size() + 1024:    # mostly stale entries: rebuild from the tree
+            self._heap = [(n.last_access, n) for n in self._leaves() if n.lock_ref == 0]
+            heapq.heapify(self._heap)
         return freed
+
+    def _evictable_leaf(self, node: Node, stamp: int) -> bool:
+        """An entry is current: its node is still in the tree, a leaf, unlocked, and not touched since."""
+        return (stamp == node.last_access and not node.children and node.lock_ref == 0
+                and node.parent is not None and node.parent.children.get(node.key[0]) is node)
+
+    def _stamp(self, node: Node) -> None:
+        node.last_access = next(_clock)
+        if not node.children and node is not self.root:
+            heapq.heappush(self._heap, (node.last_access, node))
 
     def reset(self) -> None:
         """Drop every unlocked entry (POST /flush_cache)."""

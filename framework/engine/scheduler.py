@@ -19,7 +19,7 @@ import torch
 
 from framework.engine.batch import ForwardBatch, ForwardMode
 from framework.engine.config import EngineConfig
-from framework.engine.kv_pool import KVPool, ReqToTokenPool
+from framework.engine.kv_pool import KVPool
 from framework.engine.radix_cache import RadixCache
 from framework.engine.request import Req
 from framework.engine.schedule_policy import AddReqResult, PrefillAdder, calc_priority, prefix_key
@@ -61,8 +61,8 @@ class Scheduler:
         tokens one request may hold (the model's context; default: the pool's capacity)."""
         self.cfg, self.pool, self.eos_id, self.decode_tail = cfg, pool, eos_id, decode_tail
         self.context_len = context_len
-        self.req_to_token = ReqToTokenPool(cfg.max_running_requests, min(context_len or pool.capacity, pool.capacity),
-                                           pool.device)
+        self.req_to_token = pool.req_to_token_pool(cfg.max_running_requests,
+                                                   min(context_len or pool.capacity, pool.capacity))
         self.cache = RadixCache(pool.free, self.req_to_token, enabled=cfg.radix_cache)
         self.waiting: list[Req] = []
         self.running: list[Req] = []          # SGLang's running batch: finished requests leave it at the next decode
@@ -243,6 +243,54 @@ class Scheduler:
                             req_to_token=self.req_to_token.table, req_pool_indices_cpu=rows,
                             seq_lens_cpu=[p + 1 for p in positions],
                             extend_lens=[1] * bs, sample=[True] * bs)
+
+    # -- runs of decode steps, advanced at once (the simulator) ------------------------------------------------
+    def decode_steps_ahead(self) -> int:
+        """How many of the next steps are certain to be DECODE steps of the running batch as it stands, none but the
+        last of them finishing a request: no prefill can be formed (nothing waits, or batch_is_full), nothing is
+        mid-prefill, just prefilled or finished, no request has stop strings, and the free slots cover the steps
+        without an eviction. 0 when the next step may be anything else (or there is none)."""
+        if (self.chunked is not None or self._last_extend is not None or self._no_step or not self.running
+                or (self.waiting and not self.batch_is_full)):
+            return 0
+        ahead = self.pool.available() // len(self.running)
+        for r in self.running:
+            if r.finished or r.params.stop:
+                return 0
+            ahead = min(ahead, r.params.max_new_tokens - len(r.output_ids))
+        return ahead
+
+    def advance_decode(self, k: int, tokens, now: float) -> list[Req]:
+        """Run k DECODE steps (1 <= k <= decode_steps_ahead()) with exactly the effects of k rounds of next_batch()
+        and process(), in O(batch) Python instead of O(k x batch), without building the batches. `tokens(req, k)`:
+        the request's k sampled tokens (an EOS before the last of them is refused); `now`: when the last step ends.
+        Returns the batch; every request in it got k tokens, the last step may have finished some."""
+        ahead = self.decode_steps_ahead()
+        if not 1 <= k <= ahead:
+            raise ValueError(f"advance_decode({k}): {ahead} plain decode step(s) are certain from here")
+        reqs = self.running
+        new = [tokens(r, k) for r in reqs]
+        if any(not r.params.ignore_eos and self.eos_id in toks[:-1] for r, toks in zip(reqs, new)):
+            raise ValueError("advance_decode: a token before the last ends a request (EOS); step one at a time")
+        self.stats["max_running_requests"] = max(self.stats["max_running_requests"], self.num_running())
+        bs = len(reqs)
+        rows = [r.req_pool_idx for r in reqs]
+        for j in range(k):
+            self.req_to_token.write_tokens(rows, [r.kv_len + j for r in reqs], self.pool.alloc(bs))
+        for _ in range(k):
+            self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+            if self.step_log is not None:
+                self.step_log.append(StepRecord("decode", tuple(r.rid for r in reqs), (), (1,) * bs, (),
+                                                self.new_token_ratio))
+        for req, toks in zip(reqs, new):
+            req.kv_len += k
+            req.output_ids += toks
+            req.check_finished(self.eos_id, self.decode_tail)
+            if req.finished:
+                req.finish_time = now
+                self.cache.cache_finished_req(req)
+        self.stats["decode_steps"] += k
+        return list(reqs)
 
     def _check_decode_mem(self) -> bool:
         bs = len(self.running)

@@ -28,6 +28,20 @@ RUN_COUNTERS = ("retractions", "steps", "idle_steps", "graph_eligible_steps", *G
                 "forward_s")
 
 
+def rank_snapshot(scheduler, scheme: dict, rank: int, dp_rank: int, leads: bool, memory, requests: int,
+                  counters: dict, expert_counts: dict | None = None, expert_counts_local: bool = False) -> dict:
+    """A rank's snapshot, from its scheduler and what the caller counts (`counters`: the parallelism plugin's step
+    counters and the timing); the engine's ranks and the simulator's alike. `memory`: the rank's MemoryPlan."""
+    s = scheduler
+    return {**scheme, "rank": rank, "dp_rank": dp_rank, "leads": leads,
+            "running_requests": s.num_running(), "queued_requests": len(s.waiting),
+            "kv_capacity_tokens_per_rank": s.pool.capacity, "kv_used_tokens": s.pool.used(),
+            "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": memory.kv_bytes_per_token,
+            "kv_sizing": memory.sizing, "weight_bytes_per_rank": memory.weight_bytes_total,
+            "requests": requests, **s.stats, **counters,
+            "expert_counts": expert_counts or {}, "expert_counts_local": expert_counts_local}
+
+
 def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[str, Any]:
     """An instance's stats from its ranks' snapshots (rank order). `peak_running`: the most requests running at
     once over the instance's DP groups, as rank 0 saw them step by step (default: the one group's own peak)."""

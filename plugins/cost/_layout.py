@@ -30,10 +30,10 @@ class Layout:
 
 def layout_for(inst: Instance) -> Layout:
     n = inst.size
-    attn_tp = {"tp": n, "dp_attn": 1, "dp_attn_tp": inst.tp_size}.get(inst.parallel)
+    attn_tp = {"single": 1, "tp": n, "dp_attn": 1, "dp_attn_tp": inst.tp_size}.get(inst.parallel)
     if attn_tp is None:
         raise ValueError(f"the roofline cost model has no fallback layout for parallel={inst.parallel!r} "
-                         "(known: tp, dp_attn, dp_attn_tp); the plugin must declare its compute split")
+                         "(known: single, tp, dp_attn, dp_attn_tp); the plugin must declare its compute split")
     if attn_tp < 1 or n % attn_tp:
         raise ValueError(f"parallel.tp_size={attn_tp} must divide parallel.size={n}")
     if inst.moe == "reference":

@@ -57,12 +57,13 @@ class DPAttention(Parallelism):
     def dp_rank_of(cls, cfg, rank: int) -> int:
         return rank
 
-    @property
-    def schedule_conservativeness(self) -> float:
-        return self.cfg.schedule_conservativeness
+    @classmethod
+    def conservativeness(cls, cfg) -> float:
+        return cfg.schedule_conservativeness
 
-    def dispatcher(self) -> DataParallelController:
-        return DataParallelController(self.dp_size(self.cfg), self.cfg.dp_balance.value)
+    @classmethod
+    def make_dispatcher(cls, cfg) -> DataParallelController:
+        return DataParallelController(cls.dp_size(cfg), cfg.dp_balance.value)
 
     @classmethod
     def describe(cls, cfg) -> dict:

@@ -50,6 +50,9 @@ def test_verify_fails_above_atol(tmp_path):
     assert r.returncode != 0 and "verify failed" in r.stderr
 
 
-def test_modes_not_yet_available_say_so(tmp_path):
-    r = run(tmp_path, "mode=sim", "logger.mode=disabled")
-    assert r.returncode == 2 and "not available yet" in r.stderr and "Traceback" not in r.stderr
+def test_mode_sim_with_the_cost_model_as_users_type_it(tmp_path):
+    r = run(tmp_path, "mode=sim", "sim.cost=roofline", "sim.cost.weights=fp8", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["sim_cost_model"] == "roofline" and results["sim_cost_config"]["weights"] == "fp8"
+    assert results["requests_completed"] > 0 and (tmp_path / "requests.jsonl").exists()

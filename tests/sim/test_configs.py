@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.config import check_overrides, compose
+from framework.config import check_overrides, compose, group_overrides
 from framework.registry import COST
 from framework.sim.cost.hardware import Fit, HardwareConfig
 
@@ -28,7 +28,7 @@ def parameters(m, experts_per_token: int) -> float:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_deepseek_configs_compose_validate_and_match_published_sizes(name):
-    cfg = compose([f"model={name}", "hardware=h200", "sim.cost.weights=fp8"])
+    cfg = compose([f"model={name}", "hardware=h200", "sim.cost=roofline", "sim.cost.weights=fp8"])
     m = cfg.model
     m.validate()
     total, active = PUBLISHED[name]
@@ -40,7 +40,7 @@ def test_deepseek_configs_compose_validate_and_match_published_sizes(name):
 
 def test_default_model_stays_tiny():
     cfg = compose([])
-    assert cfg.model.name == "tiny_mla_moe" and cfg.hardware.name == "h100_sxm" and cfg.sim.cost.name == "roofline"
+    assert cfg.model.name == "tiny_mla_moe" and cfg.hardware.name == "h100_sxm" and cfg.sim.cost.name == "calibrated"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "hardware").glob("*.yaml")))
@@ -66,9 +66,10 @@ def test_unknown_fit_and_fp8_on_a100_fail_clearly():
         compose(["hardware=a100_80g"]).hardware.peak_flops("fp8")
 
 
-def test_cost_model_is_chosen_as_a_group(capsys):
-    with pytest.raises(SystemExit) as e:
-        check_overrides(["sim.cost=roofline"])
-    assert e.value.code == 2
-    assert "sim.cost is chosen as a config group: sim/cost=roofline (known: roofline)" in capsys.readouterr().err
-    check_overrides(["sim/cost=roofline", "sim.cost.weights=fp8", "hardware=b200"])
+def test_cost_model_is_chosen_as_users_type_it():
+    """`sim.cost=roofline` chooses the group's option (as `sim/cost=roofline`); its fields keep dotted keys."""
+    assert group_overrides(["sim.cost=roofline", "sim.cost.weights=fp8", "+sim.cost=a,b", "seed=1"]) == \
+        ["sim/cost=roofline", "sim.cost.weights=fp8", "+sim/cost=a,b", "seed=1"]
+    cfg = compose(["sim.cost=roofline", "sim.cost.weights=fp8"])
+    assert cfg.sim.cost.name == "roofline" and cfg.sim.cost.weights == "fp8"
+    check_overrides(["sim.cost=roofline", "sim.cost.weights=fp8", "hardware=b200"])

@@ -145,7 +145,7 @@ def test_bad_input_fails_clearly(v2, h100):
     cost = cost_model(v2, h100, parallel="dp_attn")
     with pytest.raises(ValueError, match="has 8 batches \\(one per scheduler\\), got 1"):
         cost.step_time(Step((BatchShape("decode", (1,), (5,)),)))
-    with pytest.raises(ValueError, match="no fallback layout for parallel='pp'.*known: tp, dp_attn"):
+    with pytest.raises(ValueError, match="no fallback layout for parallel='pp'.*known: single, tp, dp_attn"):
         cost_model(v2, h100, parallel="pp")
     with pytest.raises(ValueError, match="sim.cost.weights='int4' is not one of model, fp8"):
         cost_model(v2, h100, weights="int4")

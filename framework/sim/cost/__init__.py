@@ -71,6 +71,7 @@ class CostModel(ABC):
     """A `sim/cost=` plugin: `Config` is its schema, `step_time` its one question."""
 
     Config = CostConfig
+    cuda_graphs = True          # the priced hardware replays captured decode graphs (engine.cuda_graph); a CPU: no
 
     def __init__(self, cfg, instance: Instance) -> None:
         self.cfg, self.instance = cfg, instance
@@ -78,3 +79,19 @@ class CostModel(ABC):
     @abstractmethod
     def step_time(self, step: Step) -> float:
         """Seconds from the start of the step's forward on every rank to its last rank's logits."""
+
+    def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
+                     graph: bool = True) -> list[float]:
+        """The next k DECODE steps of a run (a simulator advances runs in one event): in step j (from 0) scheduler
+        g has sizes[g] requests holding contexts[g] + j x sizes[g] tokens of KV before it (0 requests: IDLE), each
+        batch in the canonical shape (its whole context on its first request: decode is priced by batch size and
+        total context; `graph`: whether they replay a CUDA graph). A model may override this with a faster equal
+        computation."""
+        return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
+                                          for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
+
+
+def decode_shape(n: int, context: int) -> BatchShape:
+    """A DECODE batch of n requests holding `context` tokens of KV in all, in one canonical form (the whole context
+    on the first request), so a step priced alone or in a run gets the very same shape."""
+    return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1))

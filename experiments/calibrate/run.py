@@ -1,0 +1,141 @@
+"""Calibrate `sim.cost=calibrated` on this machine: profile the real engine's steps and save them as JSON.
+
+For each instance config (parallel x size, moe), one real instance (framework.engine.instance_client.open_engine:
+a thread for one rank, spawned ranks otherwise) serves controlled batches through the engine seam, and the step
+times are read where a client sees them, between consecutive token deliveries (scheduling, the ranks' exchange and
+collectives included):
+
+- prefill: one request of `n` new tokens on top of a cached prefix of `p` tokens (the prefix is served first, on
+  every DP group), on an idle instance: its time to first token, the fastest of --repeats;
+- decode: `b` requests (prompts of `c` tokens, no shared prefix) decoding together: the mean gap between one's
+  tokens once every one of them decodes (tokens that arrive together count as one gap each: a slow poll does not
+  matter), the fastest of --repeats (DP attention: the dispatcher spreads them over the DP groups).
+
+The fastest, not medians: the machine is shared with other work, which stretches steps at random; the profile
+should be this instance's own cost, and mode=sim models the sharing it knows about (`sim.host_cores`). The profile
+records the load average it ran under.
+
+    python experiments/calibrate/run.py                 # the configs the fidelity runs use (~2-3 min)
+    python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
+
+Writes data/calibration/cpu.json (or --out); plugins/cost/calibrated.py reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from framework.config import compose  # noqa: E402
+from framework.engine.handle import SyncFace  # noqa: E402
+from framework.engine.instance import InstanceSpec  # noqa: E402
+from framework.engine.instance_client import open_engine  # noqa: E402
+from framework.engine.request import Req, SamplingParams  # noqa: E402
+from framework.metrics import git_sha  # noqa: E402
+from framework.registry import PARALLELISM  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
+
+CONFIGS = {   # key -> overrides; what experiments/sim_fidelity runs for real
+    "single": ["parallel=single", "moe=reference"],
+    "tp2": ["parallel=tp", "parallel.size=2", "moe=triton_fused"],
+    "dp_attn2": ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused"],
+}
+GRID = {"new": [8, 32, 128, 512], "prefix": [0, 256, 1024], "batch": [1, 2, 4, 8, 16, 32], "context": [32, 256, 1024]}
+QUICK = {"new": [8, 64], "prefix": [0, 64], "batch": [1, 4], "context": [32, 128]}
+DECODE_TOKENS = 16
+
+
+def _text(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(32, 127) for _ in range(n)]
+
+
+def _serve(face: SyncFace, prompts: list[list[int]], max_new: int) -> list[list[float]]:
+    """Serve the prompts at once; each request's token arrival times."""
+    reqs = [Req(p, SamplingParams(max_new_tokens=max_new, ignore_eos=True)) for p in prompts]
+    times = {r.rid: [] for r in reqs}
+    start = time.perf_counter()
+    for r in reqs:
+        face.add(r)
+    while not all(r.finished for r in reqs):
+        out = face.step(timeout=1.0) or []
+        now = time.perf_counter()
+        for r in out:
+            if r.rid in times:
+                times[r.rid] += [now] * (len(r.output_ids) - len(times[r.rid]))
+    return [[start] + times[r.rid] for r in reqs]
+
+
+def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> dict:
+    cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])   # the largest batch fits
+    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
+    face, rng = SyncFace(handle), random.Random(seed)
+    try:
+        _serve(face, [_text(rng, 64)], 4)                              # warm-up
+        dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
+        prefill = [[min(_prefill(face, rng, n, p, dp) for _ in range(repeats)) for p in grid["prefix"]]
+                   for n in grid["new"]]
+        decode = [[min(_decode(face, rng, b, c) for _ in range(repeats)) for c in grid["context"]]
+                  for b in grid["batch"]]
+    finally:
+        handle.close()
+        handle.terminate()
+    return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
+            "prefill": {"new": grid["new"], "prefix": grid["prefix"], "seconds": prefill},
+            "decode": {"batch": grid["batch"], "context": grid["context"], "seconds": decode}}
+
+
+def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:
+    prefix = _text(rng, p)
+    for _ in range(dp if p else 0):          # now cached on every DP group, wherever the dispatcher sends the next
+        _serve(face, [prefix], 1)
+    (times,) = _serve(face, [prefix + _text(rng, n)], 1)
+    return times[1] - times[0]
+
+
+def _decode(face: SyncFace, rng: random.Random, b: int, c: int) -> float:
+    runs = _serve(face, [_text(rng, c) for _ in range(b)], DECODE_TOKENS)
+    steady = max(t[1] for t in runs)                                   # every request decodes from here
+    times = [t for t in runs[0][1:] if t >= steady]                    # one request: one token per step
+    if len(times) < 2:
+        raise RuntimeError(f"decode b={b} c={c}: the batch never decoded together (KV too small for it?)")
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
+    ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    grid, repeats = (QUICK, 1) if args.quick else (GRID, args.repeats)
+    t0 = time.perf_counter()
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
+    for name in args.configs:
+        p = profile(CONFIGS[name], grid, repeats)
+        profiles[p["key"]] = p
+        print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms (n={grid['new'][0]}),"
+              f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
+              flush=True)
+    out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
+           "loadavg_1m": os.getloadavg()[0],
+           "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
+           "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
+           "profiles": profiles}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out} in {out['wall_s']:.0f} s (load average {out['loadavg_1m']:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The discrete-event simulation of a cluster: a load client playing the workload as framework/workload/inprocess.py
+does (open loop at the sessions' arrival times, closed loop at workload.max_concurrency, multi-turn prompts that hold
+the earlier answers, think times), the router (framework/sim/router.py) and the simulated instances.
+
+A request sent at t reaches the router at t + network, its instance at t + 2 x network + the router's overhead; each
+token reaches the client 2 x network after its step ends. An instance steps while it has work: a step's batches are
+formed when it starts (an arrival joins at the next step, as in the engine) and its tokens land when it ends. With
+`fast_forward`, a run of plain decode steps is one event; an arrival during the run cuts it after the step it falls
+in, so the decisions and times are those of stepping one at a time.
+
+`host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the processes busy at
+its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
+`side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight.
+"""
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from tqdm import tqdm
+
+from framework.engine.request import Req, SamplingParams
+from framework.metrics import RequestRecord
+from framework.workload.base import Session
+
+ARRIVE, STEP, CLIENT, MAINTAIN = range(4)     # the order of events at one instant
+MAX_RUN = 64                                  # decode steps one event advances at most
+
+
+@dataclass
+class _Flight:
+    session: Session
+    turn: int
+    req: Req
+    worker: str
+    decision: object
+    send_s: float
+    times: list[float] = field(default_factory=list)    # when each token was produced (ITL)
+
+
+@dataclass
+class _State:
+    """An instance's place in the simulation: idle, one step, or a run of k decode steps ending at `ends`."""
+    busy: bool = False
+    version: int = 0
+    run_start: float = 0.0
+    ends: list[float] | None = None
+    times: list[float] | None = None
+    held: list = field(default_factory=list)      # arrivals during a run: queued when it ends, as the engine would
+
+
+class Simulation:
+    def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, *, network_s: float = 0.0,
+                 router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: int = 0,
+                 itl: bool = True, progress: bool = False):
+        self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
+        self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
+        self.side_procs = side_procs
+        self.state = {name: _State() for name in instances}
+        self.progress = progress
+        self.heap: list = []
+        self.seq = 0
+        self.busy_ranks = 0
+        self.flights: dict[str, _Flight] = {}
+        self.records: list[RequestRecord] = []
+        self.end = 0.0
+
+    def push(self, t: float, kind: int, *payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, payload))
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def run(self) -> tuple[list[RequestRecord], float]:
+        self.answers: dict[str, list[str]] = {s.sid: [] for s in self.sessions}
+        self.pending: list = []              # (due, seq, session, turn) ready to send once concurrency allows
+        self.limit = self.wl.max_concurrency
+        for s in self.sessions:
+            self.push(s.arrival_s, CLIENT, "due", s, 0)
+        if self.router.interval > 0:
+            self.push(self.router.interval, MAINTAIN)
+        total = sum(len(s.turns) for s in self.sessions)
+        self.bar = tqdm(total=total, desc="simulated requests", disable=not self.progress, leave=False,
+                        mininterval=0.5)
+        handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain}
+        heap = self.heap
+        while heap:
+            t, kind, _, payload = heapq.heappop(heap)
+            handlers[kind](t, *payload)
+        self.bar.close()
+        if self.flights or self.pending:      # the engine would spin: say so rather than lose requests
+            raise RuntimeError(f"the simulation stalled with {len(self.flights)} request(s) in flight on idle "
+                               f"instances (a scheduler that forms no batch while requests wait)")
+        return self.records, self.end
+
+    def _maintain(self, now: float) -> None:
+        self.router.maintain(now)
+        if self.heap:
+            self.push(now + self.router.interval, MAINTAIN)
+
+    # -- the client ---------------------------------------------------------------------------------------------
+    def _client(self, now: float, what: str, *args) -> None:
+        if what == "due":
+            session, turn = args
+            heapq.heappush(self.pending, (now, self.seq, session, turn))
+            self.seq += 1
+        elif what == "done":
+            self._receive(now, args[0])
+        while self.pending and (self.limit <= 0 or len(self.flights) < self.limit):
+            _, _, session, turn = heapq.heappop(self.pending)
+            self._send(now, session, turn)
+
+    def _send(self, now: float, s: Session, k: int) -> None:
+        turn = s.turns[k]
+        text = s.prompt(k, self.answers[s.sid])
+        params = SamplingParams(max_new_tokens=turn.max_new_tokens, temperature=self.wl.temperature,
+                                ignore_eos=self.wl.ignore_eos)
+        at_router = now + self.net
+        ids = list(text.encode())                          # the byte tokenizer: one token per byte
+        worker, decision = self.router.route(text, ids, at_router)
+        req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
+        flight = _Flight(s, k, req, worker, decision, now)
+        self.flights[req.rid] = flight
+        self.push(req.arrival_time, ARRIVE, worker, flight)
+
+    def _receive(self, now: float, flight: _Flight) -> None:
+        """The finished request's last token reached the client."""
+        del self.flights[flight.req.rid]
+        req, s, k = flight.req, flight.session, flight.turn
+        times = flight.times
+        self.records.append(RequestRecord(
+            ok=True, prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens, ttft_s=req.first_token_time + 2 * self.net - flight.send_s,
+            e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
+            itl_s=[b - a for a, b in zip(times, times[1:])]))
+        self.end = max(self.end, now)
+        self.bar.update(1)
+        if k + 1 < len(s.turns):
+            self.answers[s.sid].append(bytes(t for t in req.output_ids if t < 256).decode("utf-8", errors="replace"))
+            self.push(now + s.turns[k + 1].think_time_s, CLIENT, "due", s, k + 1)
+        else:
+            del self.answers[s.sid]                        # the conversation is over
+
+    def _fail(self, now: float, flight: _Flight, error: str) -> None:
+        del self.flights[flight.req.rid]
+        self.router.done(flight.worker, flight.decision, now + self.net, ok=False)
+        s, k = flight.session, flight.turn
+        self.records.append(RequestRecord(ok=False, prompt_tokens=len(flight.req.prompt_ids), error=error,
+                                          worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k))
+        self.bar.update(len(s.turns) - k)                 # its session ends (as the in-process client's)
+        self.answers.pop(s.sid, None)
+        self.push(now + 2 * self.net, CLIENT, "fail")
+
+    # -- the instances ------------------------------------------------------------------------------------------
+    def _arrive(self, now: float, worker: str, flight: _Flight) -> None:
+        st = self.state[worker]
+        if st.ends is not None:              # cut the run after the step the arrival falls in; queue it then
+            st.held.append(flight)
+            m = bisect_left([st.run_start] + st.ends[:-1], now)
+            if m < len(st.ends):
+                st.ends, st.times = st.ends[:m], st.times[:m]
+                st.version += 1
+                self.push(st.ends[-1], STEP, worker, st.version)
+            return
+        self._queue(now, worker, flight)
+        if not st.busy:
+            self._start(now, worker)
+
+    def _queue(self, now: float, worker: str, flight: _Flight) -> None:
+        try:
+            self.instances[worker].add(flight.req)
+        except ValueError as e:
+            self._fail(now, flight, str(e))
+
+    def _start(self, now: float, worker: str) -> None:
+        inst, st = self.instances[worker], self.state[worker]
+        if not st.busy:
+            self.busy_ranks += inst.size
+        st.busy = True
+        busy = self.busy_ranks + (self.side_procs if self.flights else 0)
+        stretch = max(1.0, busy / self.cores) if self.cores else 1.0
+        k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
+        if k >= 2:
+            st.times = [t * stretch for t in inst.run_times(k)]
+            st.run_start, st.ends = now, list(accumulate(st.times, initial=now))[1:]   # as steps one by one add up
+            self.push(st.ends[-1], STEP, worker, st.version)
+            return
+        st.ends = None
+        d = inst.start_step()
+        if d is None:
+            st.busy = False
+            self.busy_ranks -= inst.size
+            return
+        self.push(now + d * stretch, STEP, worker, st.version)
+
+    def _step(self, now: float, worker: str, version: int) -> None:
+        inst, st = self.instances[worker], self.state[worker]
+        if version != st.version:
+            return                                        # a run that an arrival cut short
+        if st.ends is not None:
+            out = inst.advance(len(st.ends), st.times, now)
+            ends = st.ends
+        else:
+            out = inst.finish_step(now)
+            ends = [now]
+        for req in out:
+            flight = self.flights[req.rid]
+            if self.itl:
+                flight.times += ends                       # a step gives each request one token, a run one per step
+            if req.finished:
+                self.router.done(worker, flight.decision, now + self.net, req=req)
+                self.push(now + 2 * self.net, CLIENT, "done", flight)
+        held, st.held = st.held, []
+        for flight in held:
+            self._queue(now, worker, flight)
+        self._start(now, worker)

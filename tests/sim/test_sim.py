@@ -1,0 +1,150 @@
+"""mode=sim: the simulator drives the real scheduler over counting pools, the same results keys as a bench,
+deterministic, decode runs exactly equal to single steps, every workload, DeepSeek shapes with nothing allocated."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from framework.app import UserError, run
+from framework.config import compose
+from framework.engine.config import EngineConfig
+from framework.engine.kv_pool import CountingKVPool, KVPool
+from framework.engine.request import Req, SamplingParams
+from framework.engine.scheduler import Scheduler
+from framework.metrics import summarize
+from framework.registry import ROUTING
+from framework.sim.run import simulate
+
+SMALL = ["mode=sim", "logger.mode=disabled", "logger.plots=false", "workload.num_conversations=6",
+         "workload.turns=3", "workload.output_len=16"]
+
+
+def _drive(sched: Scheduler, arrivals: list[tuple[int, Req]], tokens) -> None:
+    pending, step = list(arrivals), 0
+    while pending or sched.has_work():
+        while pending and pending[0][0] <= step:
+            sched.add(pending.pop(0)[1])
+        batch = sched.next_batch()
+        if batch is not None:
+            sched.process(batch, [tokens(r) for r, s in zip(batch.reqs, batch.sample) if s], float(step))
+        step += 1
+        assert step < 5000
+
+
+def _requests(seed: int) -> list[tuple[int, Req]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(256) for _ in range(40)]
+    return [(rng.randrange(60), Req(shared[:rng.randrange(41)] + [rng.randrange(256) for _ in range(rng.randrange(1, 50))],
+                                    SamplingParams(max_new_tokens=rng.randrange(1, 40), ignore_eos=True), rid=f"r{i}"))
+            for i in range(40)]
+
+
+def test_counting_pool_makes_the_real_pools_decisions():
+    """The same requests through the scheduler over a real KV pool and over a counting one: identical step logs
+    (retractions and radix-cache evictions included: the pool is tight), and the same free slots at the end."""
+    logs = []
+    for pool in (KVPool(1, 1, 150, torch.float32), CountingKVPool(150)):
+        sched = Scheduler(EngineConfig(chunked_prefill_tokens=32, init_new_token_ratio=0.1), pool, eos_id=-1,
+                          decode_tail=lambda i: "")
+        sched.step_log = []
+        _drive(sched, sorted(_requests(2), key=lambda a: a[0]), lambda r: 7)
+        logs.append((sched.step_log, pool.available() + sched.cache.evictable_size(), sched.stats))
+    assert logs[0] == logs[1]
+    assert logs[0][2]["retractions"] > 0 and logs[0][1] == 150
+
+
+def _sim(overrides: list[str]) -> tuple[dict, list]:
+    return simulate(compose(SMALL + overrides))
+
+
+@pytest.mark.parametrize("extra", [
+    ["workload.request_rate=50", "cluster.instances=3"],                              # arrivals cut decode runs
+    ["sim.cost=roofline", "engine.cuda_graph_max_context=300", "workload.request_rate=50"],   # graphs, their width
+    ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused", "workload.request_rate=80"],   # IDLE groups
+    ["engine.kv_budget_mb=0.3", "engine.radix_cache=false", "workload.ignore_eos=false", "workload.turns=1",
+     "workload.num_conversations=24", "workload.system_prompt_len=0", "workload.user_len=8", "workload.output_len=64",
+     "workload.max_concurrency=0", "cluster.instances=1", "parallel=dp_attn", "parallel.size=2",
+     "moe=triton_fused"],                                                                    # retractions
+])
+def test_decode_runs_equal_single_steps(extra):
+    """fast_forward advances runs of decode steps in one event: the very records, and engine figures, of stepping
+    one step at a time."""
+    fast, fast_records = _sim(extra + ["sim.fast_forward=true"])
+    slow, slow_records = _sim(extra + ["sim.fast_forward=false"])
+    assert fast_records == slow_records
+    skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
+    same = [json.dumps({k: v for k, v in r.items() if k not in skip}, default=str) for r in (fast, slow)]
+    assert same[0] == same[1] and fast["requests_failed"] == 0
+    assert fast["requests_completed"] == (24 if "workload.turns=1" in extra else 18)
+    if "engine.kv_budget_mb=0.3" in extra:
+        assert fast["retractions"] > 0
+
+
+def test_run_py_mode_sim_reports_like_a_bench_and_is_deterministic(tmp_path):
+    """`python run.py mode=sim`: results.json with a bench's keys plus what was simulated and how fast, the same
+    requests.jsonl, identical for the same seed."""
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        run(compose(SMALL), str(out), {})
+        outs.append(out)
+    results = [json.loads((o / "results.json").read_text()) for o in outs]
+    bench_keys = set(summarize([], 1.0)) | {"cache_hit_rate", "load_imbalance", "per_worker", "steps", "retractions",
+                                            "kv_capacity_tokens_per_rank", "max_running_requests"}
+    assert bench_keys <= set(results[0])
+    assert results[0]["sim_cost_model"] == "calibrated" and results[0]["sim_wall_s"] > 0
+    assert results[0]["sim_model"]["name"] == "tiny_mla_moe" and results[0]["requests_completed"] == 18
+    assert results[0]["graph_replayed_steps"] == 0 and results[0]["graph_eager_off_steps"] > 0   # a CPU: no graphs
+    skip = ("sim_wall_s", "sim_requests_per_wall_s", "sim_cpu_s")
+    assert [{k: v for k, v in r.items() if k not in skip} for r in results][0] == \
+        [{k: v for k, v in r.items() if k not in skip} for r in results][1]
+    assert (outs[0] / "requests.jsonl").read_text() == (outs[1] / "requests.jsonl").read_text()
+    other = _sim(["seed=1"])[0]
+    assert other["ttft_p50_ms"] != results[0]["ttft_p50_ms"]
+
+
+@pytest.mark.parametrize("workload", ["multi_turn", "shared_prefix", "trace", "random", "sharegpt"])
+def test_every_workload_runs_in_sim(workload):
+    res, records = simulate(compose(["mode=sim", "logger.mode=disabled", f"workload={workload}",
+                                     "workload.num_requests=12", "cluster.instances=2"]))
+    assert res["requests_completed"] == len(records) == 12 and res["requests_failed"] == 0
+    assert res["output_throughput_tok_s"] > 0
+
+
+@pytest.mark.parametrize("router", ROUTING.keys())
+def test_every_routing_policy_runs_in_sim(router):
+    res, records = _sim([f"router={router}", "cluster.instances=3"])
+    assert res["requests_completed"] == len(records) == 18 and sum(res["router_reasons"].values()) == 18
+
+
+def test_multi_turn_answers_are_cached_like_a_real_run():
+    """A conversation's next prompt holds the simulated answer: with one instance each later turn hits the cache
+    for the whole previous turn, its prompt and its answer (less the last answer token, which has no KV yet)."""
+    _, records = _sim(["cluster.instances=1", "workload.system_prompt_len=0"])
+    turns = {(r.session, r.turn): r for r in records}
+    later = [(turns[r.session, r.turn - 1], r) for r in records if r.turn > 0]
+    assert later and all(r.cached_tokens >= p.prompt_tokens + p.completion_tokens - 1 for p, r in later)
+
+
+def test_deepseek_v2_on_h200_with_roofline_allocates_nothing():
+    """DeepSeek-V2 with DP attention on 8 x H200: the KV pools are sized from shapes and counted, never allocated."""
+    res, _ = simulate(compose(["mode=sim", "logger.mode=disabled", "model=deepseek_v2", "hardware=h200",
+                               "sim.cost=roofline", "parallel=dp_attn", "parallel.size=8",
+                               "moe=ep", "engine.mem_budget_mb=130000", "workload=trace",
+                               "workload.num_requests=20", "cluster.instances=2"]))
+    assert res["requests_completed"] == 20 and res["kv_capacity_tokens_per_rank"] > 100_000
+    assert res["sim_hardware"] == "h200" and res["dp_size"] == 8
+    assert res["graph_replayed_steps"] > 0 and res["graph_eager_mode_steps"] > 0   # decode replays, prefill not
+
+
+def test_calibrated_refuses_what_was_not_profiled():
+    with pytest.raises(ValueError, match="no profile of model=deepseek_v2.*sim.cost=roofline"):
+        _sim(["model=deepseek_v2", "engine.mem_budget_mb=200000"])
+
+
+def test_bad_cluster_is_one_sentence():
+    with pytest.raises(UserError, match="cluster.instances must be >= 1"):
+        run(compose(SMALL + ["cluster.instances=0"]), "/tmp/unused", {})
