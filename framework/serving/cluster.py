@@ -55,6 +55,21 @@ def _split(router_cfg):
         raise ClusterError(str(e)) from None
 
 
+def kv_block_size(cc, policy_cfg) -> int:
+    """The block size workers publish KV events in (0: none), from the cluster config ``cc``: on with cluster.kv_events,
+    or for a policy that follows them (whose router.block_size must be the workers'). The simulator asks the same."""
+    follows = KV_EVENTS in getattr(ROUTING.get(policy_cfg.name), "subscriptions", ())
+    if not (cc.kv_events or follows):
+        return 0
+    if cc.kv_block_size < 1:
+        raise ClusterError(f"cluster.kv_block_size={cc.kv_block_size} must be >= 1")
+    policy_size = getattr(policy_cfg, "block_size", cc.kv_block_size)
+    if follows and policy_size != cc.kv_block_size:
+        raise ClusterError(f"router.block_size={policy_size} but the workers publish blocks of "
+                           f"cluster.kv_block_size={cc.kv_block_size} tokens: make them equal")
+    return cc.kv_block_size
+
+
 class Cluster:
     def __init__(self, cfg):
         assign_free_ports(cfg)             # router.port=0: free ports for the router and the local workers
@@ -78,7 +93,7 @@ class Cluster:
                 raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
             self.worker_ports = ports
             self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
-        self.kv_block_size = self._kv_block_size(cc)
+        self.kv_block_size = kv_block_size(cc, self.policy_cfg)
         if cc.startup_timeout_s <= 0:
             raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")
         if cc.max_restarts < 0 or cc.restart_backoff_s < 0 or cc.restart_window_s <= 0:
@@ -92,20 +107,6 @@ class Cluster:
         self.metrics_url = self.router_url + "/metrics"
         self.lock = threading.RLock()  # the supervisor's changes against start_router's and stop's
         self._old_sigterm = None
-
-    def _kv_block_size(self, cc) -> int:
-        """The block size local workers publish KV events in (0: none): on with cluster.kv_events, or for a policy
-        that follows them (whose router.block_size must be the workers')."""
-        follows = KV_EVENTS in getattr(ROUTING.get(self.policy_cfg.name), "subscriptions", ())
-        if not (cc.kv_events or follows):
-            return 0
-        if cc.kv_block_size < 1:
-            raise ClusterError(f"cluster.kv_block_size={cc.kv_block_size} must be >= 1")
-        policy_size = getattr(self.policy_cfg, "block_size", cc.kv_block_size)
-        if follows and policy_size != cc.kv_block_size:
-            raise ClusterError(f"router.block_size={policy_size} but the workers publish blocks of "
-                               f"cluster.kv_block_size={cc.kv_block_size} tokens: make them equal")
-        return cc.kv_block_size
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def __enter__(self) -> "Cluster":

@@ -25,7 +25,7 @@ from framework.engine.request import Req, SamplingParams
 from framework.metrics import RequestRecord
 from framework.workload.base import Session
 
-ARRIVE, STEP, CLIENT, MAINTAIN = range(4)     # the order of events at one instant
+ARRIVE, STEP, CLIENT, MAINTAIN, POLL = range(5)    # the order of events at one instant
 MAX_RUN = 64                                  # decode steps one event advances at most
 
 
@@ -78,12 +78,16 @@ class Simulation:
         self.limit = self.wl.max_concurrency
         for s in self.sessions:
             self.push(s.arrival_s, CLIENT, "due", s, 0)
-        if self.router.interval > 0:
-            self.push(self.router.interval, MAINTAIN)
+        self.ticks = 0                        # periodic events in the heap: they recur while anything else is there
+        for interval, kind in ((self.router.interval, MAINTAIN), (self.router.load_interval, POLL)):
+            if interval > 0:
+                self.push(interval, kind)
+                self.ticks += 1
         total = sum(len(s.turns) for s in self.sessions)
         self.bar = tqdm(total=total, desc="simulated requests", disable=not self.progress, leave=False,
                         mininterval=0.5)
-        handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain}
+        handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain,
+                    POLL: self._poll}
         heap = self.heap
         while heap:
             t, kind, _, payload = heapq.heappop(heap)
@@ -96,8 +100,14 @@ class Simulation:
 
     def _maintain(self, now: float) -> None:
         self.router.maintain(now)
-        if self.heap:
+        if len(self.heap) >= self.ticks:
             self.push(now + self.router.interval, MAINTAIN)
+
+    def _poll(self, now: float) -> None:
+        """The router's load poll: every instance's report reaches it at once (the HTTP round trip is not simulated)."""
+        self.router.report_loads(now, {name: inst.load_report() for name, inst in self.instances.items()})
+        if len(self.heap) >= self.ticks:
+            self.push(now + self.router.load_interval, POLL)
 
     # -- the client ---------------------------------------------------------------------------------------------
     def _client(self, now: float, what: str, *args) -> None:

@@ -21,6 +21,7 @@ from framework.engine.scheduler import Scheduler
 from framework.engine.stats import instance_stats, rank_snapshot
 from framework.model.tokenizer import ByteTokenizer
 from framework.registry import MOE, PARALLELISM
+from framework.routing import LoadReport
 from framework.sim.cost import BatchShape, Step, decode_shape
 
 # printable ASCII: an answer's text has as many bytes as tokens, and never an EOS
@@ -70,6 +71,12 @@ class SimInstance:
 
     def load(self) -> int:
         return sum(g.num_requests() for g in self.groups)
+
+    def load_report(self) -> LoadReport:
+        """What the worker's GET /get_load says (framework/serving/worker.py), summed over the DP groups."""
+        groups = self.groups
+        held = sum(g.pool.used() for g in groups) - sum(g.cache.total_size() for g in groups)
+        return LoadReport(sum(g.num_running() for g in groups), sum(len(g.waiting) for g in groups), max(held, 0))
 
     # -- one step ---------------------------------------------------------------------------------------------
     def start_step(self) -> float | None:

@@ -1,21 +1,49 @@
 """The one place the simulator talks to a routing policy: the same policy object as the router service
 (framework/serving/router.py), on the simulated clock, with `maintain(now)` at the service's interval. Requests go in
-as a RequestView with their token ids and come back with the worker's usage. Not passed yet: worker events (KV
-events, load reports) for the policies that learn from them. A change of the policy interface is a change here only."""
+as a RequestView with their token ids and come back with the worker's usage. The worker events the policy subscribed
+to (framework/serving/router_events.py makes the same calls over sockets and HTTP):
+
+- KV_EVENTS: each simulated radix cache's `observer` is a CacheEventEmitter in the workers' block size
+  (`cluster.kv_block_size`), whose events reach `on_worker_event` at once, as the cache changes (the real path's
+  ~1 ms of latency and its batching are not simulated). An instance with several DP groups sends every group's events
+  as one worker's, as one publisher per instance would.
+- LOAD: a LoadReport per instance every `router.load_poll_interval_s` of simulated time (GET /get_load's figures).
+
+A change of the policy interface is a change here only."""
 from __future__ import annotations
 
-from framework.routing import RequestUsage, RequestView, RoutingDecision
+from framework.kv_events.emitter import CacheEventEmitter
+from framework.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, RoutingDecision
 
 
 class SimRouter:
-    def __init__(self, policy, workers: list[str], maintain_interval_s: float):
+    def __init__(self, policy, workers: list[str], maintain_interval_s: float, block_size: int = 0,
+                 load_poll_interval_s: float = 0.0):
         self.policy, self.now = policy, 0.0
         self.interval = maintain_interval_s
+        subs = policy.subscriptions
+        self.block_size = block_size if KV_EVENTS in subs else 0
+        if KV_EVENTS in subs and block_size < 1:
+            raise ValueError(f"router={type(policy).__name__} follows KV events: give the workers' block size (>= 1)")
+        self.load_interval = load_poll_interval_s if LOAD in subs else 0.0
         policy.clock = lambda: self.now
         for w in workers:
             policy.add_worker(w)
         self.reasons: dict[str, int] = {}
         self.matched = self.chars = 0
+
+    def watch(self, worker: str, caches) -> None:
+        """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them."""
+        if self.block_size:
+            for cache in caches:
+                cache.observer = CacheEventEmitter(self.block_size,
+                                                   lambda event: self.policy.on_worker_event(worker, event))
+
+    def report_loads(self, now: float, reports: dict) -> None:
+        """The instances' LoadReports (worker -> report), as the service's poll of every worker gives them."""
+        self.now = now
+        for worker, report in reports.items():
+            self.policy.on_worker_event(worker, report)
 
     def route(self, text: str, token_ids: list[int], now: float) -> tuple[str, RoutingDecision | None]:
         """The worker for a request sent at `now`, and the policy's decision (given back with `done`)."""
@@ -41,5 +69,9 @@ class SimRouter:
 
     def figures(self) -> dict:
         """The router's keys of a cluster bench's results (framework/serving/cluster_bench.py)."""
-        return {"router_estimated_hit_rate": self.matched / self.chars if self.chars else float("nan"),
-                "router_reasons": dict(sorted(self.reasons.items()))}
+        out = {"router_estimated_hit_rate": self.matched / self.chars if self.chars else float("nan"),
+               "router_reasons": dict(sorted(self.reasons.items()))}
+        acc = getattr(self.policy, "accuracy", None)   # an exact view: its estimate without in-flight credits
+        if acc and acc["prompt_tokens"]:
+            out["router_confirmed_hit_rate"] = acc["confirmed_tokens"] / acc["prompt_tokens"]
+        return out

@@ -11,7 +11,9 @@ from dataclasses import asdict
 from framework.engine.stats import engine_figures
 from framework.metrics import failure_summary, report, summarize
 from framework.registry import COST, ROUTING, WORKLOAD
+from framework.serving.cluster import kv_block_size
 from framework.serving.cluster_bench import cluster_figures
+from framework.serving.processes import ClusterError
 from framework.serving.router_config import split_router_config
 from framework.sim.cluster import Simulation
 from framework.sim.cost import Instance
@@ -37,7 +39,14 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
     names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
     instances = {n: SimInstance(n, cfg, cost, cfg.seed) for n in names}
     policy_cfg, service = split_router_config(cfg.router)
-    router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs)
+    try:
+        block_size = kv_block_size(cfg.cluster, policy_cfg)
+    except ClusterError as e:
+        raise ValueError(str(e)) from None
+    router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs,
+                       block_size, service.load_poll_interval_s)
+    for name, inst in instances.items():
+        router.watch(name, [g.cache for g in inst.groups])
     s = cfg.sim
     return Simulation(instances, router, sessions, cfg.workload, network_s=s.network_latency_s if http else 0.0,
                       router_s=s.router_overhead_s if http else 0.0, fast_forward=s.fast_forward, host_cores=s.host_cores,
