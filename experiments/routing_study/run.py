@@ -11,12 +11,16 @@ unbounded cache that kept every prompt and answer, ``ceiling.py``), output throu
 (max / mean requests per worker), and the router's estimate of the hit rate beside the measured one (exercise 2 of the
 design document; SGLang's router reports none). One PNG per workload (plot.py).
 
-``--mode sim`` will add the same rows from the discrete-event simulator at 8, 32 and 64 instances once framework/sim
-lands (see README.md: what it needs from the simulator); today it stops with that message.
+Simulation (``--mode sim --instances 8 32 64``): the same rows (and a ``mode`` field) from ``mode=sim``, the
+discrete-event simulator (framework/sim: the real schedulers and radix caches, the policy fed their KV events and
+load reports), per cluster size: each workload's sessions (conversations, groups, agent sessions, trace requests and
+the trace's replay speed) and its concurrency are scaled by instances / 4, so every size carries the real study's
+load per instance. SGLang's router cannot run there: its rows are servelab's stand-ins (``STAND_INS``).
 
     python experiments/routing_study/run.py                  # ~30-40 minutes on the shared 2-core CPU
     python experiments/routing_study/run.py --quick          # a smoke run at tiny size (tests use it)
     python experiments/routing_study/run.py --workloads agent --contenders precise_prefix cache_aware/sglang
+    python experiments/routing_study/run.py --mode sim --instances 8 32 64   # results_sim.json, table_sim.md
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from framework.registry import WORKLOAD  # noqa: E402
 from framework.serving.cluster import Cluster  # noqa: E402
 from framework.serving.cluster_bench import bench  # noqa: E402
 from framework.serving.peer_router import installed_version  # noqa: E402
+from framework.sim.run import simulate  # noqa: E402
 
 # contender -> router overrides (conf/router/<option> and its settings); "/sglang": sglang-router 0.3.2
 CONTENDERS = {
@@ -81,6 +86,13 @@ COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled"
           "workload.sample_interval_s=0"]    # no /metrics scrapes: they would count in the router's CPU
 QUICK = ["cluster.instances=2", "engine.kv_budget_mb=3", "workload.num_requests=6", "workload.max_concurrency=2"]
 QUICK_SIZE = {"agent": ["workload.tools_len=256"]}
+# sim: SGLang's router rows become servelab's policies that make its decisions (checked on the real cluster)
+STAND_INS = {"cache_aware/sglang": ["router=cache_aware_v2"],
+             "power_of_two/sglang": ["router=power_of_two", "router.load=worker_tokens"]}
+# sim: what grows with the cluster (times instances / 4), per workload
+SCALED = {"multi_turn": ("num_conversations", "max_concurrency"), "shared_prefix": ("num_groups", "max_concurrency"),
+          "trace_conversation": ("num_requests", "time_scale"), "trace_synthetic": ("num_requests", "time_scale"),
+          "agent": ("num_sessions", "max_concurrency")}
 KEYS = ("cache_hit_rate", "router_estimated_hit_rate", "router_confirmed_hit_rate", "output_throughput_tok_s",
         "ttft_p50_ms", "ttft_p99_ms", "load_imbalance", "requests_completed", "requests_failed", "duration_s",
         "router_cpu_us_per_req")
@@ -94,11 +106,11 @@ def main() -> None:
     ap.add_argument("--contenders", nargs="+", default=None, choices=list(CONTENDERS),
                     help="default: all (the sglang ones when sglang-router is installed)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved; the table shows medians")
+    ap.add_argument("--instances", nargs="+", type=int, default=[8, 32, 64], help="--mode sim: cluster sizes")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     if args.mode == "sim":
-        sys.exit("--mode sim needs the discrete-event simulator (framework/sim), which has not landed yet; "
-                 "experiments/routing_study/README.md says what it needs")
+        return main_sim(args)
     contenders = args.contenders or [c for c in CONTENDERS if not c.endswith("/sglang") or installed_version()]
     torch.set_num_threads(1)
     extra = COMMON + ["router.port=0"] + (QUICK if args.quick else [])
@@ -139,6 +151,59 @@ def main() -> None:
           f"({out['wall_s']:.0f} s)")
     if any(r["requests_failed"] for r in rows):
         sys.exit("some requests failed: see requests_failed in the table")
+
+
+def main_sim(args) -> None:
+    """The same cells in mode=sim, per cluster size (workloads scaled by instances / 4)."""
+    contenders = args.contenders or list(CONTENDERS)
+    t0, rows, trials = time.time(), [], []
+    for n in args.instances:
+        for w in args.workloads:
+            cfg = compose(sim_overrides(w, n, [], args.quick))
+            ceiling = hit_rate_ceiling(sessions_of(cfg))
+            for c in contenders:
+                runs = []
+                for rep in range(args.repeats):
+                    cell = compose(sim_overrides(w, n, STAND_INS.get(c, CONTENDERS[c]), args.quick))
+                    results, _ = simulate(cell)
+                    runs.append({k: results.get(k, float("nan")) for k in KEYS} | {
+                        "workload": f"{w} x{n}", "contender": c, "repeat": rep, "ceiling_hit_rate": ceiling,
+                        "mode": "sim", "instances": n, "stand_in": " ".join(STAND_INS.get(c, [])) or None,
+                        "sim_wall_s": results["sim_wall_s"]})
+                    r = runs[-1]
+                    print(f"  {r['workload']:<22} {c:<20} hit {r['cache_hit_rate']:.3f} (est "
+                          f"{r['router_estimated_hit_rate']:.3f}) {r['output_throughput_tok_s']:8.1f} tok/s  TTFT p99 "
+                          f"{r['ttft_p99_ms']:6.0f} ms  ({r['sim_wall_s']:.1f} s)", flush=True)
+                trials += runs
+                rows.append(median_row(runs))
+    goals = goal_check(rows)
+    print(table(rows))
+    print("\n".join(goals["lines"]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = {"experiment": "routing_study", "mode": "sim", "git_sha": git_sha(), "wall_s": time.time() - t0,
+           "repeats": args.repeats, "quick": args.quick, "instances": args.instances, "stand_ins": STAND_INS,
+           "scaled": SCALED, "overrides": {"workloads": {w: WORKLOADS[w] for w in args.workloads},
+                                           "contenders": {c: CONTENDERS[c] for c in contenders},
+                                           "common": COMMON + SIM_COMMON},
+           "rows": rows, "goals": goals, "trials": trials}
+    (args.out / "results_sim.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (args.out / "table_sim.md").write_text(markdown(rows) + "\n".join(goals["lines"]) + "\n")
+    print(f"results: {args.out / 'results_sim.json'}  ({out['wall_s']:.0f} s)")
+    if any(r["requests_failed"] for r in rows):
+        sys.exit("some requests failed: see requests_failed in the table")
+
+
+SIM_COMMON = ["mode=sim", "logger.plots=false"]
+
+
+def sim_overrides(workload: str, instances: int, router: list[str], quick: bool) -> list[str]:
+    """One sim cell's overrides: the real study's, on `instances` instances, the workload scaled by instances / 4."""
+    base = compose(WORKLOADS[workload] + COMMON + (QUICK + QUICK_SIZE.get(workload, []) if quick else [])).workload
+    scale = instances / 4
+    grown = [f"workload.{k}={type(getattr(base, k))(getattr(base, k) * scale)}" for k in SCALED[workload]
+             if getattr(base, k)]
+    return (WORKLOADS[workload] + COMMON + SIM_COMMON + (QUICK + QUICK_SIZE.get(workload, []) if quick else [])
+            + router + grown + [f"cluster.instances={instances}"])
 
 
 def sessions_of(cfg):

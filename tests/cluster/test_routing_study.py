@@ -53,3 +53,23 @@ def test_ceiling_is_the_longest_prefix_of_anything_held_before():
                              for _ in range(rng.randint(1, 3))], prefix=rng.choice(["", "sys", "sy"]),
                             carry_history=rng.random() < 0.5) for i in range(rng.randint(1, 6))]
         assert abs(hit_rate_ceiling(sessions) - brute_ceiling(sessions)) < 1e-12
+
+
+def test_routing_study_sim_quick(tmp_path):
+    """--mode sim: the same rows per cluster size, SGLang's rows by their stand-ins, the exact view's estimate close."""
+    r = subprocess.run([sys.executable, "experiments/routing_study/run.py", "--mode", "sim", "--quick", "--out",
+                        str(tmp_path), "--instances", "2", "4", "--workloads", "multi_turn", "--contenders",
+                        "precise_prefix", "round_robin", "cache_aware/sglang"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads((tmp_path / "results_sim.json").read_text())
+    rows = {(x["workload"], x["contender"]): x for x in out["rows"]}
+    assert set(rows) == {(f"multi_turn x{n}", c) for n in (2, 4)
+                         for c in ("precise_prefix", "round_robin", "cache_aware/sglang")}
+    for (w, c), row in rows.items():
+        assert row["mode"] == "sim" and row["requests_failed"] == 0 and row["requests_completed"] > 0
+        assert 0 < row["cache_hit_rate"] <= row["ceiling_hit_rate"] + 1e-9
+        assert row["stand_in"] == ("router=cache_aware_v2" if c == "cache_aware/sglang" else None)
+    assert {row["instances"] for row in rows.values()} == {2, 4}
+    assert abs(rows["multi_turn x4", "precise_prefix"]["estimate_error"]) < 0.02
+    assert (tmp_path / "table_sim.md").read_text().startswith("**multi_turn x2**")
