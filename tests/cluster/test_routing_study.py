@@ -6,6 +6,8 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from cluster_helpers import ROOT
 from framework.serving.peer_router import installed_version
 from framework.workload.base import Session, Turn
@@ -14,7 +16,11 @@ sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
 from ceiling import hit_rate_ceiling  # noqa: E402
 
 
+@pytest.mark.slow
 def test_routing_study_quick(tmp_path):
+    """Slow (35 s) and timing-dependent: with 6 requests one late KV event moves the estimate by 0.07 on a loaded
+    machine. The exact view's estimate is checked deterministically in tests/sim and over real workers in
+    tests/serving/test_router_kv_events.py."""
     contenders = ["precise_prefix", "cache_aware"] + (["cache_aware/sglang"] if installed_version() else [])
     r = subprocess.run([sys.executable, "experiments/routing_study/run.py", "--quick", "--out", str(tmp_path),
                         "--workloads", "multi_turn", "agent", "--contenders", *contenders],
