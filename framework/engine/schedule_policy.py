@@ -114,21 +114,27 @@ class PrefillAdder:
         try:
             if total_tokens > self.rem_total_tokens:
                 return AddReqResult.NO_TOKEN
-            if req.extend_input_len <= self.rem_chunk_tokens:
-                self.can_run_list.append(req)
-                self.cache.inc_lock_ref(req.last_node)      # the request's own lock, until it finishes
-                self._prefill_one_req(req.extend_input_len, reserve)
-            else:
-                if self.rem_chunk_tokens == 0:
-                    return AddReqResult.OTHER
-                req.extend_input_len = self.rem_chunk_tokens
-                self.can_run_list.append(req)
-                self.new_being_chunked_req = req
-                self.cache.inc_lock_ref(req.last_node)
-                self._prefill_one_req(req.extend_input_len, 0)
+            if self._take_whole_or_chunk(req, reserve, lock=True) is AddReqResult.OTHER:
+                return AddReqResult.OTHER
         finally:
             self._unlock(req.last_node)
         return self.budget_state()
+
+    def _take_whole_or_chunk(self, req, reserve: int, lock: bool) -> AddReqResult | None:
+        """Admit the request whole (reserving ``reserve`` output tokens) or, when its input is longer than the chunk
+        room left, its next chunk (no output reserved yet); OTHER when no chunk room is left. ``lock``: the request
+        holds its prefix's lock until it finishes (SGLang's ignore_eos path takes none)."""
+        if req.extend_input_len > self.rem_chunk_tokens:
+            if self.rem_chunk_tokens == 0:
+                return AddReqResult.OTHER
+            req.extend_input_len = self.rem_chunk_tokens
+            self.new_being_chunked_req = req
+            reserve = 0
+        self.can_run_list.append(req)
+        if lock:
+            self.cache.inc_lock_ref(req.last_node)
+        self._prefill_one_req(req.extend_input_len, reserve)
+        return None
 
     def _add_one_req_ignore_eos(self, req) -> AddReqResult:
         """Simulate the decode steps ahead: requests sorted by tokens left; when the one with the fewest finishes it
@@ -147,16 +153,8 @@ class PrefillAdder:
             if cur_rem_tokens + tokens_freed - decode_steps * (len(self._req_states) - i) <= 0:
                 return AddReqResult.NO_TOKEN
             tokens_freed += tokens_occupied
-        if req.extend_input_len <= self.rem_chunk_tokens:
-            self.can_run_list.append(req)
-            self._prefill_one_req(req.extend_input_len, _clipped_max_new(req))
-        else:
-            if self.rem_chunk_tokens == 0:
-                return AddReqResult.OTHER
-            req.extend_input_len = self.rem_chunk_tokens
-            self.can_run_list.append(req)
-            self.new_being_chunked_req = req
-            self._prefill_one_req(req.extend_input_len, 0)
+        if self._take_whole_or_chunk(req, _clipped_max_new(req), lock=False) is AddReqResult.OTHER:
+            return AddReqResult.OTHER
         return self.budget_state()
 
     def _add_req_state(self, r, insert_sorted: bool) -> None:
