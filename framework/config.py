@@ -120,7 +120,7 @@ CONF_DIR = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "c
 def group_overrides(overrides: list[str]) -> list[str]:
     """Overrides as users type them -> as Hydra takes them: a dotted key naming a nested config group chooses its
     option (`sim.cost=roofline` -> `sim/cost=roofline`, sweeps' `sim.cost=a,b` alike), while the group's fields keep
-    their dotted keys (`sim.cost.weights=fp8`). run.py (runs, multiruns, W&B sweep agents) and compose() pass here."""
+    their dotted keys (`sim.cost.path=...`). run.py (runs, multiruns, W&B sweep agents) and compose() pass here."""
     out = []
     for arg in overrides:
         key, eq, value = arg.partition("=")

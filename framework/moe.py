@@ -66,7 +66,7 @@ def routed_expert_bytes(model_cfg, experts: int | None = None, intermediate: int
     c = model_cfg
     experts = c.n_routed_experts if experts is None else experts
     intermediate = c.moe_intermediate_size if intermediate is None else intermediate
-    return (c.num_layers - c.first_k_dense_replace) * experts * 3 * c.hidden_size * intermediate * c.itemsize
+    return (c.num_layers - c.first_k_dense_replace) * experts * 3 * c.hidden_size * intermediate * c.linear_itemsize
 
 
 def fused_moe_for(kernel: str, device: torch.device | str) -> tuple[Callable[..., torch.Tensor], str]:

@@ -211,7 +211,8 @@ def model_weight_bytes(model_cfg, *, heads: int, vocab_rows: int, ffn_shards: in
         "shared_experts": moe_layers * shared // (ffn_shards if shared_sharded else 1),
         "moe_gate": moe_layers * c.n_routed_experts * (c.hidden_size + 1),   # gate + correction bias
     }
-    return {part: n * c.itemsize for part, n in params.items()}
+    linear = ("attention", "dense_ffn", "shared_experts")       # what an fp8 checkpoint stores in one byte
+    return {part: n * (c.linear_itemsize if part in linear else c.itemsize) for part, n in params.items()}
 
 
 def ffn_shard_problems(model_cfg, size: int, moe_partial: bool) -> list[str]:

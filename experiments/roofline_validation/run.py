@@ -135,9 +135,10 @@ def sanity() -> list[dict]:
     rows = []
     for weights in ("model", "fp8"):
         costs = {}
+        model = replace(cfg.model, weight_dtype="fp8" if weights == "fp8" else None)
         for parallel in ("tp", "dp_attn"):
-            inst = Instance(cfg.model, cfg.hardware, parallel=parallel, size=8, moe="triton_fused")
-            costs[parallel] = COST.build("roofline", COST.get("roofline").Config(weights=weights), inst)
+            inst = Instance(model, cfg.hardware, parallel=parallel, size=8, moe="triton_fused")
+            costs[parallel] = COST.build("roofline", COST.get("roofline").Config(), inst)
         kv_cell = cfg.model.num_layers * cfg.model.kv_cache_width * itemsize(cfg.model.dtype)
         for parallel, cost in costs.items():
             weights_gib = weight_bytes_per_rank(cost) / 2**30

@@ -12,7 +12,7 @@ class EngineConfig:
     kv_budget_mb: Optional[float] = None  # set: the KV pool per rank is exactly this, whatever the weights
     chunked_prefill_tokens: int = 512      # extend tokens per step; a longer prompt is prefilled in chunks
     max_prefill_tokens: int = 16384        # SGLang's max_prefill_tokens: input tokens one prefill batch admits
-    max_running_requests: int = 256
+    max_running_requests: Optional[int] = 256   # None: SGLang's, from the KV pool (sglang_max_running_requests)
     schedule_policy: str = "lpm"          # fcfs | lpm (longest prefix match first; fcfs beyond 128 waiting)
     radix_cache: bool = True
     # SGLang's new-token ratio (global_config.py): admission reserves running requests' future tokens times the
@@ -40,7 +40,7 @@ class EngineConfig:
             problems.append(f"engine.kv_budget_mb must be > 0 (or null: KV = mem_budget_mb - weights), "
                             f"got {self.kv_budget_mb}")
         for key in ("chunked_prefill_tokens", "max_prefill_tokens", "max_running_requests"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 problems.append(f"engine.{key} must be >= 1, got {getattr(self, key)}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             problems.append(f"engine.schedule_policy={self.schedule_policy!r} is not one of {', '.join(SCHEDULE_POLICIES)}")
@@ -62,3 +62,11 @@ class EngineConfig:
             problems.append(f"engine.device={self.device!r} is not one of auto, cpu, cuda")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
+    """SGLang v0.4's running-request cap with --max-running-requests unset: the req_to_token pool holds
+    clamp(kv_tokens / context_len * 512, 2048, 4096) + 1 rows (model_runner.init_memory_pool) and the scheduler
+    admits at most min(kv_tokens // 2, that) (tp_worker); per DP rank under DP attention (each has its own pool)."""
+    rows = min(max(int(kv_tokens / context_len * 512), 2048), 4096) + 1
+    return max(min(kv_tokens // 2, rows), 1)

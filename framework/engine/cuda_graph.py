@@ -115,11 +115,11 @@ class Decision:
 class GraphRunner:
     """One rank's decode graphs: decides per step, pads, replays (or runs eagerly) and counts."""
 
-    def __init__(self, cfg, model, pool, par, table: torch.Tensor, device: torch.device):
+    def __init__(self, cfg, model, pool, par, table: torch.Tensor, max_running: int, device: torch.device):
         self.model, self.pool, self.par, self.table = model, pool, par, table
         dp_attention = type(par).dp_size(par.cfg) > 1
         max_bs = cfg.cuda_graph_max_bs or (SGLANG_DP_ATTENTION_MAX_BS if dp_attention else SGLANG_MAX_BS)
-        self.sizes = capture_sizes(max_bs, list(cfg.cuda_graph_bs), cfg.max_running_requests)
+        self.sizes = capture_sizes(max_bs, list(cfg.cuda_graph_bs), max_running)
         self.width = min(cfg.cuda_graph_max_context, table.shape[1])
         self.graphs: dict[int, Replay] = {}
         self.stats = dict.fromkeys(GRAPH_COUNTERS, 0)

@@ -73,6 +73,9 @@ class Engine:
     def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, par, moe_cfg, seed: int,
                  device: torch.device | None = None):
         engine_cfg.validate()
+        if model_cfg.weight_dtype is not None:
+            raise ValueError(f"model.weight_dtype={model_cfg.weight_dtype} sizes and prices weights in mode=sim only; "
+                             f"the engine builds {model_cfg.dtype} weights (drop model.weight_dtype)")
         self.model_cfg, self.cfg, self.par = model_cfg, engine_cfg, par
         self.device = device or pick_device(engine_cfg.device)
         self.tokenizer = ByteTokenizer(model_cfg.vocab_size)
@@ -94,7 +97,7 @@ class Engine:
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0}
         self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
-                                  self.device)
+                                  self.scheduler.max_running, self.device)
         if engine_cfg.cuda_graph and self.device.type == "cuda":
             self.graphs.capture(CudaGraphCapture(self.device))
         elif engine_cfg.cuda_graph:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from framework.engine.batch import ForwardBatch, ForwardMode
-from framework.engine.config import EngineConfig
+from framework.engine.config import EngineConfig, sglang_max_running_requests
 from framework.engine.kv_pool import KVPool
 from framework.engine.radix_cache import RadixCache
 from framework.engine.request import Req
@@ -61,8 +61,9 @@ class Scheduler:
         tokens one request may hold (the model's context; default: the pool's capacity)."""
         self.cfg, self.pool, self.eos_id, self.decode_tail = cfg, pool, eos_id, decode_tail
         self.context_len = context_len
-        self.req_to_token = pool.req_to_token_pool(cfg.max_running_requests,
-                                                   min(context_len or pool.capacity, pool.capacity))
+        self.max_running = (cfg.max_running_requests if cfg.max_running_requests is not None
+                            else sglang_max_running_requests(pool.capacity, context_len or pool.capacity))
+        self.req_to_token = pool.req_to_token_pool(self.max_running, min(context_len or pool.capacity, pool.capacity))
         self.cache = RadixCache(pool.free, self.req_to_token, enabled=cfg.radix_cache)
         self.waiting: list[Req] = []
         self.running: list[Req] = []          # SGLang's running batch: finished requests leave it at the next decode
@@ -133,7 +134,7 @@ class Scheduler:
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return None
         running_bs = len(self.running)
-        if running_bs >= self.cfg.max_running_requests:
+        if running_bs >= self.max_running:
             self.batch_is_full = True
             return None
         prefix_computed = calc_priority(self.cfg.schedule_policy, self.cache, self.waiting)
@@ -145,7 +146,7 @@ class Scheduler:
                 len(self.chunked.prefix_indices)
             self.chunked = adder.add_being_chunked_req(self.chunked)
         for req in self.waiting:
-            if running_bs + len(adder.can_run_list) >= self.cfg.max_running_requests:
+            if running_bs + len(adder.can_run_list) >= self.max_running:
                 self.batch_is_full = True
                 break
             if not prefix_computed:

@@ -5,6 +5,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+WEIGHT_DTYPES = (None, "fp8")
+
+
 @dataclass
 class ModelConfig:
     name: str = "tiny_mla_moe"
@@ -32,6 +35,11 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 16384
     dtype: str = "float32"
+    # the linear layers' weights as the checkpoint stores them (attention projections, dense FFNs, shared and routed
+    # experts); None: `dtype`. fp8: one byte each (DeepSeek-V3's own format, DeepSeek-Coder-V2-Instruct-FP8), the
+    # embedding, lm_head, norms and MoE gate staying in `dtype`. mode=sim only: it sizes the KV pool and prices fp8
+    # GEMMs at the fp8 peak; the CPU engine builds `dtype` weights
+    weight_dtype: Optional[str] = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -47,6 +55,11 @@ class ModelConfig:
         """Bytes of one value of `dtype` (weights and KV)."""
         import torch
         return torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+    @property
+    def linear_itemsize(self) -> int:
+        """Bytes of one linear-layer weight (`weight_dtype`, else `dtype`)."""
+        return 1 if self.weight_dtype == "fp8" else self.itemsize
 
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * self.kv_cache_width * self.itemsize
@@ -69,5 +82,7 @@ class ModelConfig:
             problems.append(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
         if not 0 <= self.first_k_dense_replace <= self.num_layers:
             problems.append(f"first_k_dense_replace={self.first_k_dense_replace} must be in 0..num_layers")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            problems.append(f"weight_dtype={self.weight_dtype!r} is not one of {', '.join(map(str, WEIGHT_DTYPES))}")
         if problems:
             raise ValueError("model config: " + "; ".join(problems))

@@ -53,7 +53,7 @@ class SimInstance:
         # CUDA graphs as the engine's GraphRunner decides them; captured only where the priced hardware has them
         e = cfg.engine
         max_bs = e.cuda_graph_max_bs or (SGLANG_DP_ATTENTION_MAX_BS if len(self.groups) > 1 else SGLANG_MAX_BS)
-        self.graph_max_bs = capture_sizes(max_bs, list(e.cuda_graph_bs), e.max_running_requests)[-1]
+        self.graph_max_bs = capture_sizes(max_bs, list(e.cuda_graph_bs), self.groups[0].max_running)[-1]
         self.graph_width = min(e.cuda_graph_max_context, cfg.model.max_position_embeddings, self.memory.kv_tokens)
         self.graphs = e.cuda_graph and cost_model.cuda_graphs
         self.peak_running = 0

@@ -24,13 +24,15 @@ from framework.sim.cost import BatchShape, CostConfig, CostModel, Instance, Step
 from framework.sim.cost.roofline import Roofline
 from plugins.cost._layout import collectives_for, layout_for
 
-WEIGHTS = ("model", "fp8")
-
 
 @dataclass
 class RooflineConfig(CostConfig):
-    name: str = "roofline"
-    weights: str = "model"   # model: the model's dtype | fp8: fp8 weights at the fp8 tensor-core peak (DeepSeek-V3)
+    name: str = "roofline"       # the linear weights' format is the model's: model.weight_dtype (fp8: the fp8 peak)
+    # SGLang v0.4's MLA decode kernel (triton_ops/decode_attention.py, _decode_grouped_att_m_fwd) runs one program
+    # per request per block of BLOCK_H = 16 heads, and each program reads the request's whole latent: a rank with
+    # h heads reads it ceil(h / 16) times (TP x8 of DeepSeek-V2: once; DP attention: 8 times). 0: once for all heads
+    # (a FlashMLA-style kernel)
+    decode_head_block: int = 16
 
 
 def expected_touched(experts: int, top_k: int, tokens: float) -> float:
@@ -50,8 +52,9 @@ class RooflineCost(CostModel):
 
     def __init__(self, cfg: RooflineConfig, instance: Instance) -> None:
         super().__init__(cfg, instance)
-        if cfg.weights not in WEIGHTS:
-            raise ValueError(f"sim.cost.weights={cfg.weights!r} is not one of {', '.join(WEIGHTS)}")
+        if cfg.decode_head_block < 0:
+            raise ValueError(f"sim.cost.decode_head_block must be >= 0 (0: the latent read once), got "
+                             f"{cfg.decode_head_block}")
         m = instance.model
         self.m, self.lay, self.rf = m, layout_for(instance), Roofline(instance.hardware)
         if m.num_heads % self.lay.attn_tp:
@@ -59,7 +62,7 @@ class RooflineCost(CostModel):
                              f"{self.lay.attn_tp}")
         self.heads = m.num_heads // self.lay.attn_tp
         self.act = itemsize(m.dtype)
-        self.wdtype, self.wbytes = ("fp8", 1) if cfg.weights == "fp8" else (m.dtype, self.act)
+        self.wdtype, self.wbytes = ("fp8", 1) if m.weight_dtype == "fp8" else (m.dtype, self.act)
         self.moe_layers = m.num_layers - m.first_k_dense_replace
         h, a, width = self.heads, self.act, m.kv_cache_width
         self._normal_flops = h * (m.qk_head_dim + m.v_head_dim)       # x n(n+1) per request: causal, half of n x n
@@ -67,6 +70,8 @@ class RooflineCost(CostModel):
         self._absorbed_flops = 2 * h * (width + m.kv_lora_rank)          # per (query, key) pair: scores, values
         self._absorbed_bytes = h * (width + m.kv_lora_rank) * a          # per token: q in latent space, out
         self._latent_bytes = width * a                                  # per cached token
+        block = cfg.decode_head_block
+        self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
         # again and again: cache those parts per instance
         for part in ("_projections", "_head", "_ffn", "_fallback_comm"):
@@ -132,12 +137,13 @@ class RooflineCost(CostModel):
         if normal:                                        # kv_b expands the latent; causal attention per request
             flops = self._normal_flops * sum(n * (n + 1) for n in b.new_tokens)
             nbytes = t * self._normal_bytes
-        else:                                             # over the latent, read once per request for all heads
+        else:                                             # over the latent (decode: read once per head block)
             seen = sum(b.prefix) + t
             scored = seen if b.mode == "decode" else sum(n * p + n * (n + 1) / 2
                                                          for n, p in zip(b.new_tokens, b.prefix))
             flops = self._absorbed_flops * scored
-            nbytes = seen * self._latent_bytes + t * self._absorbed_bytes
+            reads = self._decode_latent_reads if b.mode == "decode" else 1
+            nbytes = seen * self._latent_bytes * reads + t * self._absorbed_bytes
         return proj + self.rf.attention(flops, nbytes), kernels + 1
 
     def _projections(self, t: int, normal: bool) -> tuple[float, int]:

@@ -51,8 +51,8 @@ def test_verify_fails_above_atol(tmp_path):
 
 
 def test_mode_sim_with_the_cost_model_as_users_type_it(tmp_path):
-    r = run(tmp_path, "mode=sim", "sim.cost=roofline", "sim.cost.weights=fp8", "logger.mode=disabled")
+    r = run(tmp_path, "mode=sim", "sim.cost=roofline", "model.weight_dtype=fp8", "logger.mode=disabled")
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["sim_cost_model"] == "roofline" and results["sim_cost_config"]["weights"] == "fp8"
+    assert results["sim_cost_model"] == "roofline" and results["sim_model"]["weight_dtype"] == "fp8"
     assert results["requests_completed"] > 0 and (tmp_path / "requests.jsonl").exists()

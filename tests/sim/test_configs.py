@@ -28,7 +28,7 @@ def parameters(m, experts_per_token: int) -> float:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_deepseek_configs_compose_validate_and_match_published_sizes(name):
-    cfg = compose([f"model={name}", "hardware=h200", "sim.cost=roofline", "sim.cost.weights=fp8"])
+    cfg = compose([f"model={name}", "hardware=h200", "sim.cost=roofline"])
     m = cfg.model
     m.validate()
     total, active = PUBLISHED[name]
@@ -68,8 +68,8 @@ def test_unknown_fit_and_fp8_on_a100_fail_clearly():
 
 def test_cost_model_is_chosen_as_users_type_it():
     """`sim.cost=roofline` chooses the group's option (as `sim/cost=roofline`); its fields keep dotted keys."""
-    assert group_overrides(["sim.cost=roofline", "sim.cost.weights=fp8", "+sim.cost=a,b", "seed=1"]) == \
-        ["sim/cost=roofline", "sim.cost.weights=fp8", "+sim/cost=a,b", "seed=1"]
-    cfg = compose(["sim.cost=roofline", "sim.cost.weights=fp8"])
-    assert cfg.sim.cost.name == "roofline" and cfg.sim.cost.weights == "fp8"
-    check_overrides(["sim.cost=roofline", "sim.cost.weights=fp8", "hardware=b200"])
+    assert group_overrides(["sim.cost=calibrated", "sim.cost.path=p.json", "+sim.cost=a,b", "seed=1"]) == \
+        ["sim/cost=calibrated", "sim.cost.path=p.json", "+sim/cost=a,b", "seed=1"]
+    cfg = compose(["sim.cost=calibrated", "sim.cost.path=p.json"])
+    assert cfg.sim.cost.name == "calibrated" and cfg.sim.cost.path == "p.json"
+    check_overrides(["sim.cost=roofline", "model.weight_dtype=fp8", "hardware=b200"])

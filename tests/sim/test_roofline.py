@@ -3,6 +3,8 @@ its MoE terms rest on."""
 import itertools
 import random
 
+from dataclasses import replace
+
 import pytest
 
 from framework.config import compose
@@ -23,9 +25,10 @@ def v2():
     return compose(["model=deepseek_v2"]).model
 
 
-def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weights="model"):
-    inst = Instance(model, hw, parallel=parallel, size=size, moe=moe, dispatch=dispatch)
-    return COST.build("roofline", COST.get("roofline").Config(weights=weights), inst)
+def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weight_dtype=None):
+    inst = Instance(replace(model, weight_dtype=weight_dtype), hw, parallel=parallel, size=size, moe=moe,
+                    dispatch=dispatch)
+    return COST.build("roofline", COST.get("roofline").Config(), inst)
 
 
 def decode(cost, batch, context=256, graph=True):
@@ -94,7 +97,7 @@ def test_step_time_grows_with_batch_and_context_and_fp8_helps_decode(v2, h100):
     assert by_batch == sorted(by_batch) and by_batch[-1] > 1.5 * by_batch[0]
     by_context = [cost.step_time(decode(cost, 256, c)) for c in (16, 256, 4096)]
     assert by_context == sorted(by_context)
-    assert cost_model(v2, h100, weights="fp8").step_time(decode(cost, 8)) < 0.9 * by_batch[1]
+    assert cost_model(v2, h100, weight_dtype="fp8").step_time(decode(cost, 8)) < 0.9 * by_batch[1]
     eager = cost.step_breakdown(decode(cost, 8, graph=False))
     assert eager["launch_s"] == pytest.approx(eager["kernels"] * h100.launch_overhead_us * 1e-6)
     assert eager["total_s"] >= cost.step_time(decode(cost, 8))
@@ -147,8 +150,8 @@ def test_bad_input_fails_clearly(v2, h100):
         cost.step_time(Step((BatchShape("decode", (1,), (5,)),)))
     with pytest.raises(ValueError, match="no fallback layout for parallel='pp'.*known: single, tp, dp_attn"):
         cost_model(v2, h100, parallel="pp")
-    with pytest.raises(ValueError, match="sim.cost.weights='int4' is not one of model, fp8"):
-        cost_model(v2, h100, weights="int4")
+    with pytest.raises(ValueError, match="weight_dtype='int4' is not one of None, fp8"):
+        replace(v2, weight_dtype="int4").validate()
     with pytest.raises(ValueError, match="batch mode 'prefill' is not one of extend, decode, idle"):
         BatchShape("prefill", (3,), (0,))
     with pytest.raises(ValueError, match="one prefix length per request: 2 requests, 1 prefix lengths"):
