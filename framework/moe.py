@@ -55,6 +55,18 @@ class MoEBackend(ABC):
         """Bytes of the routed experts (every MoE layer's) that `rank` of `size` holds; the base: all of them."""
         return routed_expert_bytes(model_cfg)
 
+    @classmethod
+    def expert_split(cls, cfg, size: int) -> tuple[int, int]:
+        """How `size` ranks share the routed experts, for a cost model: (ranks the experts are divided over as whole
+        experts, ranks each expert's intermediate dim is sliced over). The base: every expert whole on every rank."""
+        return 1, 1
+
+    @classmethod
+    def layer_comm(cls, cfg, model_cfg, tokens: list[int]) -> list:
+        """The backend's own collectives (framework.parallel.Collective) in one MoE layer when rank r passes it
+        tokens[r] tokens; the base: none (it runs on the tokens the parallelism plugin laid out)."""
+        return []
+
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] in `token_layout`, topk_ids/topk_weights [T, k] -> routed output [T, H]."""

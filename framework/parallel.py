@@ -38,9 +38,10 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective as a cost model reads it. `kind`: all_reduce | all_gather | reduce_scatter. `bytes`: the full
-    buffer, nccl-tests' convention (all_reduce: the tensor; all_gather: the gathered output; reduce_scatter: the
-    input), padded to the largest rank's rows as the GPU path sends them. `ranks`: the global ranks taking part."""
+    """One collective as a cost model reads it. `kind`: all_reduce | all_gather | reduce_scatter | all_to_all.
+    `bytes`: the full buffer, nccl-tests' convention (all_reduce: the tensor; all_gather: the gathered output;
+    reduce_scatter: the input; all_to_all: what the busiest rank sends, its own share included), padded to the
+    largest rank's rows as the GPU path sends them. `ranks`: the global ranks taking part."""
     kind: str
     bytes: int
     ranks: tuple[int, ...]

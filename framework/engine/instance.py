@@ -258,7 +258,10 @@ class RankLoop:
     def _flush_outbox(self, force_info: bool = False) -> None:
         now = time.monotonic()
         info = None
-        if force_info or now - self._info_sent >= INFO_EVERY_S:
+        # a finish goes out with the stats of the same exchange: a client that has every answer reads stats that
+        # count every request (a periodic report could lag the last finishes by up to INFO_EVERY_S)
+        finished = any(isinstance(o, TokenOut) and o.finish_reason is not None for o in self.pending)
+        if force_info or finished or now - self._info_sent >= INFO_EVERY_S:
             info, self._info_sent = self.stats(), now
         if self.pending or info is not None:
             self.channel.send(Outputs(self.pending, info))

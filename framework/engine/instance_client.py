@@ -188,10 +188,10 @@ class InstanceClient:
         with self._cond:
             if isinstance(msg, Outputs):
                 now = time.perf_counter()
+                if msg.stats is not None:           # first: whoever a finish wakes reads stats that count it
+                    self._stats = msg.stats
                 for event in msg.events:
                     self._event(event, now)
-                if msg.stats is not None:
-                    self._stats = msg.stats
             elif isinstance(msg, Ready):
                 self._stats = msg.stats
                 self._readies += 1

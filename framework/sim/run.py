@@ -25,7 +25,7 @@ def cost_instance(cfg) -> Instance:
     """What the cost model prices: the run's model shapes on its hardware, split as its plugins split it."""
     return Instance(cfg.model, cfg.hardware, cfg.parallel.name, cfg.parallel.size, cfg.moe.name,
                     dispatch=getattr(cfg.moe, "dispatch", "all_to_all"),
-                    tp_size=getattr(cfg.parallel, "tp_size", 1))
+                    tp_size=getattr(cfg.parallel, "tp_size", 1), parallel_cfg=cfg.parallel, moe_cfg=cfg.moe)
 
 
 def build(cfg, sessions, progress: bool = False) -> Simulation:

@@ -1,17 +1,19 @@
-"""How an instance's ranks share a step's work, and the collectives SGLang v0.4 makes for it.
+"""How an instance's ranks share a step's work and what they communicate, read from the plugins' own declarations
+through the registry (no plugin is named here): a new parallelism or MoE plugin brings its cost with it.
 
-FALLBACK: this module names parallelism and MoE plugins, which a cost model should not need to do. Each plugin will
-declare its own per-layer collectives (and its compute split) and the simulator will pass those in `Step.collectives`;
-until then the roofline derives both here, for parallel=tp|dp_attn|dp_attn_tp x moe=reference|triton_fused|ep.
+- compute split: the parallelism plugin's `dp_size` (schedulers; `size // dp_size` ranks split one batch's heads
+  and vocabulary), the MoE backend's `layout` (which tokens it takes, whether its output is a partial sum) and
+  `expert_split` (whole experts per rank vs intermediate slices);
+- communication: the parallelism plugin's `layer_comm` (per dense and per MoE layer) and `edge_comm` (embedding,
+  logits), the MoE backend's own `layer_comm` (e.g. ep's all-to-all), for the step's tokens on each rank.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import comb
+from dataclasses import dataclass, fields
 
-from framework.sim.cost import Collective, Instance, itemsize
-
-ROUTING_BYTES = 8          # per (token, expert) pair sent with a token under all-to-all: int32 id + fp32 weight
+from framework.parallel import even_split
+from framework.registry import MOE, PARALLELISM
+from framework.sim.cost import Collective, Instance
 
 
 @dataclass(frozen=True)
@@ -28,61 +30,56 @@ class Layout:
         return self.size // self.attn_tp
 
 
+def plugin_configs(inst: Instance) -> tuple:
+    """(parallelism class, its config, MoE class, its config): the instance's own, else each plugin's defaults
+    with the instance's size, tp_size and dispatch."""
+    par_cls, moe_cls = PARALLELISM.get(inst.parallel), MOE.get(inst.moe)
+    par_cfg = inst.parallel_cfg if inst.parallel_cfg is not None else _config(
+        par_cls, name=inst.parallel, size=inst.size, tp_size=inst.tp_size)
+    moe_cfg = inst.moe_cfg if inst.moe_cfg is not None else _config(moe_cls, name=inst.moe, dispatch=inst.dispatch)
+    return par_cls, par_cfg, moe_cls, moe_cfg
+
+
+def _config(cls, **values):
+    known = {f.name for f in fields(cls.Config)}
+    return cls.Config(**{k: v for k, v in values.items() if k in known})
+
+
 def layout_for(inst: Instance) -> Layout:
-    n = inst.size
-    attn_tp = {"single": 1, "tp": n, "dp_attn": 1, "dp_attn_tp": inst.tp_size}.get(inst.parallel)
-    if attn_tp is None:
-        raise ValueError(f"the roofline cost model has no fallback layout for parallel={inst.parallel!r} "
-                         "(known: single, tp, dp_attn, dp_attn_tp); the plugin must declare its compute split")
-    if attn_tp < 1 or n % attn_tp:
-        raise ValueError(f"parallel.tp_size={attn_tp} must divide parallel.size={n}")
-    if inst.moe == "reference":
-        moe = ("all", False, 1, 1)
-    elif inst.moe == "triton_fused":
-        moe = ("all", n > 1, 1, n)
-    elif inst.moe == "ep" and inst.dispatch in ("all_to_all", "all_reduce"):
-        moe = ("local", False, n, 1) if inst.dispatch == "all_to_all" else ("all", n > 1, n, 1)
-    else:
-        raise ValueError(f"the roofline cost model has no fallback layout for moe={inst.moe!r} "
-                         f"dispatch={inst.dispatch!r} (known: reference, triton_fused, ep with all_to_all|all_reduce)")
-    return Layout(n, attn_tp, *moe)
+    par_cls, par_cfg, moe_cls, moe_cfg = plugin_configs(inst)
+    n, groups = inst.size, par_cls.dp_size(par_cfg)
+    if groups < 1 or n % groups:
+        raise ValueError(f"parallel={inst.parallel} declares {groups} schedulers on {n} ranks: they must divide it")
+    moe_tokens, moe_partial = moe_cls.layout(moe_cfg, n)
+    return Layout(n, n // groups, moe_tokens, moe_partial, *moe_cls.expert_split(moe_cfg, n))
 
 
-def expected_destinations(ranks: int, top_k: int, experts: int) -> float:
-    """Ranks a token's top-k (distinct) experts live on, in expectation under uniform routing with whole experts
-    split evenly: a rank holds none of them with probability C(E - E/n, k) / C(E, k)."""
-    return ranks * (1.0 - comb(experts - experts // ranks, top_k) / comb(experts, top_k))
-
-
-def collectives_for(inst: Instance, layout: Layout, t_max: int, reqs: int) -> tuple[Collective, ...]:
-    """SGLang v0.4's collectives for one step. TP: vocab-parallel embedding, one all-reduce after each attention
-    and each FFN, the logits gathered. DP attention: before each FFN an all-gather padded to the largest rank's
-    tokens, the FFN's own all-reduce of partial sums, then each rank keeps its rows. EP all-to-all: the token
-    dispatch and combine (plus the count exchange) per MoE layer, no gather. `t_max`: tokens of the step's largest
-    batch; `reqs`: requests of the batch with the most (their logits are gathered)."""
-    m, n, lay = inst.model, layout.size, layout
-    if n == 1:
-        return ()
-    act = itemsize(m.dtype)
-    row = m.hidden_size * act
+def declared_collectives(inst: Instance, lay: Layout, group_tokens: tuple[int, ...],
+                         group_reqs: tuple[int, ...]) -> tuple[Collective, ...]:
+    """A step's collectives as the plugins declare them, when scheduler g runs group_tokens[g] tokens of
+    group_reqs[g] requests, each layer's times the layers of its kind. Collectives over every rank run one after
+    another; those of DP groups over their own ranks run side by side: the group that moves the most sets the pace."""
+    par_cls, par_cfg, moe_cls, moe_cfg = plugin_configs(inst)
+    m = inst.model
+    tokens = [t for t in group_tokens for _ in range(lay.attn_tp)]          # rank r runs its group's batch
+    logit_rows = [r for r in group_reqs for _ in range(lay.attn_tp)]
+    # what a "local" backend is passed: its rank's batch, or under TP (one batch) each rank's share of it
+    local = even_split(tokens[0], lay.size) if lay.groups == 1 else tokens
     moe_layers = m.num_layers - m.first_k_dense_replace
-    out: list[Collective] = []
-    if lay.attn_tp > 1:
-        out += [Collective("all_reduce", t_max * row, lay.attn_tp, 1),               # vocab-parallel embedding
-                Collective("all_reduce", t_max * row, lay.attn_tp, m.num_layers),    # attention output
-                Collective("all_gather", reqs * m.vocab_size * act, lay.attn_tp, 1)]   # logits
-    gathered = lay.groups * t_max * row            # padded to the largest group's tokens
-    ffn_comm = ([Collective("all_gather", gathered, n, 1)] if lay.groups > 1 else []) + \
-        [Collective("all_reduce", gathered, n, 1)]
-    out += [Collective(c.kind, c.nbytes, c.ranks, m.first_k_dense_replace) for c in ffn_comm]   # dense FFNs
-    if lay.moe_tokens == "all":            # like a dense FFN, less the all-reduce when the output is whole
-        moe_comm = ffn_comm if lay.moe_partial else [c for c in ffn_comm if c.kind == "all_gather"]
-        return tuple(out + [Collective(c.kind, c.nbytes, c.ranks, moe_layers) for c in moe_comm])
-    local = t_max if lay.groups > 1 else -(-t_max // n)      # TP: each rank sends its share of the batch
-    rows = local * expected_destinations(n, m.num_experts_per_tok, m.n_routed_experts)
-    out += [Collective("all_to_all", 8 * n, n, moe_layers),                                   # counts
-            Collective("all_to_all", round(rows * (row + ROUTING_BYTES * m.num_experts_per_tok)), n, moe_layers),
-            Collective("all_to_all", round(rows * row), n, moe_layers)]                     # combine
-    if lay.groups == 1:
-        out.append(Collective("all_gather", t_max * row, n, moe_layers))   # TP: every rank needs every output
-    return tuple(out)
+    per_layer = [(par_cls.edge_comm(par_cfg, m, tokens, logit_rows), 1),
+                 (par_cls.layer_comm(par_cfg, m, tokens, "all", lay.size > 1), m.first_k_dense_replace),
+                 (par_cls.layer_comm(par_cfg, m, tokens, lay.moe_tokens, lay.moe_partial)
+                  + moe_cls.layer_comm(moe_cfg, m, local if lay.moe_tokens == "local" else tokens), moe_layers)]
+    everyone = tuple(range(lay.size))
+    out: dict[tuple[str, int, int], int] = {}
+    for collectives, count in per_layer:
+        groups: dict[tuple, list] = {}
+        for c in collectives:
+            groups.setdefault(tuple(c.ranks), []).append(c)
+        paced = groups.pop(everyone, [])
+        if groups:
+            paced += max(groups.values(), key=lambda cs: sum(c.bytes for c in cs))
+        for c in paced:
+            key = (c.kind, c.bytes, len(c.ranks))
+            out[key] = out.get(key, 0) + count
+    return tuple(Collective(kind, nbytes, ranks, count) for (kind, nbytes, ranks), count in out.items() if count)

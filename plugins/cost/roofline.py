@@ -7,8 +7,9 @@ prefix (kv_b expands the latent, causal attention over the new tokens) and in th
 (decode reads each request's (kv_lora_rank + qk_rope_head_dim)-wide latent once for all heads); then a dense FFN
 (the first `first_k_dense_replace` layers) or a MoE: gate, routed experts (weights read for the experts the tokens
 touch: E * (1 - (1 - k/E)^T) in expectation, split per rank as the backend splits them), shared experts. Once per
-step: embedding, final norm, lm_head on each request's last token. Collectives: what the plugins declare
-(`Step.collectives`), else SGLang v0.4's (plugins/cost/_layout.py). Ranks wait for each other at every layer: a
+step: embedding, final norm, lm_head on each request's last token. Collectives: `Step.collectives` when given, else
+what the parallelism and MoE plugins declare for the step's tokens (plugins/cost/_layout.py), as is the split of
+heads, vocabulary and experts over the ranks. Ranks wait for each other at every layer: a
 step costs the slowest rank's attention, the FFN, and the communication, with no overlap.
 
 Without a CUDA graph a step costs at least its kernel count x hardware.launch_overhead_us (the host launches
@@ -22,7 +23,7 @@ from functools import lru_cache
 from framework.registry import COST
 from framework.sim.cost import BatchShape, CostConfig, CostModel, Instance, Step, itemsize
 from framework.sim.cost.roofline import Roofline
-from plugins.cost._layout import collectives_for, layout_for
+from plugins.cost._layout import declared_collectives, layout_for
 
 
 @dataclass
@@ -74,7 +75,7 @@ class RooflineCost(CostModel):
         self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
         # again and again: cache those parts per instance
-        for part in ("_projections", "_head", "_ffn", "_fallback_comm"):
+        for part in ("_projections", "_head", "_ffn", "_declared_comm"):
             setattr(self, part, lru_cache(maxsize=16384)(getattr(self, part)))
 
     # -- the step ------------------------------------------------------------------------------------------------
@@ -88,21 +89,22 @@ class RooflineCost(CostModel):
             raise ValueError(f"a step of parallel={self.instance.parallel} on {lay.size} GPUs has {lay.groups} "
                              f"batches (one per scheduler), got {len(step.batches)}")
         attn = head = 0.0
-        kernels = t_max = total = reqs = 0
+        kernels = t_max = total = 0
         for b in step.batches:
-            t, r = sum(b.new_tokens), len(b.new_tokens)
+            t = sum(b.new_tokens)
             total += t
-            t_max, reqs = (t if t > t_max else t_max), (r if r > reqs else reqs)
+            t_max = t if t > t_max else t_max
             if b.mode == "idle" or not t:
                 continue                                  # an IDLE batch skips attention but joins every FFN
             a, ka = self._attention(b, t)
-            h, kh = self._head(t, r)
+            h, kh = self._head(t, len(b.new_tokens))
             # ranks wait for each other at every layer: the slowest batch sets each part's pace
             attn, head = (a if a > attn else attn), (h if h > head else head)
             kernels = max(kernels, ka * m.num_layers + kh)
         ffn, kf = self._ffn(t_max, total)
         if step.collectives is None:
-            comm, kc = self._fallback_comm(t_max, reqs)
+            comm, kc = self._declared_comm(tuple(sum(b.new_tokens) for b in step.batches),
+                                           tuple(len(b.new_tokens) for b in step.batches))
         else:
             comm = sum(c.count * self.rf.collective(c.kind, c.nbytes, c.ranks) for c in step.collectives)
             kc = sum(c.count for c in step.collectives)
@@ -124,8 +126,8 @@ class RooflineCost(CostModel):
         n_dense = m.first_k_dense_replace
         return n_dense * dense + self.moe_layers * moe, n_dense * kd + self.moe_layers * km
 
-    def _fallback_comm(self, t_max: int, reqs: int) -> tuple[float, int]:
-        collectives = collectives_for(self.instance, self.lay, t_max, reqs)
+    def _declared_comm(self, tokens: tuple[int, ...], reqs: tuple[int, ...]) -> tuple[float, int]:
+        collectives = declared_collectives(self.instance, self.lay, tokens, reqs)
         return (sum(c.count * self.rf.collective(c.kind, c.nbytes, c.ranks) for c in collectives),
                 sum(c.count for c in collectives))
 

@@ -22,10 +22,12 @@ all_to_all_single takes split sizes as Python ints), so a step that uses it cann
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 import torch
 
 from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
+from framework.parallel import Collective
 from framework.registry import MOE
 
 DISPATCHES = ("all_to_all", "all_reduce")
@@ -36,6 +38,12 @@ class EPConfig:
     name: str = "ep"
     dispatch: str = "all_to_all"   # all_to_all | all_reduce (SGLang v0.4)
     kernel: str = "auto"           # the grouped GEMM: auto | triton | torch (see framework.moe)
+
+
+def expected_destinations(ranks: int, top_k: int, experts: int) -> float:
+    """Ranks a token's top-k (distinct) experts live on, in expectation under uniform routing with whole experts
+    split evenly: a rank holds none of them with probability C(E - E/n, k) / C(E, k)."""
+    return ranks * (1.0 - comb(experts - experts // ranks, top_k) / comb(experts, top_k))
 
 
 def local_expert_range(num_experts: int, rank: int, size: int) -> tuple[int, int]:
@@ -78,6 +86,25 @@ class EPMoE(MoEBackend):
     def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
         first, last = local_expert_range(model_cfg.n_routed_experts, rank, size)
         return routed_expert_bytes(model_cfg, experts=last - first)
+
+    @classmethod
+    def expert_split(cls, cfg, size: int) -> tuple[int, int]:
+        return size, 1
+
+    @classmethod
+    def layer_comm(cls, cfg, model_cfg, tokens: list[int]) -> list[Collective]:
+        """all_to_all: the count exchange, the dispatch (a token's row and its k ids and weights, once to each rank
+        owning one of its experts: `expected_destinations` under uniform routing) and the combine (a row back per
+        pair), sized for the rank that sends the most; all_reduce: none of its own."""
+        size = len(tokens)
+        if cfg.dispatch != "all_to_all" or size == 1:
+            return []
+        ranks, row = tuple(range(size)), model_cfg.hidden_size * model_cfg.itemsize
+        m = model_cfg
+        pairs = max(tokens) * expected_destinations(size, m.num_experts_per_tok, m.n_routed_experts)
+        return [Collective("all_to_all", 8 * size, ranks),
+                Collective("all_to_all", round(pairs * (row + 8 * m.num_experts_per_tok)), ranks),
+                Collective("all_to_all", round(pairs * row), ranks)]
 
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         super().__init__(cfg, w13, w2, group)

@@ -47,6 +47,10 @@ class TritonFusedMoE(MoEBackend):
     def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
         return routed_expert_bytes(model_cfg, intermediate=model_cfg.moe_intermediate_size // size)
 
+    @classmethod
+    def expert_split(cls, cfg, size: int) -> tuple[int, int]:
+        return 1, size
+
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         super().__init__(cfg, w13, w2, group)
         self.w13, self.w2 = slice_intermediate(w13, w2, group.rank, group.size)

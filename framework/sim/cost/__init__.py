@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from framework.model.config import ModelConfig
 from framework.sim.cost.hardware import HardwareConfig
@@ -65,6 +66,8 @@ class Instance:
     moe: str                                   # the MoE backend's key (moe.name)
     dispatch: str = "all_to_all"               # moe=ep: all_to_all | all_reduce (moe.dispatch)
     tp_size: int = 1                           # attention TP inside each DP group (parallel=dp_attn_tp)
+    parallel_cfg: Any = None                   # the plugins' own configs (None: their defaults with the fields above)
+    moe_cfg: Any = None
 
 
 class CostModel(ABC):
