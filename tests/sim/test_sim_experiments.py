@@ -50,3 +50,11 @@ def test_a_larger_simulation_is_deterministic_with_and_without_decode_runs():
     a = simulate(compose(base))[1]
     b = simulate(compose(base + ["sim.fast_forward=false"]))[1]
     assert a == b and len(a) == 6000
+
+
+def test_two_level_smoke(tmp_path):
+    _run("two_level/run.py", "--quick", "--out", str(tmp_path))
+    out = json.loads((tmp_path / "results.json").read_text())
+    assert len(out["rows"]) == 9 and 0 < out["hit_rate_ceiling"] < 1
+    assert all(r["requests_completed"] == 160 and r["cache_hit_rate"] <= out["hit_rate_ceiling"] for r in out["rows"])
+    assert (tmp_path / "two_level.png").stat().st_size > 0
