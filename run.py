@@ -18,6 +18,9 @@ def main(cfg: DictConfig) -> float:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         objects = to_objects(cfg)
+        if objects.mode.value == "sim":       # millions of live objects at scale: no full GC re-scans of them
+            from framework.serving.server_base import tune_gc_for_serving
+            tune_gc_for_serving()
         name_run(objects.logger, hydra_cfg)
         return run(objects, hydra_cfg.runtime.output_dir, resolved)
     except Exception as e:
