@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from framework.config import compose
-from framework.registry import COST, RegistryError
+from framework.registry import COST, MOE, PARALLELISM, RegistryError
 from framework.sim.cost import BatchShape, Collective, Instance, Step
 from framework.sim.cost.roofline import Roofline
 from plugins.cost.roofline import expected_touched
@@ -164,3 +164,31 @@ def test_bad_input_fails_clearly(v2, h100):
         BatchShape("prefill", (3,), (0,))
     with pytest.raises(ValueError, match="one prefix length per request: 2 requests, 1 prefix lengths"):
         BatchShape("decode", (1, 1), (5,))
+
+
+def test_a_new_plugin_brings_its_own_cost(v2, h100, monkeypatch):
+    """The roofline names no plugin: a scheme registered here (TP that all-reduces every layer twice) and a backend
+    (the fused kernel's weights split as whole experts) are priced from their own declarations."""
+    tp_cls, fused_cls = PARALLELISM.get("tp"), MOE.get("triton_fused")
+
+    class TwiceTP(tp_cls):
+        @classmethod
+        def layer_comm(cls, cfg, model_cfg, tokens, ffn_layout, ffn_partial):
+            return 2 * super().layer_comm(cfg, model_cfg, tokens, ffn_layout, ffn_partial)
+
+    class WholeExperts(fused_cls):
+        @classmethod
+        def expert_split(cls, cfg, size):
+            return size, 1
+
+    monkeypatch.setitem(PARALLELISM._items, "twice_tp", TwiceTP)
+    monkeypatch.setitem(MOE._items, "whole_experts", WholeExperts)
+    base, twice = cost_model(v2, h100), cost_model(v2, h100, parallel="twice_tp")
+    whole = cost_model(v2, h100, moe="whole_experts")
+    step = decode(base, 64)
+    per_layer = sum(base.rf.collective(c.kind, c.bytes, len(c.ranks))          # TP x fused: every layer alike
+                    for c in tp_cls.layer_comm(tp_cls.Config(size=8), v2, [64] * 8, "all", True))
+    extra = twice.step_breakdown(step)["comm_s"] - base.step_breakdown(step)["comm_s"]
+    assert extra == pytest.approx(v2.num_layers * per_layer)
+    assert whole.lay.expert_split == 8 and whole.lay.inter_split == 1
+    assert whole.step_breakdown(step)["ffn_s"] != base.step_breakdown(step)["ffn_s"]
