@@ -68,6 +68,8 @@ class SimConfig:
     cost: Any = None                  # the cost model's Config (group sim/cost: `sim.cost=calibrated|roofline`)
     host_cores: int = 0               # 0: each instance on its own GPUs; N: every rank (and, over HTTP, the router and
                                       # the load client) shares N CPU cores (a CPU host: framework/sim/cluster.py)
+    host_background: float = 0.0      # with host_cores: other work's busy processes on those cores (what a real run
+                                      # beside it shared them with: experiments/sim_fidelity measures it)
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

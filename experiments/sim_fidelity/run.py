@@ -21,6 +21,8 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -44,18 +46,44 @@ FIGURES = (("output_throughput_tok_s", "rel"), ("ttft_p50_ms", "rel"), ("ttft_p9
 TARGETS = {"output_throughput_tok_s": 0.10, "ttft_p50_ms": 0.10, "cache_hit_rate": 0.02}
 
 
+class Background:
+    """Other work's busy processes on this host while a block runs: the host's busy CPU (/proc/stat) less this
+    process's and its children's (every real run here), over the wall time. The simulation shares the cores with
+    as many (`sim.host_background`): the real runs did."""
+
+    def __enter__(self) -> "Background":
+        self.t, self.host, self.own = time.perf_counter(), _host_busy_s(), _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.t
+        self.procs = max(0.0, ((_host_busy_s() - self.host) - (_own_cpu_s() - self.own)) / wall)
+
+
+def _host_busy_s() -> float:
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")      # less idle and iowait
+
+
+def _own_cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def router_cases(quick: bool, out: Path) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
            *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    with Background() as background:
+        subprocess.run(cmd, check=True, cwd=ROOT)
     real = json.loads((out / "router_ablation" / "results.json").read_text())
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(compose(overrides + SIM))
+        sim, _ = simulate(compose(overrides + SIM + [f"sim.host_background={background.procs:.3f}"]))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
-                      "overrides": overrides, "real": trial, "sim": sim})
+                      "overrides": overrides, "real": trial, "sim": sim, "host_background": background.procs})
     return cases
 
 
@@ -68,11 +96,12 @@ def scheme_cases(quick: bool, out: Path) -> list[dict]:
     cases = []
     for scheme in SCHEMES:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(compose(overrides + SIM + ["sim.network_latency_s=0", "sim.router_overhead_s=0"]))
+        sim, _ = simulate(compose(overrides + SIM + ["sim.network_latency_s=0", "sim.router_overhead_s=0",
+                                                     f"sim.host_background={background.procs:.3f}"]))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim})
+                      "sim": sim, "host_background": background.procs})
     return cases
 
 
@@ -86,14 +115,14 @@ def errors(case: dict) -> dict:
 
 def table(cases: list[dict]) -> str:
     head = (f"{'case':<28} {'out tok/s real':>14} {'sim':>8} {'err':>7} {'TTFT p50 ms real':>16} {'sim':>8} "
-            f"{'err':>7} {'TTFT p99 err':>12} {'hit real':>8} {'sim':>6} {'abs err':>7}")
+            f"{'err':>7} {'TTFT p99 err':>12} {'hit real':>8} {'sim':>6} {'abs err':>7} {'bg procs':>8}")
     lines = [head, "-" * len(head)]
     for c in cases:
         r, s, e = c["real"], c["sim"], c["errors"]
         lines.append(f"{c['case']:<28} {r['output_throughput_tok_s']:>14.1f} {s['output_throughput_tok_s']:>8.1f} "
                      f"{e['output_throughput_tok_s']:>+7.1%} {r['ttft_p50_ms']:>16.1f} {s['ttft_p50_ms']:>8.1f} "
                      f"{e['ttft_p50_ms']:>+7.1%} {e['ttft_p99_ms']:>+12.1%} {r['cache_hit_rate']:>8.3f} "
-                     f"{s['cache_hit_rate']:>6.3f} {e['cache_hit_rate']:>+7.3f}")
+                     f"{s['cache_hit_rate']:>6.3f} {e['cache_hit_rate']:>+7.3f} {c['host_background']:>8.2f}")
     met = {k: sum(abs(c["errors"][k]) <= t for c in cases) for k, t in TARGETS.items()}
     lines.append(f"within target: throughput {met['output_throughput_tok_s']}/{len(cases)} (10%), TTFT p50 "
                  f"{met['ttft_p50_ms']}/{len(cases)} (10%), hit rate {met['cache_hit_rate']}/{len(cases)} (0.02)")

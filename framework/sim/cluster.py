@@ -10,7 +10,8 @@ in, so the decisions and times are those of stepping one at a time.
 
 `host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the processes busy at
 its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
-`side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight.
+`side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight, and
+`background` busy processes of other work all along.
 """
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ class _State:
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: int = 0,
-                 itl: bool = True, progress: bool = False):
+                 background: float = 0.0, itl: bool = True, progress: bool = False):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
-        self.side_procs = side_procs
+        self.side_procs, self.background = side_procs, background
         self.state = {name: _State() for name in instances}
         self.progress = progress
         self.heap: list = []
@@ -188,7 +189,7 @@ class Simulation:
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        busy = self.busy_ranks + (self.side_procs if self.flights else 0)
+        busy = self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
         stretch = max(1.0, busy / self.cores) if self.cores else 1.0
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:

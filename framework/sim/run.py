@@ -34,6 +34,9 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
         raise ValueError("mode=sim simulates local instances (cluster.instances); drop cluster.workers/cluster.url")
     if cfg.cluster.instances < 1:
         raise ValueError(f"cluster.instances must be >= 1, got {cfg.cluster.instances}")
+    if cfg.sim.host_cores < 0 or cfg.sim.host_background < 0:
+        raise ValueError(f"sim.host_cores and sim.host_background must be >= 0, got {cfg.sim.host_cores} and "
+                         f"{cfg.sim.host_background}")
     cost = COST.build(cfg.sim.cost.name, cfg.sim.cost, cost_instance(cfg))
     http = cfg.cluster.http                 # cluster.http=false: one instance, the in-process driver (no router, HTTP)
     names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
@@ -50,7 +53,7 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
     s = cfg.sim
     return Simulation(instances, router, sessions, cfg.workload, network_s=s.network_latency_s if http else 0.0,
                       router_s=s.router_overhead_s if http else 0.0, fast_forward=s.fast_forward, host_cores=s.host_cores,
-                      side_procs=2 if http else 0, itl=s.itl, progress=progress)
+                      side_procs=2 if http else 0, background=s.host_background, itl=s.itl, progress=progress)
 
 
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
