@@ -148,3 +148,15 @@ def test_calibrated_refuses_what_was_not_profiled():
 def test_bad_cluster_is_one_sentence():
     with pytest.raises(UserError, match="cluster.instances must be >= 1"):
         run(compose(SMALL + ["cluster.instances=0"]), "/tmp/unused", {})
+
+
+def test_other_work_on_the_host_stretches_the_steps():
+    """sim.host_background: busy processes of other work share the host's cores with the ranks; none: the same run."""
+    base = SMALL + ["sim.host_cores=2", "cluster.instances=2"]
+    alone, _ = simulate(compose(base))
+    assert simulate(compose(base + ["sim.host_background=0"]))[0]["duration_s"] == alone["duration_s"]
+    shared, _ = simulate(compose(base + ["sim.host_background=3"]))
+    assert shared["duration_s"] > 1.5 * alone["duration_s"]
+    assert shared["cache_hit_rate"] == pytest.approx(alone["cache_hit_rate"], abs=0.05)
+    with pytest.raises(UserError, match="sim.host_cores and sim.host_background must be >= 0"):
+        run(compose(SMALL + ["sim.host_background=-1"]), "/tmp/unused", {})
