@@ -60,6 +60,8 @@ CONTENDERS = {
     "precise_prefix": ["router=precise_prefix", "router.block_size=8"],
     "precise_prefix_bounded": ["router=precise_prefix", "router.block_size=8", "router.load_factor=1.25"],
     "kv_cost": ["router=kv_cost", "router.block_size=8"],
+    # precise_prefix + session affinity + hot-prefix spill, on the 2025 thresholds (conf/router/sticky_prefix.yaml)
+    "sticky_prefix": ["router=sticky_prefix", "router.block_size=8"],
     # SGLang's router: its cache_aware (2025 defaults, least-loaded miss: the v0.4 miss is not in 0.3.2) and
     # power_of_two on the loads its workers report
     "cache_aware/sglang": ["router=cache_aware_v2", "router.impl=sglang"],
@@ -245,7 +247,7 @@ def goal_check(rows: list[dict]) -> dict:
                                           r["ttft_p99_ms"] < ref["ttft_p99_ms"] and
                                           r["output_throughput_tok_s"] >= ref["output_throughput_tok_s"]]
         exact = {r["contender"]: abs(r["estimate_error"]) for r in mine if r["contender"].startswith(
-            ("precise_prefix", "kv_cost"))}
+            ("precise_prefix", "kv_cost", "sticky_prefix"))}
         per[w] = {"beats_sglang_cache_aware": winners, "exact_view_abs_error": exact}
         lines.append(f"{w}: beats SGLang's cache_aware on hit, TTFT p99 and throughput: "
                      f"{', '.join(winners) or ('none' if ref else 'no SGLang row')}; exact view |estimate - measured|: "

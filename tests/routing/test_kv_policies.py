@@ -73,6 +73,7 @@ class Model:
         self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
+        self.routed = []  # (tokens, worker) of every decision, in order
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -101,12 +102,27 @@ def precise_rule(cfg, model, loads, tokens, cands):
     hi, lo = max(loads[w] for w in cands), min(loads[w] for w in cands)
     if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
         return min(cands, key=loads.get), "balance", matched
+    if cfg.session_affinity:  # the latest request whose last full block is the deepest block of this one
+        for prefix in reversed(blocks_of(tokens)):
+            went = [w for t, w in model.routed if blocks_of(t) and blocks_of(t)[-1] == prefix]
+            if went:
+                if went[-1] in cands:
+                    return went[-1], "session", matched
+                break
     if cfg.load_factor:
         cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in cands) + 1) / len(cands))
         cands = [w for w in cands if loads[w] < cap]
     best = max(matched[w] for w in cands)
     if n and est(best, n) / n > cfg.cache_threshold:
-        return min((w for w in cands if matched[w] == best), key=loads.get), "cache_hit", matched
+        worker = min((w for w in cands if matched[w] == best), key=loads.get)
+        if cfg.spill_factor:
+            cap = math.ceil(cfg.spill_factor * (sum(loads[w] for w in cands) / len(cands) + 1))
+            under = [w for w in cands if loads[w] < cap]
+            hot = sum(1 for f in model.flight if f[0] == worker and blocks_of(f[1])[:1] == blocks_of(tokens)[:1])
+            if hot >= cap and under:
+                best = max(matched[w] for w in under)
+                return min((w for w in under if matched[w] == best), key=loads.get), "spill", matched
+        return worker, "cache_hit", matched
     if cfg.miss_policy == "least_loaded":
         return min(cands, key=loads.get), "cache_miss", matched
     return min(cands, key=lambda w: len(model.stored[w])), "cache_miss", matched
@@ -143,6 +159,21 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
     else:
         policy = make(key, overlap_score_weight=threshold * 3)
         rule = cost_rule
+    play(policy, rule, sequence)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]), st.booleans(), steps)
+def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, affinity, sequence):
+    """precise_prefix's servelab rules (router=sticky_prefix): the latest request whose last block leads this one
+    names its worker; a hot first block spills past the cap. Recomputed from every decision so far."""
+    policy = make("precise_prefix", cache_threshold=threshold, balance_abs_threshold=gap, session_affinity=affinity,
+                  spill_factor=spill)
+    play(policy, precise_rule, sequence)
+
+
+def play(policy, rule, sequence):
+    """Drive ``policy`` and the brute-force ``rule`` (on a ``Model``) through ``sequence``, decision by decision."""
     model = Model("abc")
     decisions = []
     for op, arg, extra in sequence:
@@ -159,6 +190,7 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
             credited = set(blocks_of(tokens)[matched[worker]:])
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
             model.flight.append(flight)
+            model.routed.append((tokens, worker))
             decisions.append((d, flight))
         elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
             d, flight = decisions.pop(arg % len(decisions))
