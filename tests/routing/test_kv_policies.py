@@ -273,3 +273,33 @@ def test_kv_cost_temperature_spreads_and_zero_does_not():
     assert len(set(picks(0.0))) == 1  # equal costs: always the first added
     spread = picks(1.0)
     assert all(spread.count(w) > 20 for w in "abcd")
+
+
+def test_session_affinity_keeps_a_conversation_whose_history_was_evicted():
+    """Without it the next turn goes wherever the view says most is left; with it, back to the session's worker."""
+    for affinity, back in ((False, False), (True, True)):
+        policy = make("precise_prefix", cache_threshold=0.3, session_affinity=affinity)
+        turn1 = "a conversation's first turn, long enough for blocks"
+        w = policy.select(turn1)
+        policy.on_request_done(w, policy.last_decision)
+        policy.reset_worker(w)  # its cache was flushed: the view holds nothing of the session anywhere
+        policy.maintain(1e9)
+        turn2 = turn1 + " and the answer, then the second turn"
+        other = policy.select("someone else's request entirely")  # lands on w: the least loaded is now another
+        assert (policy.select(turn2) == w) is back, (affinity, w, other)
+        assert policy.last_decision.reason == ("session" if back else "cache_miss")
+
+
+def test_spill_factor_moves_only_the_hot_prefix():
+    """6 requests behind one shared prefix on 4 idle workers: with spill_factor=0 they all queue on the first worker;
+    with 1, the third finds 2 in flight there with that prefix, at the cap ceil(1 x (2 / 4 + 1)) = 2, and spills."""
+    tools = "the long shared tool prefix of a popular agent. " * 2
+    for spill, workers_used in ((0.0, 1), (1.0, 3)):
+        policy = make("precise_prefix", workers="abcd", cache_threshold=0.3, spill_factor=spill)
+        picks = [(policy.select(tools + f"task {i}"), policy.last_decision.reason) for i in range(6)]
+        assert len({w for w, _ in picks}) == workers_used, picks
+        if spill:
+            assert picks[2][1] == "spill" and picks[2][0] != picks[0][0]
+        cold = policy.select("a cold prefix nobody else sends, with its task")
+        assert policy.last_decision.reason == "cache_miss"  # a prefix nobody holds is not spilled: least loaded
+        assert policy.loads[cold] == 1
