@@ -8,16 +8,20 @@ rules of SGLang's cache-aware router.
    prompt tokens; rate > cache_threshold -> the candidate holding the most ("cache_hit"; ties: the least loaded, then
    the first added);
 3. else the least-loaded candidate (``miss_policy=least_loaded``), or the one holding the fewest blocks
-   (``smallest_cache``, the exact twin of v0.4's smallest tree) ("cache_miss").
+   (``smallest_cache``, the exact twin of v0.4's smallest tree), or (``least_prefill``, servelab's) the one with the
+   least prefill ahead of the request and in it: the prompt tokens its requests in flight had to prefill, plus the
+   request's own minus what it holds of it (ties: the least loaded) -- requests count, tokens queue ("cache_miss").
 With ``load_factor`` > 0 (servelab's, off by default), steps 2 and 3 choose only among the candidates whose requests in
 flight are below ``ceil(load_factor * (in flight over the candidates + 1) / candidates)``, the bound of consistent
 hashing with bounded loads: a hot prefix spills onto the next best worker instead of queueing on one.
-Two more rules of servelab's, off by default (``router=sticky_prefix`` turns both on, with the 2025 thresholds):
+Two more rules of servelab's, off by default (``router=sticky_prefix`` turns both on, with the 2025 thresholds and
+``miss_policy=least_prefill``):
 - ``session_affinity``: a request that continues an earlier one (the earlier prompt's full blocks lead this one: the
   next turn of a conversation or an agent loop) goes where the earlier one went ("session"), after the balance rule,
   whatever the view says is left there: a session whose history was evicted is re-prefilled on its own worker instead
   of moving its history onto another worker's cache (SGLang's tree does the same, by not knowing of the eviction).
-  The router remembers the last block of the last ``affinity_size`` requests.
+  The router remembers the last block of the last ``affinity_size`` requests, each until a request continues it (a
+  prompt that many later prompts start with, a bare system prompt, is continued once, not by all of them).
 - ``spill_factor`` > 0: a cache hit that is not a continuation, whose worker already has at least
   ``ceil(spill_factor x (mean requests in flight per candidate + 1))`` requests in flight that start with the same
   block (a hot shared prefix: an agent's tools, a popular system prompt), goes to the candidate holding the most of
@@ -35,7 +39,7 @@ from framework.registry import ROUTING
 from framework.routing import RequestView, RoutingDecision
 from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
 
-MISS_POLICIES = ("least_loaded", "smallest_cache")
+MISS_POLICIES = ("least_loaded", "smallest_cache", "least_prefill")
 
 
 @dataclass
@@ -44,7 +48,7 @@ class PrecisePrefixConfig(KvViewConfig):
     cache_threshold: float = 0.5  # match rate must exceed this for a cache hit
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
-    miss_policy: str = "least_loaded"  # least_loaded | smallest_cache
+    miss_policy: str = "least_loaded"  # least_loaded | smallest_cache | least_prefill (servelab's)
     load_factor: float = 0.0  # > 0: no worker past load_factor x the mean in-flight count (+1) takes more (servelab's)
     session_affinity: bool = False  # a continuation goes where the request it continues went (servelab's)
     affinity_size: int = 1 << 20    # requests remembered for session_affinity
@@ -60,6 +64,7 @@ class PrecisePrefixRouting(KvViewPolicy):
         super().__init__(cfg, seed)
         self._last_worker: dict[int, str] = {}  # a request's last block key -> its worker (LRU order)
         self._hot: dict[tuple[str, int], int] = {}  # (worker, first block key) -> its requests in flight
+        self._prefill: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
 
     @staticmethod
     def _check_config(cfg: PrecisePrefixConfig) -> list[str]:
@@ -101,10 +106,15 @@ class PrecisePrefixRouting(KvViewPolicy):
                 if cfg.spill_factor and req.keys:
                     worker, reason = self._spill(worker, req.keys[0], matched, candidates)
             else:
-                by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
+                if cfg.miss_policy == "least_prefill":
+                    pending = self._prefill
+                    by = lambda w: (pending.get(w, 0) - self.estimate(matched[w], n), loads[w])
+                else:
+                    by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        credit = Credit(self.credit(worker, req, held))
+        credit = Credit(self.credit(worker, req, held), n - self.estimate(held, n))
+        self._prefill[worker] = self._prefill.get(worker, 0) + credit.prefill_tokens
         if req.keys:
             if cfg.session_affinity:
                 self._remember(req.keys[-1], worker)
@@ -119,7 +129,7 @@ class PrecisePrefixRouting(KvViewPolicy):
         candidate)."""
         last = self._last_worker
         for key in reversed(keys):
-            worker = last.get(key)
+            worker = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
             if worker is not None:
                 return worker if worker in candidates else None
         return None
@@ -142,6 +152,7 @@ class PrecisePrefixRouting(KvViewPolicy):
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage) -> None:
         super()._settle(decision, ok, usage)
+        self._prefill[decision.worker] -= decision.memo.prefill_tokens
         first = decision.memo.first_block
         if first is not None:
             hot = (decision.worker, first)
@@ -154,3 +165,4 @@ class PrecisePrefixRouting(KvViewPolicy):
         super().remove_worker(worker)
         self._hot = {k: n for k, n in self._hot.items() if k[0] != worker}
         self._last_worker = {k: w for k, w in self._last_worker.items() if w != worker}
+        self._prefill.pop(worker, None)

@@ -73,7 +73,7 @@ class Model:
         self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
-        self.routed = []  # (tokens, worker) of every decision, in order
+        self.routed = []  # [tokens, worker, open] of every decision, in order
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -102,12 +102,16 @@ def precise_rule(cfg, model, loads, tokens, cands):
     hi, lo = max(loads[w] for w in cands), min(loads[w] for w in cands)
     if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
         return min(cands, key=loads.get), "balance", matched
-    if cfg.session_affinity:  # the latest request whose last full block is the deepest block of this one
+    if cfg.session_affinity:  # the latest request not continued yet whose last full block is the deepest of this one
         for prefix in reversed(blocks_of(tokens)):
-            went = [w for t, w in model.routed if blocks_of(t) and blocks_of(t)[-1] == prefix]
+            went = [r for r in model.routed if r[2] and blocks_of(r[0]) and blocks_of(r[0])[-1] == prefix]
             if went:
-                if went[-1] in cands:
-                    return went[-1], "session", matched
+                went[-1][2] = False  # continued: it names no worker again
+                for r in model.routed:  # nor does any earlier request with that last block (the router keeps one)
+                    if r[2] and blocks_of(r[0]) and blocks_of(r[0])[-1] == prefix:
+                        r[2] = False
+                if went[-1][1] in cands:
+                    return went[-1][1], "session", matched
                 break
     if cfg.load_factor:
         cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in cands) + 1) / len(cands))
@@ -125,6 +129,10 @@ def precise_rule(cfg, model, loads, tokens, cands):
         return worker, "cache_hit", matched
     if cfg.miss_policy == "least_loaded":
         return min(cands, key=loads.get), "cache_miss", matched
+    if cfg.miss_policy == "least_prefill":
+        def ahead(w):  # the prefill of the requests in flight there, and of this one minus what w holds
+            return sum(f[3] for f in model.flight if f[0] == w) - est(matched[w], n), loads[w]
+        return min(cands, key=ahead), "cache_miss", matched
     return min(cands, key=lambda w: len(model.stored[w])), "cache_miss", matched
 
 
@@ -150,7 +158,7 @@ steps = st.lists(st.one_of(
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["precise_prefix", "kv_cost"]), st.sampled_from([0.0, 0.3, 0.9]), st.sampled_from([0, 2, 99]),
-       st.sampled_from(["least_loaded", "smallest_cache"]), steps)
+       st.sampled_from(["least_loaded", "smallest_cache", "least_prefill"]), steps)
 def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
     if key == "precise_prefix":
         policy = make(key, cache_threshold=threshold, balance_abs_threshold=gap, miss_policy=miss,
@@ -165,10 +173,10 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]), st.booleans(), steps)
 def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, affinity, sequence):
-    """precise_prefix's servelab rules (router=sticky_prefix): the latest request whose last block leads this one
-    names its worker; a hot first block spills past the cap. Recomputed from every decision so far."""
+    """precise_prefix's servelab rules (router=sticky_prefix): the latest request not yet continued whose last block
+    leads this one names its worker; a hot first block spills past the cap. Recomputed from every decision so far."""
     policy = make("precise_prefix", cache_threshold=threshold, balance_abs_threshold=gap, session_affinity=affinity,
-                  spill_factor=spill)
+                  spill_factor=spill, miss_policy="least_prefill")
     play(policy, precise_rule, sequence)
 
 
@@ -190,7 +198,7 @@ def play(policy, rule, sequence):
             credited = set(blocks_of(tokens)[matched[worker]:])
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
             model.flight.append(flight)
-            model.routed.append((tokens, worker))
+            model.routed.append([tokens, worker, True])  # True: not continued yet
             decisions.append((d, flight))
         elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
             d, flight = decisions.pop(arg % len(decisions))
