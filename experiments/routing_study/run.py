@@ -21,6 +21,8 @@ load per instance. SGLang's router cannot run there: its rows are servelab's sta
     python experiments/routing_study/run.py --quick          # a smoke run at tiny size (tests use it)
     python experiments/routing_study/run.py --workloads agent --contenders precise_prefix cache_aware/sglang
     python experiments/routing_study/run.py --mode sim --instances 8 32 64   # results_sim.json, table_sim.md
+    python experiments/routing_study/run.py --mode sim --repeats 3 --contenders sticky_prefix cache_aware/sglang \
+        --out experiments/routing_study/sim_seeds        # medians over seeds 0-2: the goal check with less luck
 """
 from __future__ import annotations
 
@@ -107,7 +109,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--contenders", nargs="+", default=None, choices=list(CONTENDERS),
                     help="default: all (the sglang ones when sglang-router is installed)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved; the table shows medians")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved; the table shows medians "
+                    "(--mode sim: repeat r runs seed=r: other requests, other ties)")
     ap.add_argument("--instances", nargs="+", type=int, default=[8, 32, 64], help="--mode sim: cluster sizes")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
@@ -165,8 +168,8 @@ def main_sim(args) -> None:
             ceiling = hit_rate_ceiling(sessions_of(cfg))
             for c in contenders:
                 runs = []
-                for rep in range(args.repeats):
-                    cell = compose(sim_overrides(w, n, STAND_INS.get(c, CONTENDERS[c]), args.quick))
+                for rep in range(args.repeats):  # the simulator is deterministic: repeat r runs seed r
+                    cell = compose(sim_overrides(w, n, STAND_INS.get(c, CONTENDERS[c]), args.quick) + [f"seed={rep}"])
                     results, _ = simulate(cell)
                     runs.append({k: results.get(k, float("nan")) for k in KEYS} | {
                         "workload": f"{w} x{n}", "contender": c, "repeat": rep, "ceiling_hit_rate": ceiling,
