@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -311,3 +312,11 @@ def test_spill_factor_moves_only_the_hot_prefix():
         cold = policy.select("a cold prefix nobody else sends, with its task")
         assert policy.last_decision.reason == "cache_miss"  # a prefix nobody holds is not spilled: least loaded
         assert policy.loads[cold] == 1
+
+
+@pytest.mark.parametrize("bad, named", [({"spill_factor": 0.5}, "spill_factor=0.5 must be 0 (off) or >= 1"),
+                                        ({"affinity_size": 0}, "affinity_size=0 must be >= 1"),
+                                        ({"miss_policy": "nearest"}, "'least_prefill'")])
+def test_bad_sticky_settings_are_named(bad, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        make("precise_prefix", **bad)
