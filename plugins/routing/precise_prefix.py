@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingDecision
+from framework.routing import RequestUsage, RequestView, RoutingDecision
 from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
 
 MISS_POLICIES = ("least_loaded", "smallest_cache", "least_prefill")
@@ -125,8 +125,8 @@ class PrecisePrefixRouting(KvViewPolicy):
         return self.decision(worker, req, held, reason, credit)
 
     def _session_worker(self, keys: list[int], candidates: list[str]) -> str | None:
-        """The worker of the latest request whose last block is the deepest of ``keys`` (None: none, or not a
-        candidate)."""
+        """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is
+        some request's last block (None: none, or its worker is not a candidate); that request counts as continued."""
         last = self._last_worker
         for key in reversed(keys):
             worker = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
@@ -142,6 +142,8 @@ class PrecisePrefixRouting(KvViewPolicy):
             del last[next(iter(last))]
 
     def _spill(self, worker: str, first: int, matched: dict[str, int], candidates: list[str]) -> tuple[str, str]:
+        """(worker, reason) for a cache hit on ``worker``: elsewhere when its requests in flight that start with the
+        block ``first`` reach the cap and some candidate is under it."""
         loads = self.loads
         cap = math.ceil(self.cfg.spill_factor * (sum(loads[w] for w in candidates) / len(candidates) + 1))
         under = [w for w in candidates if loads[w] < cap]
@@ -150,7 +152,7 @@ class PrecisePrefixRouting(KvViewPolicy):
         best = max(matched[w] for w in under)
         return min((w for w in under if matched[w] == best), key=loads.__getitem__), "spill"
 
-    def _settle(self, decision: RoutingDecision, ok: bool, usage) -> None:
+    def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         super()._settle(decision, ok, usage)
         self._prefill[decision.worker] -= decision.memo.prefill_tokens
         first = decision.memo.first_block
