@@ -21,6 +21,8 @@ load per instance. SGLang's router cannot run there: its rows are servelab's sta
     python experiments/routing_study/run.py --quick          # a smoke run at tiny size (tests use it)
     python experiments/routing_study/run.py --workloads agent --contenders precise_prefix cache_aware/sglang
     python experiments/routing_study/run.py --mode sim --instances 8 32 64   # results_sim.json, table_sim.md
+    python experiments/routing_study/run.py --mode sim --repeats 3 --contenders sticky_prefix cache_aware/sglang \
+        --out experiments/routing_study/sim_seeds        # medians over seeds 0-2: the goal check with less luck
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ CONTENDERS = {
     "precise_prefix": ["router=precise_prefix", "router.block_size=8"],
     "precise_prefix_bounded": ["router=precise_prefix", "router.block_size=8", "router.load_factor=1.25"],
     "kv_cost": ["router=kv_cost", "router.block_size=8"],
+    # precise_prefix + session affinity + hot-prefix spill, on the 2025 thresholds (conf/router/sticky_prefix.yaml)
+    "sticky_prefix": ["router=sticky_prefix", "router.block_size=8"],
     # SGLang's router: its cache_aware (2025 defaults, least-loaded miss: the v0.4 miss is not in 0.3.2) and
     # power_of_two on the loads its workers report
     "cache_aware/sglang": ["router=cache_aware_v2", "router.impl=sglang"],
@@ -105,7 +109,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--contenders", nargs="+", default=None, choices=list(CONTENDERS),
                     help="default: all (the sglang ones when sglang-router is installed)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved; the table shows medians")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved; the table shows medians "
+                    "(--mode sim: repeat r runs seed=r: other requests, other ties)")
     ap.add_argument("--instances", nargs="+", type=int, default=[8, 32, 64], help="--mode sim: cluster sizes")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
@@ -163,8 +168,8 @@ def main_sim(args) -> None:
             ceiling = hit_rate_ceiling(sessions_of(cfg))
             for c in contenders:
                 runs = []
-                for rep in range(args.repeats):
-                    cell = compose(sim_overrides(w, n, STAND_INS.get(c, CONTENDERS[c]), args.quick))
+                for rep in range(args.repeats):  # the simulator is deterministic: repeat r runs seed r
+                    cell = compose(sim_overrides(w, n, STAND_INS.get(c, CONTENDERS[c]), args.quick) + [f"seed={rep}"])
                     results, _ = simulate(cell)
                     runs.append({k: results.get(k, float("nan")) for k in KEYS} | {
                         "workload": f"{w} x{n}", "contender": c, "repeat": rep, "ceiling_hit_rate": ceiling,
@@ -245,7 +250,7 @@ def goal_check(rows: list[dict]) -> dict:
                                           r["ttft_p99_ms"] < ref["ttft_p99_ms"] and
                                           r["output_throughput_tok_s"] >= ref["output_throughput_tok_s"]]
         exact = {r["contender"]: abs(r["estimate_error"]) for r in mine if r["contender"].startswith(
-            ("precise_prefix", "kv_cost"))}
+            ("precise_prefix", "kv_cost", "sticky_prefix"))}
         per[w] = {"beats_sglang_cache_aware": winners, "exact_view_abs_error": exact}
         lines.append(f"{w}: beats SGLang's cache_aware on hit, TTFT p99 and throughput: "
                      f"{', '.join(winners) or ('none' if ref else 'no SGLang row')}; exact view |estimate - measured|: "

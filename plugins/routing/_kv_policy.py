@@ -32,6 +32,7 @@ class Credit(NamedTuple):
     prefill_tokens: int = 0  # tokens it has to prefill there (kv_cost)
     blocks: int = 0          # blocks it occupies there (kv_cost)
     confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
+    first_block: int | None = None  # the request's first block key, while it counts as in flight (precise_prefix)
 
 
 class RequestBlocks:

@@ -8,10 +8,25 @@ rules of SGLang's cache-aware router.
    prompt tokens; rate > cache_threshold -> the candidate holding the most ("cache_hit"; ties: the least loaded, then
    the first added);
 3. else the least-loaded candidate (``miss_policy=least_loaded``), or the one holding the fewest blocks
-   (``smallest_cache``, the exact twin of v0.4's smallest tree) ("cache_miss").
+   (``smallest_cache``, the exact twin of v0.4's smallest tree), or (``least_prefill``, servelab's) the one with the
+   least prefill ahead of the request and in it: the prompt tokens its requests in flight had to prefill, plus the
+   request's own minus what it holds of it (ties: the least loaded) -- requests count, tokens queue ("cache_miss").
 With ``load_factor`` > 0 (servelab's, off by default), steps 2 and 3 choose only among the candidates whose requests in
 flight are below ``ceil(load_factor * (in flight over the candidates + 1) / candidates)``, the bound of consistent
 hashing with bounded loads: a hot prefix spills onto the next best worker instead of queueing on one.
+Two more rules of servelab's, off by default (``router=sticky_prefix`` turns both on, with the 2025 thresholds and
+``miss_policy=least_prefill``):
+- ``session_affinity``: a request that continues an earlier one (the earlier prompt's full blocks lead this one: the
+  next turn of a conversation or an agent loop) goes where the earlier one went ("session"), after the balance rule,
+  whatever the view says is left there: a session whose history was evicted is re-prefilled on its own worker instead
+  of moving its history onto another worker's cache (SGLang's tree does the same, by not knowing of the eviction).
+  The router remembers the last block of the last ``affinity_size`` requests, each until a request continues it (a
+  prompt that many later prompts start with, a bare system prompt, is continued once, not by all of them).
+- ``spill_factor`` > 0: a cache hit that is not a continuation, whose worker already has at least
+  ``ceil(spill_factor x (mean requests in flight per candidate + 1))`` requests in flight that start with the same
+  block (a hot shared prefix: an agent's tools, a popular system prompt), goes to the candidate holding the most of
+  it among those with fewer requests in flight than that ("spill"; ties: the least loaded). Bounded loads, but only
+  for the prefix that makes the hot spot, so a session's history and a cold prefix stay where they are.
 The estimate (``matched_chars``, in tokens) is what the chosen worker holds of the prompt in the view, at most all
 but its last token, which an engine always computes.
 """
@@ -21,10 +36,10 @@ import math
 from dataclasses import dataclass
 
 from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingDecision
+from framework.routing import RequestUsage, RequestView, RoutingDecision
 from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
 
-MISS_POLICIES = ("least_loaded", "smallest_cache")
+MISS_POLICIES = ("least_loaded", "smallest_cache", "least_prefill")
 
 
 @dataclass
@@ -33,14 +48,23 @@ class PrecisePrefixConfig(KvViewConfig):
     cache_threshold: float = 0.5  # match rate must exceed this for a cache hit
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
-    miss_policy: str = "least_loaded"  # least_loaded | smallest_cache
+    miss_policy: str = "least_loaded"  # least_loaded | smallest_cache | least_prefill (servelab's)
     load_factor: float = 0.0  # > 0: no worker past load_factor x the mean in-flight count (+1) takes more (servelab's)
+    session_affinity: bool = False  # a continuation goes where the request it continues went (servelab's)
+    affinity_size: int = 1 << 20    # requests remembered for session_affinity
+    spill_factor: float = 0.0       # > 0: a hot shared prefix spills past this x (mean in flight + 1) (servelab's)
 
 
 @ROUTING.register("precise_prefix")
 class PrecisePrefixRouting(KvViewPolicy):
     Config = PrecisePrefixConfig
-    Reasons = ("balance", "cache_hit", "cache_miss")
+    Reasons = ("balance", "cache_hit", "cache_miss", "session", "spill")
+
+    def __init__(self, cfg: PrecisePrefixConfig | None = None, seed: int = 0):
+        super().__init__(cfg, seed)
+        self._last_worker: dict[int, str] = {}  # a request's last block key -> its worker (LRU order)
+        self._hot: dict[tuple[str, int], int] = {}  # (worker, first block key) -> its requests in flight
+        self._prefill: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
 
     @staticmethod
     def _check_config(cfg: PrecisePrefixConfig) -> list[str]:
@@ -51,6 +75,10 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append("balance_abs_threshold and balance_rel_threshold must be >= 0")
         if cfg.load_factor and cfg.load_factor < 1:
             problems.append(f"load_factor={cfg.load_factor} must be 0 (off) or >= 1")
+        if cfg.affinity_size < 1:
+            problems.append(f"affinity_size={cfg.affinity_size} must be >= 1")
+        if cfg.spill_factor and cfg.spill_factor < 1:
+            problems.append(f"spill_factor={cfg.spill_factor} must be 0 (off) or >= 1")
         if cfg.miss_policy not in MISS_POLICIES:
             problems.append(f"miss_policy={cfg.miss_policy!r} is not one of {MISS_POLICIES}")
         return problems
@@ -62,8 +90,11 @@ class PrecisePrefixRouting(KvViewPolicy):
         matched = self.view.match(req.keys, candidates)
         lo = min(loads[w] for w in candidates)
         hi = max(loads[w] for w in candidates)
+        session = self._session_worker(req.keys, candidates) if cfg.session_affinity else None
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             worker, reason = min(candidates, key=loads.__getitem__), "balance"
+        elif session is not None:
+            worker, reason = session, "session"
         else:
             if cfg.load_factor:
                 cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in candidates) + 1) / len(candidates))
@@ -72,8 +103,68 @@ class PrecisePrefixRouting(KvViewPolicy):
             if n and self.estimate(best, n) / n > cfg.cache_threshold:
                 worker = min((w for w in candidates if matched[w] == best), key=loads.__getitem__)
                 reason = "cache_hit"
+                if cfg.spill_factor and req.keys:
+                    worker, reason = self._spill(worker, req.keys[0], matched, candidates)
             else:
-                by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
+                if cfg.miss_policy == "least_prefill":
+                    pending = self._prefill
+                    by = lambda w: (pending.get(w, 0) - self.estimate(matched[w], n), loads[w])
+                else:
+                    by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        return self.decision(worker, req, held, reason, Credit(self.credit(worker, req, held)))
+        credit = Credit(self.credit(worker, req, held), n - self.estimate(held, n))
+        self._prefill[worker] = self._prefill.get(worker, 0) + credit.prefill_tokens
+        if req.keys:
+            if cfg.session_affinity:
+                self._remember(req.keys[-1], worker)
+            if cfg.spill_factor:
+                hot = (worker, req.keys[0])
+                self._hot[hot] = self._hot.get(hot, 0) + 1
+                credit = credit._replace(first_block=req.keys[0])
+        return self.decision(worker, req, held, reason, credit)
+
+    def _session_worker(self, keys: list[int], candidates: list[str]) -> str | None:
+        """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is
+        some request's last block (None: none, or its worker is not a candidate); that request counts as continued."""
+        last = self._last_worker
+        for key in reversed(keys):
+            worker = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
+            if worker is not None:
+                return worker if worker in candidates else None
+        return None
+
+    def _remember(self, key: int, worker: str) -> None:
+        last = self._last_worker
+        last.pop(key, None)  # re-inserted: the newest
+        last[key] = worker
+        if len(last) > self.cfg.affinity_size:
+            del last[next(iter(last))]
+
+    def _spill(self, worker: str, first: int, matched: dict[str, int], candidates: list[str]) -> tuple[str, str]:
+        """(worker, reason) for a cache hit on ``worker``: elsewhere when its requests in flight that start with the
+        block ``first`` reach the cap and some candidate is under it."""
+        loads = self.loads
+        cap = math.ceil(self.cfg.spill_factor * (sum(loads[w] for w in candidates) / len(candidates) + 1))
+        under = [w for w in candidates if loads[w] < cap]
+        if self._hot.get((worker, first), 0) < cap or not under:
+            return worker, "cache_hit"
+        best = max(matched[w] for w in under)
+        return min((w for w in under if matched[w] == best), key=loads.__getitem__), "spill"
+
+    def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
+        super()._settle(decision, ok, usage)
+        self._prefill[decision.worker] -= decision.memo.prefill_tokens
+        first = decision.memo.first_block
+        if first is not None:
+            hot = (decision.worker, first)
+            if self._hot[hot] == 1:
+                del self._hot[hot]
+            else:
+                self._hot[hot] -= 1
+
+    def remove_worker(self, worker: str) -> None:
+        super().remove_worker(worker)
+        self._hot = {k: n for k, n in self._hot.items() if k[0] != worker}
+        self._last_worker = {k: w for k, w in self._last_worker.items() if w != worker}
+        self._prefill.pop(worker, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -73,6 +74,7 @@ class Model:
         self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
+        self.routed = []  # [tokens, worker, open] of every decision, in order
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -101,14 +103,37 @@ def precise_rule(cfg, model, loads, tokens, cands):
     hi, lo = max(loads[w] for w in cands), min(loads[w] for w in cands)
     if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
         return min(cands, key=loads.get), "balance", matched
+    if cfg.session_affinity:  # the latest request not continued yet whose last full block is the deepest of this one
+        for prefix in reversed(blocks_of(tokens)):
+            went = [r for r in model.routed if r[2] and blocks_of(r[0]) and blocks_of(r[0])[-1] == prefix]
+            if went:
+                went[-1][2] = False  # continued: it names no worker again
+                for r in model.routed:  # nor does any earlier request with that last block (the router keeps one)
+                    if r[2] and blocks_of(r[0]) and blocks_of(r[0])[-1] == prefix:
+                        r[2] = False
+                if went[-1][1] in cands:
+                    return went[-1][1], "session", matched
+                break
     if cfg.load_factor:
         cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in cands) + 1) / len(cands))
         cands = [w for w in cands if loads[w] < cap]
     best = max(matched[w] for w in cands)
     if n and est(best, n) / n > cfg.cache_threshold:
-        return min((w for w in cands if matched[w] == best), key=loads.get), "cache_hit", matched
+        worker = min((w for w in cands if matched[w] == best), key=loads.get)
+        if cfg.spill_factor:
+            cap = math.ceil(cfg.spill_factor * (sum(loads[w] for w in cands) / len(cands) + 1))
+            under = [w for w in cands if loads[w] < cap]
+            hot = sum(1 for f in model.flight if f[0] == worker and blocks_of(f[1])[:1] == blocks_of(tokens)[:1])
+            if hot >= cap and under:
+                best = max(matched[w] for w in under)
+                return min((w for w in under if matched[w] == best), key=loads.get), "spill", matched
+        return worker, "cache_hit", matched
     if cfg.miss_policy == "least_loaded":
         return min(cands, key=loads.get), "cache_miss", matched
+    if cfg.miss_policy == "least_prefill":
+        def ahead(w):  # the prefill of the requests in flight there, and of this one minus what w holds
+            return sum(f[3] for f in model.flight if f[0] == w) - est(matched[w], n), loads[w]
+        return min(cands, key=ahead), "cache_miss", matched
     return min(cands, key=lambda w: len(model.stored[w])), "cache_miss", matched
 
 
@@ -134,7 +159,7 @@ steps = st.lists(st.one_of(
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["precise_prefix", "kv_cost"]), st.sampled_from([0.0, 0.3, 0.9]), st.sampled_from([0, 2, 99]),
-       st.sampled_from(["least_loaded", "smallest_cache"]), steps)
+       st.sampled_from(["least_loaded", "smallest_cache", "least_prefill"]), steps)
 def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
     if key == "precise_prefix":
         policy = make(key, cache_threshold=threshold, balance_abs_threshold=gap, miss_policy=miss,
@@ -143,6 +168,21 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
     else:
         policy = make(key, overlap_score_weight=threshold * 3)
         rule = cost_rule
+    play(policy, rule, sequence)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]), st.booleans(), steps)
+def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, affinity, sequence):
+    """precise_prefix's servelab rules (router=sticky_prefix): the latest request not yet continued whose last block
+    leads this one names its worker; a hot first block spills past the cap. Recomputed from every decision so far."""
+    policy = make("precise_prefix", cache_threshold=threshold, balance_abs_threshold=gap, session_affinity=affinity,
+                  spill_factor=spill, miss_policy="least_prefill")
+    play(policy, precise_rule, sequence)
+
+
+def play(policy, rule, sequence):
+    """Drive ``policy`` and the brute-force ``rule`` (on a ``Model``) through ``sequence``, decision by decision."""
     model = Model("abc")
     decisions = []
     for op, arg, extra in sequence:
@@ -159,6 +199,7 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
             credited = set(blocks_of(tokens)[matched[worker]:])
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
             model.flight.append(flight)
+            model.routed.append([tokens, worker, True])  # True: not continued yet
             decisions.append((d, flight))
         elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
             d, flight = decisions.pop(arg % len(decisions))
@@ -241,3 +282,41 @@ def test_kv_cost_temperature_spreads_and_zero_does_not():
     assert len(set(picks(0.0))) == 1  # equal costs: always the first added
     spread = picks(1.0)
     assert all(spread.count(w) > 20 for w in "abcd")
+
+
+def test_session_affinity_keeps_a_conversation_whose_history_was_evicted():
+    """Without it the next turn goes wherever the view says most is left; with it, back to the session's worker."""
+    for affinity, back in ((False, False), (True, True)):
+        policy = make("precise_prefix", cache_threshold=0.3, session_affinity=affinity)
+        turn1 = "a conversation's first turn, long enough for blocks"
+        w = policy.select(turn1)
+        policy.on_request_done(w, policy.last_decision)
+        policy.reset_worker(w)  # its cache was flushed: the view holds nothing of the session anywhere
+        policy.maintain(1e9)
+        turn2 = turn1 + " and the answer, then the second turn"
+        other = policy.select("someone else's request entirely")  # lands on w: the least loaded is now another
+        assert (policy.select(turn2) == w) is back, (affinity, w, other)
+        assert policy.last_decision.reason == ("session" if back else "cache_miss")
+
+
+def test_spill_factor_moves_only_the_hot_prefix():
+    """6 requests behind one shared prefix on 4 idle workers: with spill_factor=0 they all queue on the first worker;
+    with 1, the third finds 2 in flight there with that prefix, at the cap ceil(1 x (2 / 4 + 1)) = 2, and spills."""
+    tools = "the long shared tool prefix of a popular agent. " * 2
+    for spill, workers_used in ((0.0, 1), (1.0, 3)):
+        policy = make("precise_prefix", workers="abcd", cache_threshold=0.3, spill_factor=spill)
+        picks = [(policy.select(tools + f"task {i}"), policy.last_decision.reason) for i in range(6)]
+        assert len({w for w, _ in picks}) == workers_used, picks
+        if spill:
+            assert picks[2][1] == "spill" and picks[2][0] != picks[0][0]
+        cold = policy.select("a cold prefix nobody else sends, with its task")
+        assert policy.last_decision.reason == "cache_miss"  # a prefix nobody holds is not spilled: least loaded
+        assert policy.loads[cold] == 1
+
+
+@pytest.mark.parametrize("bad, named", [({"spill_factor": 0.5}, "spill_factor=0.5 must be 0 (off) or >= 1"),
+                                        ({"affinity_size": 0}, "affinity_size=0 must be >= 1"),
+                                        ({"miss_policy": "nearest"}, "'least_prefill'")])
+def test_bad_sticky_settings_are_named(bad, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        make("precise_prefix", **bad)
