@@ -84,4 +84,6 @@ def test_sglang_router_fronts_real_workers():
                             "workload.output_len=2", "workload.max_concurrency=1").workload
         before = [worker_requests(u) for u in cluster.worker_urls]
         bench(cluster, cfg, WORKLOAD.build("random", unrelated, 0).sessions())
-        assert sorted(worker_requests(u) - b for u, b in zip(cluster.worker_urls, before)) == [0, 6]
+        # (at most one strays: under load the router may take the next request before it has counted the last
+        # one's end, and sends it to the other worker; a smallest-tree miss would give 3 and 3)
+        assert max(worker_requests(u) - b for u, b in zip(cluster.worker_urls, before)) >= 5
