@@ -50,7 +50,7 @@ QUICK = {"router_blog": ["cluster.instances=2", "workload.num_groups=4", "worklo
                       "workload.max_output_len=16"]}
 KEYS = ("cache_hit_rate", "router_estimated_hit_rate", "total_throughput_tok_s", "output_throughput_tok_s",
         "input_throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "load_imbalance", "requests_completed",
-        "requests_failed", "duration_s", "kv_capacity_tokens_instance", "sim_wall_s")
+        "requests_failed", "duration_s", "kv_capacity_tokens_instance", "sim_wall_s", "sim_cpu_s")
 
 
 def run_cell(overrides: list[str]) -> dict:
@@ -125,13 +125,13 @@ def mooncake_markdown(part: dict) -> str:
     out = [f"Ceiling (one unbounded cache): {part['ceiling_hit_rate']:.3f} here, {DOC_TRACE_CEILING} in the document "
            "(whole blocks only).", "",
            "| instances | router | hit rate | router est. | total tok/s | output tok/s | TTFT p50 ms | TTFT p99 ms | "
-           "imbalance | sim wall s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "imbalance | sim wall / CPU s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in part["rows"]:
         est = r["router_estimated_hit_rate"]
         out.append(f"| {r['instances']} | {r['router']} | {r['cache_hit_rate']:.3f} | "
                    f"{f'{est:.3f}' if est == est and est > 0 else ''} | {r['total_throughput_tok_s']:,.0f} | "
                    f"{r['output_throughput_tok_s']:,.0f} | {r['ttft_p50_ms']:,.0f} | {r['ttft_p99_ms']:,.0f} | "
-                   f"{r['load_imbalance']:.2f} | {r['sim_wall_s']:.0f} |")
+                   f"{r['load_imbalance']:.2f} | {r['sim_wall_s']:.0f} / {r['sim_cpu_s']:.0f} |")
     return "\n".join(out) + "\n"
 
 
