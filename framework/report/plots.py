@@ -126,8 +126,9 @@ def heatmap(rows: list[dict], x_key: str, y_key: str, path: Path) -> Path:
         im = ax.imshow(grid, cmap=cmap, aspect="auto", origin="lower")
         for (i, j), v in np.ndenumerate(grid):
             if v == v:
+                r, g, b, _ = im.cmap(im.norm(v))           # dark text on a light cell, light on a dark one
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
-                        color="black" if im.norm(v) > 0.6 else "white")
+                        color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
         ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
         ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
         ax.set(xlabel=x_key, ylabel=y_key, title=title)
