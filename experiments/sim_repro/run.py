@@ -88,18 +88,20 @@ def router_blog(quick: bool) -> dict:
     return {"rows": rows, "ratios": ratios}
 
 
-def mooncake(quick: bool) -> dict:
+def mooncake(quick: bool, instances=INSTANCES, policies=POLICIES) -> dict:
     rows, ceiling = [], None
-    for n in (2,) if quick else INSTANCES:
+    for n in (2,) if quick else instances:
         base = ["experiment=mooncake_trace", f"cluster.instances={n}"] + (QUICK["mooncake"] if quick else [])
         if ceiling is None:
             ceiling = hit_rate_ceiling(sessions_of(compose(base)))
-        for policy in POLICIES:
+        for policy in policies:
             row = run_cell(base + [f"router={policy}"]) | {"instances": n, "router": policy, "ceiling_hit_rate": ceiling}
             rows.append(row)
-            print(f"  mooncake x{n:<3} {policy:<15} hit {row['cache_hit_rate']:.3f} (ceiling {ceiling:.3f})  out "
+            print(f"  mooncake x{n:<3} {policy:<15} hit {row['cache_hit_rate']:.3f} (ceiling {ceiling:.3f}, est "
+                  f"{row['router_estimated_hit_rate']:.3f})  total {row['total_throughput_tok_s']:7,.0f} out "
                   f"{row['output_throughput_tok_s']:7,.0f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:6,.0f} / "
-                  f"{row['ttft_p99_ms']:7,.0f} ms  ({row['sim_wall_s']:.0f} s)", flush=True)
+                  f"{row['ttft_p99_ms']:7,.0f} ms  imbalance {row['load_imbalance']:.2f}  failed "
+                  f"{row['requests_failed']}  ({row['sim_wall_s']:.0f} s wall, {row['sim_cpu_s']:.0f} s CPU)", flush=True)
     return {"rows": rows, "ceiling_hit_rate": ceiling, "ceiling_hit_rate_doc": DOC_TRACE_CEILING}
 
 
@@ -171,6 +173,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", choices=("router_blog", "mooncake"), default=["router_blog", "mooncake"])
     ap.add_argument("--quick", action="store_true", help="tiny variants, seconds")
+    ap.add_argument("--instances", nargs="+", type=int, default=list(INSTANCES), help="mooncake: cluster sizes")
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="mooncake: routers")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     out = {"experiment": "sim_repro", "git_sha": git_sha(), "quick": args.quick}
@@ -184,7 +188,7 @@ def main() -> None:
         plots.append(plot_blog(part, args.out / "plots" / "router_blog.png"))
     if "mooncake" in args.parts:
         t = time.time()
-        out["mooncake"] = part = mooncake(args.quick)
+        out["mooncake"] = part = mooncake(args.quick, args.instances, args.policies)
         part["wall_s"] = time.time() - t
         text.append("**mooncake**\n\n" + mooncake_markdown(part))
         for n in dict.fromkeys(r["instances"] for r in part["rows"]):
