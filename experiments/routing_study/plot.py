@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def plot_workload(rows: list[dict], workload: str, ceiling: float, out_dir: Path) -> Path:
+def plot_workload(rows: list[dict], workload: str, ceiling: float, out_dir: Path,
+                  title: str = "4 workers (hatched: SGLang's router 0.3.2)") -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = [r["contender"] for r in rows]
     x = np.arange(len(rows))
@@ -32,7 +33,7 @@ def plot_workload(rows: list[dict], workload: str, ceiling: float, out_dir: Path
         ax.grid(axis="y", alpha=0.3)
     hit.legend(fontsize=7, loc="upper left")
     ttft.legend(fontsize=7)
-    fig.suptitle(f"{workload}: 4 workers (hatched: SGLang's router 0.3.2)", fontsize=11)
+    fig.suptitle(f"{workload}: {title}", fontsize=11)
     fig.tight_layout()
     path = out_dir / f"{workload}.png"
     fig.savefig(path, dpi=100)

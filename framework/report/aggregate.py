@@ -5,7 +5,8 @@ of runs): every results.json below is one row. The columns are the settings that
 run's resolved config) and the headline figures; a failed run keeps its row with its error. Written beside the
 table: summary.md, summary.csv, summary.json and the plots the runs support: rate_sweep.png when
 `workload.request_rate` varies (throughput vs latency over the rate, one line per combination of the other varying
-settings), policies.png when a router setting or the workload varies (hit rate and TTFT per run).
+settings), policies.png when a router setting or the workload varies (hit rate and TTFT per run), heatmap.png when
+exactly two numeric settings vary (hit rate, TTFT p99 and throughput over their grid: a threshold sweep).
 """
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ def aggregate(paths: list[Path], out: Path) -> tuple[list[dict], list[Path]]:
         made.append(plots.rate_sweep(series, out / "rate_sweep.png"))
     if any(k.startswith(("router.", "workload.name")) for k in vary) and ok and RATE not in vary:
         made.append(plots.policy_bars(ok, out / "policies.png"))
+    numeric = [k for k in vary
+               if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in ok)]
+    if len(vary) == 2 and numeric == vary and ok:
+        made.append(plots.heatmap(ok, vary[0], vary[1], out / "heatmap.png"))
     return table, made
 
 

@@ -106,3 +106,31 @@ def policy_bars(rows: list[dict], path: Path) -> Path:
         ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+HEATMAP_METRICS = (("cache_hit_rate", "cache hit rate", "{:.3f}", "viridis"),
+                   ("ttft_p99_ms", "TTFT p99 (ms)", "{:,.0f}", "viridis_r"),
+                   ("output_throughput_tok_s", "output tok/s", "{:,.0f}", "viridis"))
+
+
+def heatmap(rows: list[dict], x_key: str, y_key: str, path: Path) -> Path:
+    """One panel per headline figure (hit rate, TTFT p99, output throughput) over the grid of two swept numeric
+    settings, each cell labelled with its value (yellow = best in every panel); a missing point stays blank."""
+    xs, ys = sorted({r[x_key] for r in rows}), sorted({r[y_key] for r in rows})
+    fig, axes = plt.subplots(1, len(HEATMAP_METRICS), figsize=(1.6 + 1.2 * len(xs) * len(HEATMAP_METRICS),
+                                                               1.6 + 0.55 * len(ys)))
+    for ax, (key, title, fmt, cmap) in zip(axes, HEATMAP_METRICS):
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for r in rows:
+            grid[ys.index(r[y_key]), xs.index(r[x_key])] = r.get(key, np.nan)
+        im = ax.imshow(grid, cmap=cmap, aspect="auto", origin="lower")
+        for (i, j), v in np.ndenumerate(grid):
+            if v == v:
+                r, g, b, _ = im.cmap(im.norm(v))           # dark text on a light cell, light on a dark one
+                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
+                        color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
+        ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
+        ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
+        ax.set(xlabel=x_key, ylabel=y_key, title=title)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, path)

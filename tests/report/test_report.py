@@ -74,3 +74,22 @@ def test_wandb_tables_of_mixed_values():
     out = tables({"model": {"vocab_size": 260, "dtype": "float32"}, "per_worker": {"w0": {"requests": 3}}})
     assert out["model"].get_column("value") == ["260", "float32"]
     assert out["per_worker"].get_column("requests") == [3] and isinstance(out["per_worker"], wandb.Table)
+
+
+def test_two_swept_thresholds_make_a_heatmap(tmp_path):
+    """A cache_threshold x balance_abs_threshold grid (one point failed): heatmap.png beside the table; a grid over a
+    non-numeric setting gets none."""
+    i = 0
+    for threshold in (0.3, 0.5):
+        for gap in (4, 32):
+            fake_run(tmp_path / "grid" / str(i), "cache_aware", 2.0, error="boom" if i == 3 else "")
+            config = json.loads((tmp_path / "grid" / str(i) / "config.json").read_text())
+            config["router"].update(cache_threshold=threshold, balance_abs_threshold=gap)
+            (tmp_path / "grid" / str(i) / "config.json").write_text(json.dumps(config))
+            i += 1
+    table, made = aggregate([tmp_path / "grid"], tmp_path / "out")
+    assert len(table) == 4 and "heatmap.png" in [m.name for m in made]
+    assert (tmp_path / "out" / "heatmap.png").read_bytes().startswith(PNG)
+    for i, router in enumerate(("round_robin", "cache_aware")):
+        fake_run(tmp_path / "mixed" / str(i), router, 1.0 + i)
+    assert "heatmap.png" not in [m.name for m in aggregate([tmp_path / "mixed"], tmp_path / "out2")[1]]
