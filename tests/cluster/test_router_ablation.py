@@ -19,7 +19,8 @@ def test_router_ablation_quick(tmp_path):
     if "sglang" in impls:
         sglang_rr = runs.pop(1)
         assert (sglang_rr["router"], sglang_rr["impl"], sglang_rr["requests_completed"]) == ("round_robin", "sglang", 8)
-        assert sglang_rr["load_imbalance"] == 1.0 and sglang_rr["router_cpu_us_per_req"] > 0
+        # its CPU comes from /proc in 10 ms ticks: 8 requests of a Rust router may take less than one
+        assert sglang_rr["load_imbalance"] == 1.0 and sglang_rr["router_cpu_us_per_req"] >= 0
         assert "skipped cache_aware on sglang" in r.stdout
     assert [(x["workload"], x["router"], x["impl"]) for x in runs] == [("shared_prefix", "round_robin", "servelab"),
                                                                       ("shared_prefix", "cache_aware", "servelab")]
