@@ -13,8 +13,9 @@ the worker's own hash of it. A worker holds a block, as far as a decision is con
   ``confirm_s`` passes (``retire``; ``expire`` drops the old ones): the answer can reach the router before the
   worker's events do, and the session's next request follows at once.
 
-The estimate a decision reports (``confirmed_prefix``) counts stored and recent blocks, not the in-flight ones: a
-request in flight may be prefilled alongside the next one rather than before it. In-flight and recent credits are
+A decision's estimate (``matched_chars``) counts all three, as the match does; ``confirmed_prefix`` (the router's
+``policy_accuracy`` figure ``confirmed_tokens``) counts stored and recent blocks only: a request in flight may be
+prefilled alongside the next one rather than before it. In-flight and recent credits are
 servelab's addition (docs/routing.md); ``pending_credit=false`` turns both off.
 """
 from __future__ import annotations
