@@ -156,7 +156,7 @@ def check_overrides(argv: list[str]) -> None:
 
     if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
         return
-    overrides = [a for a in group_overrides(argv) if "=" in a and not a.lstrip("+~").startswith("hydra")]
+    overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]   # compose_dict groups them
     try:
         compose_dict(overrides)
         return

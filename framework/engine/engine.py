@@ -85,7 +85,6 @@ class Engine:
             del layer.w13, layer.w2                # the backend kept its rank's part; the full copy would waste memory
         par.shard(self.model)
         self.memory = plan_memory(model_cfg, engine_cfg, type(par), par.cfg, MOE.get(moe_cfg.name), moe_cfg)
-        self.kv_bytes_per_token = self.memory.kv_bytes_per_token
         self.pool = KVPool(model_cfg.num_layers, model_cfg.kv_cache_width, self.memory.kv_tokens,
                            getattr(torch, model_cfg.dtype), self.device)
         self.scheduler = Scheduler(engine_cfg, self.pool, self.tokenizer.eos_token_id,

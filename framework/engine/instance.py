@@ -258,10 +258,11 @@ class RankLoop:
     def _flush_outbox(self, force_info: bool = False) -> None:
         now = time.monotonic()
         info = None
-        # a finish goes out with the stats of the same exchange: a client that has every answer reads stats that
-        # count every request (a periodic report could lag the last finishes by up to INFO_EVERY_S)
-        finished = any(isinstance(o, TokenOut) and o.finish_reason is not None for o in self.pending)
-        if force_info or finished or now - self._info_sent >= INFO_EVERY_S:
+        # the finish that drains the instance goes out with fresh stats: a client that has every answer reads stats
+        # that count every request (the periodic report could lag the last finishes by up to INFO_EVERY_S)
+        drained = any(isinstance(o, TokenOut) and o.finish_reason is not None for o in self.pending) and \
+            not (self.sent_adds or any(self._group_loads()))      # no group holds an unfinished request
+        if force_info or drained or now - self._info_sent >= INFO_EVERY_S:
             info, self._info_sent = self.stats(), now
         if self.pending or info is not None:
             self.channel.send(Outputs(self.pending, info))

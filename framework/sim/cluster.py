@@ -53,10 +53,11 @@ class _State:
 
 
 class Simulation:
-    def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, *, network_s: float = 0.0,
+    def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: int = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
+        self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
         self.side_procs, self.background = side_procs, background
         self.state = {name: _State() for name in instances}
@@ -128,7 +129,7 @@ class Simulation:
         params = SamplingParams(max_new_tokens=turn.max_new_tokens, temperature=self.wl.temperature,
                                 ignore_eos=self.wl.ignore_eos)
         at_router = now + self.net
-        ids = list(text.encode())                          # the byte tokenizer: one token per byte
+        ids = self.tokenizer.encode(text)
         worker, decision = self.router.route(text, ids, at_router)
         req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
         flight = _Flight(s, k, req, worker, decision, now)
@@ -148,7 +149,7 @@ class Simulation:
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):
-            self.answers[s.sid].append(bytes(t for t in req.output_ids if t < 256).decode("utf-8", errors="replace"))
+            self.answers[s.sid].append(self.tokenizer.decode(req.output_ids))
             self.push(now + s.turns[k + 1].think_time_s, CLIENT, "due", s, k + 1)
         else:
             del self.answers[s.sid]                        # the conversation is over

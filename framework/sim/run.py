@@ -24,8 +24,7 @@ from framework.sim.router import SimRouter
 def cost_instance(cfg) -> Instance:
     """What the cost model prices: the run's model shapes on its hardware, split as its plugins split it."""
     return Instance(cfg.model, cfg.hardware, cfg.parallel.name, cfg.parallel.size, cfg.moe.name,
-                    dispatch=getattr(cfg.moe, "dispatch", "all_to_all"),
-                    tp_size=getattr(cfg.parallel, "tp_size", 1), parallel_cfg=cfg.parallel, moe_cfg=cfg.moe)
+                    parallel_cfg=cfg.parallel, moe_cfg=cfg.moe)
 
 
 def build(cfg, sessions, progress: bool = False) -> Simulation:
@@ -50,10 +49,11 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
                        block_size, service.load_poll_interval_s)
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
-    s = cfg.sim
-    return Simulation(instances, router, sessions, cfg.workload, network_s=s.network_latency_s if http else 0.0,
-                      router_s=s.router_overhead_s if http else 0.0, fast_forward=s.fast_forward, host_cores=s.host_cores,
-                      side_procs=2 if http else 0, background=s.host_background, itl=s.itl, progress=progress)
+    s, tokenizer = cfg.sim, instances[names[0]].tokenizer
+    return Simulation(instances, router, sessions, cfg.workload, tokenizer,
+                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
+                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=2 if http else 0,
+                      background=s.host_background, itl=s.itl, progress=progress)
 
 
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:

@@ -9,7 +9,7 @@ through the registry (no plugin is named here): a new parallelism or MoE plugin 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from framework.parallel import even_split
 from framework.registry import MOE, PARALLELISM
@@ -32,17 +32,11 @@ class Layout:
 
 def plugin_configs(inst: Instance) -> tuple:
     """(parallelism class, its config, MoE class, its config): the instance's own, else each plugin's defaults
-    with the instance's size, tp_size and dispatch."""
+    (the parallelism's at the instance's size)."""
     par_cls, moe_cls = PARALLELISM.get(inst.parallel), MOE.get(inst.moe)
-    par_cfg = inst.parallel_cfg if inst.parallel_cfg is not None else _config(
-        par_cls, name=inst.parallel, size=inst.size, tp_size=inst.tp_size)
-    moe_cfg = inst.moe_cfg if inst.moe_cfg is not None else _config(moe_cls, name=inst.moe, dispatch=inst.dispatch)
+    par_cfg = inst.parallel_cfg if inst.parallel_cfg is not None else par_cls.Config(size=inst.size)
+    moe_cfg = inst.moe_cfg if inst.moe_cfg is not None else moe_cls.Config()
     return par_cls, par_cfg, moe_cls, moe_cfg
-
-
-def _config(cls, **values):
-    known = {f.name for f in fields(cls.Config)}
-    return cls.Config(**{k: v for k, v in values.items() if k in known})
 
 
 def layout_for(inst: Instance) -> Layout:

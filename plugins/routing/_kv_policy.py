@@ -29,7 +29,7 @@ class KvViewConfig(RoutingConfig):
 class Credit(NamedTuple):
     """A decision's memo: what the request added to its worker's account until it ends."""
     keys: tuple[int, ...]    # blocks credited to the worker
-    prefill_tokens: int = 0  # tokens it has to prefill there (kv_cost)
+    prefill_tokens: int = 0  # tokens it has to prefill there (KvViewPolicy.prefill_tokens)
     blocks: int = 0          # blocks it occupies there (kv_cost)
     confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
     first_block: int | None = None  # the request's first block key, while it counts as in flight (precise_prefix)
@@ -56,6 +56,7 @@ class KvViewPolicy(RoutingPolicy):
         # the in-flight credits), and what the workers reported
         self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "confirmed_tokens": 0,
                          "cached_tokens": 0}
+        self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
 
     @staticmethod
     def _check_config(cfg: KvViewConfig) -> list[str]:
@@ -84,6 +85,8 @@ class KvViewPolicy(RoutingPolicy):
         prefix prefilled. The memo keeps the estimate without the in-flight credits too (``accuracy``)."""
         n = len(req.tokens)
         confirmed = self.estimate(self.view.confirmed_prefix(worker, req.keys, matched_blocks), n)
+        if credit.prefill_tokens:
+            self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
         return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason,
                                memo=credit._replace(confirmed_tokens=confirmed))
 
@@ -105,6 +108,8 @@ class KvViewPolicy(RoutingPolicy):
         self.view.forget(worker)
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
+        if decision.memo.prefill_tokens:
+            self.prefill_tokens[decision.worker] -= decision.memo.prefill_tokens
         keys = decision.memo.keys
         if keys:
             if ok:
@@ -122,3 +127,4 @@ class KvViewPolicy(RoutingPolicy):
     def remove_worker(self, worker: str) -> None:
         super().remove_worker(worker)
         self.view.drop_credits(worker)  # its requests' on_request_done no longer reach the policy
+        self.prefill_tokens.pop(worker, None)

@@ -38,7 +38,6 @@ class KvCostRouting(KvViewPolicy):
     def __init__(self, cfg: KvCostConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         self._rng = random.Random(seed)
-        self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens of its requests in flight still to prefill
         self.active_blocks: dict[str, int] = {}   # worker -> blocks of its requests in flight
 
     @staticmethod
@@ -70,7 +69,6 @@ class KvCostRouting(KvViewPolicy):
             worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
         held = self.estimate(matched[worker], n)
         credit = Credit(self.credit(worker, req, matched[worker]), n - held, -(-n // self.cfg.block_size))
-        self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
         self.active_blocks[worker] = self.active_blocks.get(worker, 0) + credit.blocks
         return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap", credit)
 
@@ -82,11 +80,8 @@ class KvCostRouting(KvViewPolicy):
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         super()._settle(decision, ok, usage)
-        w, c = decision.worker, decision.memo
-        self.prefill_tokens[w] -= c.prefill_tokens
-        self.active_blocks[w] -= c.blocks
+        self.active_blocks[decision.worker] -= decision.memo.blocks
 
     def remove_worker(self, worker: str) -> None:
         super().remove_worker(worker)
-        self.prefill_tokens.pop(worker, None)
         self.active_blocks.pop(worker, None)

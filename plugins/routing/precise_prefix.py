@@ -64,7 +64,6 @@ class PrecisePrefixRouting(KvViewPolicy):
         super().__init__(cfg, seed)
         self._last_worker: dict[int, str] = {}  # a request's last block key -> its worker (LRU order)
         self._hot: dict[tuple[str, int], int] = {}  # (worker, first block key) -> its requests in flight
-        self._prefill: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
 
     @staticmethod
     def _check_config(cfg: PrecisePrefixConfig) -> list[str]:
@@ -107,14 +106,13 @@ class PrecisePrefixRouting(KvViewPolicy):
                     worker, reason = self._spill(worker, req.keys[0], matched, candidates)
             else:
                 if cfg.miss_policy == "least_prefill":
-                    pending = self._prefill
+                    pending = self.prefill_tokens
                     by = lambda w: (pending.get(w, 0) - self.estimate(matched[w], n), loads[w])
                 else:
                     by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
         credit = Credit(self.credit(worker, req, held), n - self.estimate(held, n))
-        self._prefill[worker] = self._prefill.get(worker, 0) + credit.prefill_tokens
         if req.keys:
             if cfg.session_affinity:
                 self._remember(req.keys[-1], worker)
@@ -154,7 +152,6 @@ class PrecisePrefixRouting(KvViewPolicy):
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         super()._settle(decision, ok, usage)
-        self._prefill[decision.worker] -= decision.memo.prefill_tokens
         first = decision.memo.first_block
         if first is not None:
             hot = (decision.worker, first)
@@ -167,4 +164,3 @@ class PrecisePrefixRouting(KvViewPolicy):
         super().remove_worker(worker)
         self._hot = {k: n for k, n in self._hot.items() if k[0] != worker}
         self._last_worker = {k: w for k, w in self._last_worker.items() if w != worker}
-        self._prefill.pop(worker, None)

@@ -26,8 +26,9 @@ def v2():
 
 
 def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weight_dtype=None):
+    moe_cfg = MOE.get(moe).Config(dispatch=dispatch) if moe == "ep" else None
     inst = Instance(replace(model, weight_dtype=weight_dtype), hw, parallel=parallel, size=size, moe=moe,
-                    dispatch=dispatch)
+                    moe_cfg=moe_cfg)
     return COST.build("roofline", COST.get("roofline").Config(), inst)
 
 
@@ -110,7 +111,7 @@ def test_mla_kv_reads_favour_dp_attention_at_long_context_with_one_read(v2, h100
     latent once for all heads, the longer the context, the more DP attention's attention time wins. SGLang v0.4's
     kernel reads it once per 16 heads: DP attention's 128 heads read it 8 times, and the win is gone."""
     def model(parallel):
-        inst = Instance(v2, h100, parallel=parallel, size=8, moe="triton_fused", dispatch="all_reduce")
+        inst = Instance(v2, h100, parallel=parallel, size=8, moe="triton_fused")
         return COST.build("roofline", COST.get("roofline").Config(decode_head_block=head_block), inst)
     tp, dp = model("tp"), model("dp_attn")
     ratios = []

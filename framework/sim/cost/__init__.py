@@ -64,10 +64,8 @@ class Instance:
     parallel: str                              # the parallelism plugin's key (parallel.name)
     size: int                                  # GPUs of the instance (parallel.size)
     moe: str                                   # the MoE backend's key (moe.name)
-    dispatch: str = "all_to_all"               # moe=ep: all_to_all | all_reduce (moe.dispatch)
-    tp_size: int = 1                           # attention TP inside each DP group (parallel=dp_attn_tp)
-    parallel_cfg: Any = None                   # the plugins' own configs (None: their defaults with the fields above)
-    moe_cfg: Any = None
+    parallel_cfg: Any = None                   # the plugins' own configs (their other fields: moe.dispatch,
+    moe_cfg: Any = None                        # parallel.tp_size...); None: the plugin's defaults at `size`
 
 
 class CostModel(ABC):
