@@ -33,6 +33,7 @@ class Credit(NamedTuple):
     blocks: int = 0          # blocks it occupies there (kv_cost)
     confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
     first_block: int | None = None  # the request's first block key, while it counts as in flight (precise_prefix)
+    since: int = 0             # the view's removal count at the decision (KvView.retire)
 
 
 class RequestBlocks:
@@ -88,7 +89,7 @@ class KvViewPolicy(RoutingPolicy):
         if credit.prefill_tokens:
             self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
         return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason,
-                               memo=credit._replace(confirmed_tokens=confirmed))
+                               memo=credit._replace(confirmed_tokens=confirmed, since=self.view.removals))
 
     def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:
         """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them."""
@@ -113,7 +114,7 @@ class KvViewPolicy(RoutingPolicy):
         keys = decision.memo.keys
         if keys:
             if ok:
-                self.view.retire(decision.worker, keys, self.clock())
+                self.view.retire(decision.worker, keys, self.clock(), decision.memo.since)
             else:
                 self.view.debit(decision.worker, keys)
         if ok and usage is not None:

@@ -11,7 +11,8 @@ the worker's own hash of it. A worker holds a block, as far as a decision is con
   requests with a new prefix sent a moment apart scatter, since the first's blocks are not stored yet;
 - recent: one per request that ended there with the block, until the worker's event for it arrives or
   ``confirm_s`` passes (``retire``; ``expire`` drops the old ones): the answer can reach the router before the
-  worker's events do, and the session's next request follows at once.
+  worker's events do, and the session's next request follows at once. A block the worker stored and then removed
+  while the request was in flight is not awaited: its events came already, and it is gone.
 
 A decision's estimate (``matched_chars``) counts all three, as the match does; ``confirmed_prefix`` (the router's
 ``policy_accuracy`` figure ``confirmed_tokens``) counts stored and recent blocks only: a request in flight may be
@@ -36,6 +37,10 @@ class KvView:
         self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
         self._recent: dict[str, dict[int, int]] = {}  # worker -> key -> ended requests awaiting its event
         self._deadlines: deque[tuple[float, str, int]] = deque()  # (when a recent credit lapses, worker, key)
+        # worker -> key -> the removal count when an event removed it while credits were left on it (``retire``)
+        self._removed_at: dict[str, dict[int, int]] = {}
+        self.removals = 0  # removals so far: a request's credit remembers the count at its decision
+        self._peak: dict[str, int] = {}  # worker -> the most blocks its events showed it holding at once
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -73,13 +78,18 @@ class KvView:
                 self.stats["orphans"] += len(e.block_hashes)
                 return
         stored, recent = self._by_events.setdefault(worker, {}), self._recent.get(worker)
+        removed_at = self._removed_at.get(worker)
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
             if h in ext:
                 continue  # stored again without a removal in between: still one copy
             ext[h] = key
             stored[key] = stored.get(key, 0) + 1
+            if removed_at:
+                removed_at.pop(key, None)
             self._add(worker, key)
             self.stats["stored"] += 1
+            if len(stored) > self._peak.get(worker, 0):
+                self._peak[worker] = len(stored)
             if recent and recent.get(key):  # the event an ended request was waiting for
                 self._take(recent, key)
                 self._drop(worker, key)
@@ -88,12 +98,16 @@ class KvView:
     def _unstore(self, worker: str, key: int) -> None:
         self._take(self._by_events[worker], key)
         self._drop(worker, key)
+        self.removals += 1
+        if worker in self._holders.get(key, ()):  # credited to requests in flight: ``retire`` must not await it
+            self._removed_at.setdefault(worker, {})[key] = self.removals
 
     def forget(self, worker: str) -> None:
         """Drop what the events said of ``worker`` and what it was expected to hold after its requests ended (the
         credits of its requests in flight stay with them)."""
         for key in self._external.pop(worker, {}).values():
             self._unstore(worker, key)
+        self._removed_at.pop(worker, None)
         for key, n in self._recent.pop(worker, {}).items():
             for _ in range(n):
                 self._drop(worker, key)
@@ -101,6 +115,7 @@ class KvView:
     def drop_credits(self, worker: str) -> None:
         """Drop every credit of ``worker`` (removed: the ends of its requests will not be reported)."""
         self._recent.pop(worker, None)
+        self._removed_at.pop(worker, None)
         for key in [k for k, held in self._holders.items() if worker in held]:
             del self._holders[key][worker]
             if not self._holders[key]:
@@ -108,6 +123,10 @@ class KvView:
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
+
+    def capacity_blocks(self, worker: str) -> int:
+        """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
+        return self._peak.get(worker, 0)
 
     # -- requests ----------------------------------------------------------------------------------------------------
     def match(self, keys: Sequence[int], candidates: list[str]) -> dict[str, int]:
@@ -155,15 +174,21 @@ class KvView:
         for key in keys:
             self._drop(worker, key)
 
-    def retire(self, worker: str, keys: Sequence[int], now: float) -> None:
-        """A request credited with these blocks ended there: each credit stays (recent) until the worker's event for
-        the block arrives or ``confirm_s`` passes; already stored, it goes now."""
+    def retire(self, worker: str, keys: Sequence[int], now: float, since: int) -> None:
+        """A request credited with these blocks when ``removals`` was ``since`` ended there: each credit stays (recent)
+        until the worker's event for the block arrives or ``confirm_s`` passes; one already stored goes now, and so
+        does one stored and removed again since the decision (gone, not late)."""
         stored = self._by_events.get(worker, {})
         recent = self._recent.setdefault(worker, {})
+        removed_at = self._removed_at.get(worker, {})
         deadline = now + self.confirm_s
         for key in keys:
             if key in stored:
                 self._drop(worker, key)
+            elif removed_at.get(key, 0) > since:
+                self._drop(worker, key)
+                if worker not in self._holders.get(key, ()):  # no credit left to retire: forget the removal
+                    del removed_at[key]
             else:
                 recent[key] = recent.get(key, 0) + 1
                 self._deadlines.append((deadline, worker, key))

@@ -27,6 +27,10 @@ Two more rules of servelab's, off by default (``router=sticky_prefix`` turns bot
   block (a hot shared prefix: an agent's tools, a popular system prompt), goes to the candidate holding the most of
   it among those with fewer requests in flight than that ("spill"; ties: the least loaded). Bounded loads, but only
   for the prefix that makes the hot spot, so a session's history and a cold prefix stay where they are.
+  With ``spill_pressure`` > 0 only when, besides, the worker's requests in flight have more tokens to prefill than
+  ``spill_pressure`` x its cache (the most blocks its events showed it holding): sessions that each bring their own
+  history (an agent's steps) would evict one another there, while requests that share the prefix and add a short
+  question (a popular system prompt) fit, and spilling them would only prefill the prefix twice.
 The estimate (``matched_chars``, in tokens) is what the chosen worker holds of the prompt in the view, at most all
 but its last token, which an engine always computes.
 """
@@ -53,6 +57,7 @@ class PrecisePrefixConfig(KvViewConfig):
     session_affinity: bool = False  # a continuation goes where the request it continues went (servelab's)
     affinity_size: int = 1 << 20    # requests remembered for session_affinity
     spill_factor: float = 0.0       # > 0: a hot shared prefix spills past this x (mean in flight + 1) (servelab's)
+    spill_pressure: float = 0.0     # > 0: ...and only while its worker's in-flight prefill tokens > this x its cache
 
 
 @ROUTING.register("precise_prefix")
@@ -78,6 +83,8 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append(f"affinity_size={cfg.affinity_size} must be >= 1")
         if cfg.spill_factor and cfg.spill_factor < 1:
             problems.append(f"spill_factor={cfg.spill_factor} must be 0 (off) or >= 1")
+        if cfg.spill_pressure < 0:
+            problems.append(f"spill_pressure={cfg.spill_pressure} must be >= 0")
         if cfg.miss_policy not in MISS_POLICIES:
             problems.append(f"miss_policy={cfg.miss_policy!r} is not one of {MISS_POLICIES}")
         return problems
@@ -147,6 +154,10 @@ class PrecisePrefixRouting(KvViewPolicy):
         under = [w for w in candidates if loads[w] < cap]
         if self._hot.get((worker, first), 0) < cap or not under:
             return worker, "cache_hit"
+        pressure = self.cfg.spill_pressure
+        if pressure and self.prefill_tokens.get(worker, 0) <= (
+                pressure * self.view.capacity_blocks(worker) * self.cfg.block_size):
+            return worker, "cache_hit"  # its cache holds what its requests bring: spilling would only re-prefill
         best = max(matched[w] for w in under)
         return min((w for w in under if matched[w] == best), key=loads.__getitem__), "spill"
 

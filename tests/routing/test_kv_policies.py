@@ -75,6 +75,7 @@ class Model:
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
         self.routed = []  # [tokens, worker, open] of every decision, in order
+        self.peak = {w: 0 for w in workers}  # the most blocks stored at once
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -124,7 +125,9 @@ def precise_rule(cfg, model, loads, tokens, cands):
             cap = math.ceil(cfg.spill_factor * (sum(loads[w] for w in cands) / len(cands) + 1))
             under = [w for w in cands if loads[w] < cap]
             hot = sum(1 for f in model.flight if f[0] == worker and blocks_of(f[1])[:1] == blocks_of(tokens)[:1])
-            if hot >= cap and under:
+            pending = sum(f[3] for f in model.flight if f[0] == worker)
+            fits = cfg.spill_pressure and pending <= cfg.spill_pressure * model.peak[worker] * B
+            if hot >= cap and under and not fits:
                 best = max(matched[w] for w in under)
                 return min((w for w in under if matched[w] == best), key=loads.get), "spill", matched
         return worker, "cache_hit", matched
@@ -172,12 +175,14 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]), st.booleans(), steps)
-def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, affinity, sequence):
+@given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]),
+       st.sampled_from([0.0, 0.5]), st.booleans(), steps)
+def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, pressure, affinity, sequence):
     """precise_prefix's servelab rules (router=sticky_prefix): the latest request not yet continued whose last block
-    leads this one names its worker; a hot first block spills past the cap. Recomputed from every decision so far."""
+    leads this one names its worker; a hot first block spills past the cap (with ``spill_pressure``, only while the
+    worker's in-flight prefill exceeds that share of its peak cache). Recomputed from every decision so far."""
     policy = make("precise_prefix", cache_threshold=threshold, balance_abs_threshold=gap, session_affinity=affinity,
-                  spill_factor=spill, miss_policy="least_prefill")
+                  spill_factor=spill, spill_pressure=pressure, miss_policy="least_prefill")
     play(policy, precise_rule, sequence)
 
 
@@ -197,7 +202,8 @@ def play(policy, rule, sequence):
             confirmed = model.confirmed(worker, tokens, matched[worker])  # without the in-flight credits
             assert d.memo.confirmed_tokens == est(confirmed, len(arg))
             credited = set(blocks_of(tokens)[matched[worker]:])
-            flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B))
+            flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B),
+                      set())  # the last: its credited blocks the worker stored and removed while it was in flight
             model.flight.append(flight)
             model.routed.append([tokens, worker, True])  # True: not continued yet
             decisions.append((d, flight))
@@ -205,7 +211,7 @@ def play(policy, rule, sequence):
             d, flight = decisions.pop(arg % len(decisions))
             model.flight.remove(flight)
             if extra:  # served: its blocks stay credited until the worker's event for each comes
-                model.recent[d.worker] += [p for p in flight[2] if p not in model.stored[d.worker]]
+                model.recent[d.worker] += [p for p in flight[2] if p not in model.stored[d.worker].keys() | flight[5]]
             policy.on_request_done(d.worker, d, ok=extra)
         elif op == "store":  # the worker's cache stored these blocks (chained on what it already had)
             tokens = [97 + t for t in arg]
@@ -221,11 +227,15 @@ def play(policy, rule, sequence):
                     model.stored[extra][prefix] = hashes[k]
                     if prefix in model.recent[extra]:  # the event an ended request waited for
                         model.recent[extra].remove(prefix)
+                model.peak[extra] = max(model.peak[extra], len(model.stored[extra]))
         elif op == "evict" and model.stored[extra]:  # one block and every block after it
             prefixes = sorted(model.stored[extra])
             gone = prefixes[arg % len(prefixes)]
             dropped = [p for p in prefixes if p[:len(gone)] == gone]
             policy.on_worker_event(extra, BlockRemoved(tuple(model.stored[extra].pop(p) for p in dropped)))
+            for f in model.flight:  # gone: not to be awaited when the request ends
+                if f[0] == extra:
+                    f[5].update(p for p in dropped if p in f[2])
         elif op == "clear":
             policy.on_worker_event(extra, AllBlocksCleared())
             model.stored[extra].clear()
@@ -259,6 +269,21 @@ def test_recent_credits_wait_for_their_event_or_lapse():
     now[0] = 5.0
     policy.maintain(now[0])  # no event within confirm_s: the credits lapse
     assert policy.view._holders == {} and policy.view.stats["lapsed"] > 0
+
+
+def test_a_block_stored_and_removed_while_its_request_was_in_flight_is_not_awaited():
+    """Its events came already: crediting it as "recent" for confirm_s would over-estimate the next request."""
+    policy = make("precise_prefix", confirm_s=2.0)
+    text = "a prompt of some blocks, stored then evicted"
+    tokens = list(text.encode())
+    hashes = chain_hashes(tokens, B)
+    w = policy.select(text)
+    d = policy.last_decision
+    policy.on_worker_event(w, BlockStored(tuple(hashes), None, tuple(tokens[:len(hashes) * B]), B))
+    policy.on_worker_event(w, BlockRemoved(tuple(hashes[1:])))  # the cache evicted all but the first block
+    policy.on_request_done(w, d)
+    policy.select(text)
+    assert policy.last_decision.worker == w and policy.last_decision.matched_chars == B
 
 
 def test_removed_worker_leaves_no_credit_behind():
@@ -314,7 +339,21 @@ def test_spill_factor_moves_only_the_hot_prefix():
         assert policy.loads[cold] == 1
 
 
+def test_spill_pressure_keeps_a_shared_prefix_whose_requests_fit_the_cache():
+    """The same 6 requests with spill_factor=1: a worker whose cache (16 blocks, seen in its events) holds what its
+    requests in flight bring keeps them all (spill_pressure=1); one whose cache is smaller than that spills."""
+    tools = "the long shared tool prefix of a popular agent. " * 2
+    for cache_blocks, workers_used in ((64, 1), (4, 3)):
+        policy = make("precise_prefix", workers="abcd", cache_threshold=0.3, spill_factor=1.0, spill_pressure=1.0)
+        filler = list(range(cache_blocks * B))  # the cache, once full: its peak is what the rule compares against
+        policy.on_worker_event("a", BlockStored(tuple(chain_hashes(filler, B)), None, tuple(filler), B))
+        policy.on_worker_event("a", BlockRemoved(tuple(chain_hashes(filler, B))))
+        picks = {policy.select(tools + f"task {i}") for i in range(6)}
+        assert len(picks) == workers_used, (cache_blocks, picks)
+
+
 @pytest.mark.parametrize("bad, named", [({"spill_factor": 0.5}, "spill_factor=0.5 must be 0 (off) or >= 1"),
+                                        ({"spill_pressure": -1}, "spill_pressure=-1 must be >= 0"),
                                         ({"affinity_size": 0}, "affinity_size=0 must be >= 1"),
                                         ({"miss_policy": "nearest"}, "'least_prefill'")])
 def test_bad_sticky_settings_are_named(bad, named):
