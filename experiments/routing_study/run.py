@@ -222,9 +222,6 @@ def run_cell(cluster: Cluster, cfg, router_cfg) -> dict:
     results, _ = bench(cluster, cfg, sessions_of(cfg))
     stats = cluster.router_stats()
     results["router_cpu_us_per_req"] = (stats["process_cpu_s"] - cpu0) / max(results["requests_completed"], 1) * 1e6
-    acc = stats.get("policy_accuracy")  # an exact-view policy: its estimate without the credits of requests in flight
-    if acc and acc["prompt_tokens"]:
-        results["router_confirmed_hit_rate"] = acc["confirmed_tokens"] / acc["prompt_tokens"]
     return {k: results.get(k, float("nan")) for k in KEYS}
 
 

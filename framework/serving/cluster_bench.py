@@ -51,6 +51,7 @@ def cluster_figures(records: list[RequestRecord], worker_urls: list[str], router
     counts = [w["requests" if attributed else "router_attempts"] for w in per_worker.values()]
     mean = sum(counts) / len(counts) if counts else 0.0
     decision_us = router.get("router_decision_us", {})
+    accuracy = router.get("policy_accuracy") or {}  # an exact view's account: its estimate without in-flight credits
     return {
         "workers": len(worker_urls),
         "load_imbalance": max(counts) / mean if mean else float("nan"),     # max / mean requests per worker
@@ -58,6 +59,8 @@ def cluster_figures(records: list[RequestRecord], worker_urls: list[str], router
         "router_decision_p99_us": decision_us.get("p99", float("nan")),
         "router_retries": router.get("retries", 0),
         "router_estimated_hit_rate": router.get("estimated_hit_rate", float("nan")),   # beside cache_hit_rate
+        "router_confirmed_hit_rate": (accuracy["confirmed_tokens"] / accuracy["prompt_tokens"]
+                                      if accuracy.get("prompt_tokens") else float("nan")),
         "router_reasons": router.get("reasons", {}),
         "per_worker": per_worker,
     }

@@ -67,11 +67,9 @@ class SimRouter:
         self.now = now
         self.policy.maintain(now)
 
-    def figures(self) -> dict:
-        """The router's keys of a cluster bench's results (framework/serving/cluster_bench.py)."""
-        out = {"router_estimated_hit_rate": self.matched / self.chars if self.chars else float("nan"),
-               "router_reasons": dict(sorted(self.reasons.items()))}
-        acc = getattr(self.policy, "accuracy", None)   # an exact view: its estimate without in-flight credits
-        if acc and acc["prompt_tokens"]:
-            out["router_confirmed_hit_rate"] = acc["confirmed_tokens"] / acc["prompt_tokens"]
-        return out
+    def stats(self) -> dict:
+        """What a real router's /router_stats says of its decisions (the keys cluster_figures reads)."""
+        accuracy = getattr(self.policy, "accuracy", None)  # a policy's own account of its estimates, when it keeps one
+        return {"estimated_hit_rate": self.matched / self.chars if self.chars else float("nan"),
+                "reasons": dict(sorted(self.reasons.items())),
+                **({"policy_accuracy": dict(accuracy)} if accuracy else {})}

@@ -65,8 +65,7 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     results = summarize(records, duration, cfg.workload.slo)
     stats = {name: inst.stats() for name, inst in sim.instances.items()}
-    figures = cluster_figures(records, list(sim.instances), {}, stats)
-    figures.update(sim.router.figures())
+    figures = cluster_figures(records, list(sim.instances), sim.router.stats(), stats)
     for key in ("router_decision_p50_us", "router_decision_p99_us"):
         del figures[key]                            # the router's own speed is not simulated
     results.update(figures)

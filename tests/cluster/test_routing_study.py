@@ -18,9 +18,12 @@ from ceiling import hit_rate_ceiling  # noqa: E402
 
 @pytest.mark.slow
 def test_routing_study_quick(tmp_path):
-    """Slow (35 s) and timing-dependent: with 6 requests one late KV event moves the estimate by 0.07 on a loaded
-    machine. The exact view's estimate is checked deterministically in tests/sim and over real workers in
-    tests/serving/test_router_kv_events.py."""
+    """Slow (35 s). The exact view brackets the workers' hit rate: its estimate without in-flight credits (what the
+    caches held at the decision) is a floor, the estimate with them (what they will hold once the requests in flight
+    before this one are prefilled) a ceiling. Which one the truth meets is timing: with 6 requests, an agent step
+    whose tool prefix is still being prefilled for another session when it arrives joins that prefill batch and
+    misses (0.07 of the hit rate). The estimate itself is checked deterministically in tests/sim and over real
+    workers in tests/serving/test_router_kv_events.py."""
     contenders = ["precise_prefix", "cache_aware"] + (["cache_aware/sglang"] if installed_version() else [])
     r = subprocess.run([sys.executable, "experiments/routing_study/run.py", "--quick", "--out", str(tmp_path),
                         "--workloads", "multi_turn", "agent", "--contenders", *contenders],
@@ -33,8 +36,10 @@ def test_routing_study_quick(tmp_path):
     for row in rows.values():
         assert row["requests_completed"] == 6 and row["requests_failed"] == 0
         assert 0 < row["cache_hit_rate"] <= row["ceiling_hit_rate"] + 1e-9
-    for w in ("multi_turn", "agent"):  # the exact view: the router's estimate is the workers' hit rate, nearly
-        assert abs(rows[w, "precise_prefix"]["estimate_error"]) < 0.02
+    for w in ("multi_turn", "agent"):  # within a partly cached block per request of the bracket
+        row = rows[w, "precise_prefix"]
+        floor, ceiling = row["router_confirmed_hit_rate"], row["router_estimated_hit_rate"]
+        assert floor - 0.02 <= row["cache_hit_rate"] <= ceiling + 0.02, row
         assert (tmp_path / "plots" / f"{w}.png").stat().st_size > 10_000
     assert "exact view |estimate - measured|" in r.stdout
 
