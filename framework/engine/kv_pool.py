@@ -17,6 +17,8 @@ SLOT_DTYPE = torch.int32
 
 
 class KVPool:
+    holds_kv = True  # a forward reads and writes it: the scheduler builds each batch's input tensors
+
     def __init__(self, num_layers: int, width: int, capacity: int, dtype: torch.dtype, device="cpu"):
         if capacity < 1:
             raise ValueError(f"the KV pool holds no token (capacity {capacity}); raise engine.kv_budget_mb")
@@ -128,6 +130,7 @@ class CountingKVPool:
     DeepSeek rank's pool this way without allocating it)."""
 
     device = torch.device("cpu")
+    holds_kv = False  # no forward runs on it: the scheduler leaves a batch's input tensors empty
 
     def __init__(self, capacity: int):
         if capacity < 1:

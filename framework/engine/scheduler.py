@@ -169,6 +169,7 @@ class Scheduler:
         tokens, written in place."""
         out = self._alloc_extend(sum(r.extend_input_len for r in reqs))
         ids, pos, prefix_lens, sample, off = [], [], [], [], 0
+        inputs = self.pool.holds_kv  # a counting pool (the simulator) runs no forward: no token ids to gather
         for req in reqs:
             start, n = len(req.prefix_indices), req.extend_input_len
             if req.req_pool_idx == 0:         # new or resumed (a request mid-prefill keeps its row)
@@ -179,9 +180,10 @@ class Scheduler:
             self.req_to_token.write(req.req_pool_idx, start, out[off:off + n])
             off += n
             req.kv_len = start + n
-            fill = req.prompt_ids if start + n <= len(req.prompt_ids) else req.fill_ids
-            ids += fill[start:start + n]
-            pos += range(start, start + n)
+            if inputs:
+                fill = req.prompt_ids if start + n <= len(req.prompt_ids) else req.fill_ids
+                ids += fill[start:start + n]
+                pos += range(start, start + n)
             prefix_lens.append(start)
             sample.append(req is not self.chunked)
         return ForwardBatch(ForwardMode.EXTEND, reqs=list(reqs), input_ids=torch.tensor(ids, dtype=torch.long),
@@ -238,9 +240,9 @@ class Scheduler:
         self.req_to_token.write_tokens(rows, positions, out)
         for r in reqs:
             r.kv_len += 1
-        return ForwardBatch(ForwardMode.DECODE, reqs=reqs,
-                            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long),
-                            positions=torch.tensor(positions, dtype=torch.long), out_cache_loc=out,
+        last = [r.output_ids[-1] for r in reqs] if self.pool.holds_kv else []  # the simulator runs no forward
+        return ForwardBatch(ForwardMode.DECODE, reqs=reqs, input_ids=torch.tensor(last, dtype=torch.long),
+                            positions=torch.tensor(positions if last else [], dtype=torch.long), out_cache_loc=out,
                             req_to_token=self.req_to_token.table, req_pool_indices_cpu=rows,
                             seq_lens_cpu=[p + 1 for p in positions],
                             extend_lens=[1] * bs, sample=[True] * bs)

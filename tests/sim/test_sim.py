@@ -160,3 +160,11 @@ def test_other_work_on_the_host_stretches_the_steps():
     assert shared["cache_hit_rate"] == pytest.approx(alone["cache_hit_rate"], abs=0.05)
     with pytest.raises(UserError, match="sim.host_cores and sim.host_background must be >= 0"):
         run(compose(SMALL + ["sim.host_background=-1"]), "/tmp/unused", {})
+
+
+def test_a_counting_pool_gets_no_input_tensors():
+    """The simulator runs no forward: its batches keep the shapes the cost model prices and no token ids."""
+    sched = Scheduler(EngineConfig(), CountingKVPool(1000), -1, lambda ids: "")
+    sched.add(Req(list(range(1, 41)), SamplingParams(max_new_tokens=3, ignore_eos=True), rid="a"))
+    batch = sched.next_batch()
+    assert batch.extend_lens == [40] and batch.input_ids.numel() == 0 and batch.positions.numel() == 0
