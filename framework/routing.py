@@ -179,6 +179,11 @@ class RoutingPolicy(abc.ABC):
     def maintain(self, now: float | None = None) -> None:
         """Periodic work off the request path. The stateless policies have none."""
 
+    def hold_s(self, decision: RoutingDecision) -> float:
+        """Seconds the router should hold the request of ``decision`` before sending it to its worker (0: send now).
+        Asked at the decision and again after each batch of that worker's events, until it answers 0. Default: 0."""
+        return 0.0
+
     # -- for plugins -------------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:

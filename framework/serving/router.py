@@ -93,6 +93,7 @@ class Router(RouterControl):
         self._tasks: list[asyncio.Task] = []
         self._removals: dict[str, asyncio.Task] = {}  # url -> its drain, shared by every remove_worker caller
         self.events = WorkerEvents(self)  # KV events, load reports, usage: what the policy subscribed to
+        self._held: dict[str, list[asyncio.Future]] = {}  # worker url -> requests held for it (the policy's hold_s)
         c = self.cfg
         # Built once. No total: a stream may run for as long as its worker keeps talking; waits on a worker are
         # bounded by self._timer (silence and the client's deadlines), not by aiohttp's per-request timers.
@@ -209,6 +210,7 @@ class Router(RouterControl):
                     if not pool:
                         break
                 att = self._dispatch(call, pool)
+                await self._hold(att)
                 result = await self._attempt(request, call, att)
                 if not isinstance(result, Failed):
                     outcome = att.outcome or ("ok" if result.status < 400 else "client_error")
@@ -231,6 +233,28 @@ class Router(RouterControl):
             self.stats.retries += 1
         call.tried.append(w)
         return _Attempt(w, decision)
+
+    async def _hold(self, att: _Attempt) -> None:
+        """Wait while the policy holds the request (its prefix is still being prefilled on the worker): until an event
+        batch of that worker lets it go, or the hold runs out."""
+        left = self.policy.hold_s(att.decision)
+        if left <= 0:
+            return
+        self.stats.holds += 1
+        while left > 0:
+            waiter = asyncio.get_running_loop().create_future()
+            self._held.setdefault(att.worker.url, []).append(waiter)
+            try:
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                return
+            left = self.policy.hold_s(att.decision)
+
+    def release_held(self, url: str) -> None:
+        """A batch of ``url``'s events arrived: wake the requests held for it (each asks the policy again)."""
+        for waiter in self._held.pop(url, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _attempt(self, request: web.Request, call: _Call, att: _Attempt) -> web.StreamResponse | Failed:
         """One try on one worker. Returns the final response, or ``Failed``."""

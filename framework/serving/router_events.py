@@ -130,6 +130,7 @@ class WorkerEvents:
                 if self.problems.get(w.url) != str(e):
                     log.error("KV events from %s: %s", w.url, e)
                 self.problems[w.url] = str(e)
+        self.router.release_held(w.url)
 
     def _resync(self, w) -> None:
         if self.router._is_current(w):

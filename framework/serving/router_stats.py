@@ -36,6 +36,7 @@ class RouterStats:
         self.decisions: Tally[tuple[str, str]] = Tally()  # (worker, reason) -> count
         self.outcomes: Tally[tuple[str, str]] = Tally()  # (route, outcome) -> count
         self.retries = 0
+        self.holds = 0  # requests the policy held before sending them (hold_s)
         self.matched_chars = self.request_chars = 0
         self.reported = [0, 0, 0]  # requests, prompt and cached tokens whose usage the router read (USAGE)
         self.decision_buckets = [0] * (len(DECISION_BUCKETS_S) + 1)  # last one: above the largest bound
@@ -46,7 +47,7 @@ class RouterStats:
     def reset(self) -> None:
         """Start a new /router_stats window (the Prometheus series stay cumulative)."""
         self._base = (Tally(self.decisions), Tally(self.outcomes), self.retries, self.matched_chars,
-                      self.request_chars, time.time(), list(self.reported))
+                      self.request_chars, time.time(), list(self.reported), self.holds)
         self.decision_us.clear()
 
     def decision(self, d: RoutingDecision, elapsed_s: float) -> None:
@@ -65,7 +66,7 @@ class RouterStats:
             r[0], r[1], r[2] = r[0] + 1, r[1] + usage.prompt_tokens, r[2] + usage.cached_tokens
 
     def snapshot(self, workers: Iterable[WorkerState]) -> dict:
-        decisions0, outcomes0, retries0, matched0, chars0, since, reported0 = self._base
+        decisions0, outcomes0, retries0, matched0, chars0, since, reported0, holds0 = self._base
         n_reported, prompt, cached = (a - b for a, b in zip(self.reported, reported0))
         decisions, outcomes = self.decisions - decisions0, self.outcomes - outcomes0
         matched, chars = self.matched_chars - matched0, self.request_chars - chars0
@@ -87,6 +88,7 @@ class RouterStats:
             "reported_hit_rate": cached / prompt if prompt else None, "reported_requests": n_reported,
             "reasons": dict(reasons),
             "retries": self.retries - retries0,
+            "holds": self.holds - holds0,
             "outcomes": dict(by_outcome),
             "per_worker_requests": dict(per_worker),
             "workers": [w.describe() for w in workers],

@@ -26,11 +26,11 @@ from framework.engine.request import Req, SamplingParams
 from framework.metrics import RequestRecord
 from framework.workload.base import Session
 
-ARRIVE, STEP, CLIENT, MAINTAIN, POLL = range(5)    # the order of events at one instant
+ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
 MAX_RUN = 64                                  # decode steps one event advances at most
 
 
-@dataclass
+@dataclass(eq=False)  # a flight is itself: found by identity (held lists)
 class _Flight:
     session: Session
     turn: int
@@ -66,6 +66,9 @@ class Simulation:
         self.seq = 0
         self.busy_ranks = 0
         self.flights: dict[str, _Flight] = {}
+        self.held: dict[str, list[_Flight]] = {}   # worker -> requests the router holds for it (the policy's hold_s)
+        self.now = 0.0                              # the time of the event being handled
+        router.on_events = self._release
         self.records: list[RequestRecord] = []
         self.end = 0.0
 
@@ -89,10 +92,11 @@ class Simulation:
         self.bar = tqdm(total=total, desc="simulated requests", disable=not self.progress, leave=False,
                         mininterval=0.5)
         handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain,
-                    POLL: self._poll}
+                    POLL: self._poll, HOLD: self._hold_over}
         heap = self.heap
         while heap:
             t, kind, _, payload = heapq.heappop(heap)
+            self.now = t
             handlers[kind](t, *payload)
         self.bar.close()
         if self.flights or self.pending:      # the engine would spin: say so rather than lose requests
@@ -134,7 +138,29 @@ class Simulation:
         req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
         flight = _Flight(s, k, req, worker, decision, now)
         self.flights[req.rid] = flight
+        hold = self.router.hold_s(decision)
+        if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
+            self.held.setdefault(worker, []).append(flight)
+            self.push(at_router + hold, HOLD, worker, flight)
+            return
         self.push(req.arrival_time, ARRIVE, worker, flight)
+
+    def _release(self, worker: str) -> None:
+        """After a KV event of `worker`: send the requests held for it that the policy lets go."""
+        held = self.held.get(worker)
+        if held:
+            go = [f for f in held if self.router.hold_s(f.decision) <= 0]
+            for flight in go:
+                self._unhold(worker, flight)
+
+    def _hold_over(self, now: float, worker: str, flight: _Flight) -> None:
+        if flight in self.held.get(worker, ()):    # not released by an event before
+            self._unhold(worker, flight)
+
+    def _unhold(self, worker: str, flight: _Flight) -> None:
+        self.held[worker].remove(flight)
+        flight.req.arrival_time = self.now + self.router_s + self.net
+        self.push(flight.req.arrival_time, ARRIVE, worker, flight)
 
     def _receive(self, now: float, flight: _Flight) -> None:
         """The finished request's last token reached the client."""

@@ -8,6 +8,8 @@ to (framework/serving/router_events.py makes the same calls over sockets and HTT
   ~1 ms of latency and its batching are not simulated). An instance with several DP groups sends every group's events
   as one worker's, as one publisher per instance would.
 - LOAD: a LoadReport per instance every `router.load_poll_interval_s` of simulated time (GET /get_load's figures).
+A request the policy holds (`hold_s`) waits at the router until the policy lets it go after one of its worker's
+events, or its hold runs out (framework/sim/cluster.py).
 
 A change of the policy interface is a change here only."""
 from __future__ import annotations
@@ -31,13 +33,18 @@ class SimRouter:
             policy.add_worker(w)
         self.reasons: dict[str, int] = {}
         self.matched = self.chars = 0
+        self.on_events = None  # called with the worker after each of its KV events (the cluster releases holds)
 
     def watch(self, worker: str, caches) -> None:
         """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them."""
         if self.block_size:
             for cache in caches:
-                cache.observer = CacheEventEmitter(self.block_size,
-                                                   lambda event: self.policy.on_worker_event(worker, event))
+                cache.observer = CacheEventEmitter(self.block_size, lambda event: self._event(worker, event))
+
+    def _event(self, worker: str, event) -> None:
+        self.policy.on_worker_event(worker, event)
+        if self.on_events is not None:
+            self.on_events(worker)
 
     def report_loads(self, now: float, reports: dict) -> None:
         """The instances' LoadReports (worker -> report), as the service's poll of every worker gives them."""
@@ -55,6 +62,10 @@ class SimRouter:
             self.matched += decision.matched_chars
             self.chars += decision.request_chars
         return worker, decision
+
+    def hold_s(self, decision: RoutingDecision | None) -> float:
+        """How long the request of `decision` waits at the router before it is sent (the policy's `hold_s`)."""
+        return 0.0 if decision is None else self.policy.hold_s(decision)
 
     def done(self, worker: str, decision: RoutingDecision | None, now: float, ok: bool = True, req=None) -> None:
         """The request is over on `worker` (its usage, as the worker reports it, from `req` when it was served)."""

@@ -24,6 +24,7 @@ class KvViewConfig(RoutingConfig):
     tokenizer: str = "byte"       # how the router tokenizes a request sent as text (byte: servelab's)
     pending_credit: bool = True   # count a request's blocks on its worker before its events say so (servelab's)
     confirm_s: float = 2.0        # ...after it ended, for at most this long
+    hold_s: float = 0.0           # > 0: hold a request whose prefix is still being prefilled, this long at most
 
 
 class Credit(NamedTuple):
@@ -34,6 +35,8 @@ class Credit(NamedTuple):
     confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
     first_block: int | None = None  # the request's first block key, while it counts as in flight (precise_prefix)
     since: int = 0             # the view's removal count at the decision (KvView.retire)
+    hold: tuple[int, ...] = ()  # the prefix to see stored before the request is sent (hold_s > 0), ...
+    hold_until: float = 0.0     # ...until this time at most
 
 
 class RequestBlocks:
@@ -68,6 +71,8 @@ class KvViewPolicy(RoutingPolicy):
             problems.append(f"tokenizer={cfg.tokenizer!r} is not one of {TOKENIZERS} (give token ids otherwise)")
         if cfg.confirm_s < 0:
             problems.append(f"confirm_s={cfg.confirm_s} must be >= 0")
+        if cfg.hold_s < 0:
+            problems.append(f"hold_s={cfg.hold_s} must be >= 0")
         return problems
 
     def blocks(self, request: RequestView) -> RequestBlocks:
@@ -85,11 +90,25 @@ class KvViewPolicy(RoutingPolicy):
         the view -- stored, recently ended and in flight: a request queued behind another with its prefix finds that
         prefix prefilled. The memo keeps the estimate without the in-flight credits too (``accuracy``)."""
         n = len(req.tokens)
-        confirmed = self.estimate(self.view.confirmed_prefix(worker, req.keys, matched_blocks), n)
+        stored = self.view.confirmed_prefix(worker, req.keys, matched_blocks)
         if credit.prefill_tokens:
             self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
-        return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason,
-                               memo=credit._replace(confirmed_tokens=confirmed, since=self.view.removals))
+        memo = credit._replace(confirmed_tokens=self.estimate(stored, n), since=self.view.removals)
+        if self.cfg.hold_s > 0 and stored < matched_blocks:  # the rest is some request's prefill in flight there
+            memo = memo._replace(hold=tuple(req.keys[:matched_blocks]), hold_until=self.clock() + self.cfg.hold_s)
+        return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason, memo=memo)
+
+    def hold_s(self, decision: RoutingDecision) -> float:
+        """While the prefix this request was routed for is only being prefilled on its worker (credited to requests in
+        flight there, no event yet), until ``hold_until``: sent now, it would be prefilled beside their remaining
+        chunks and hit only what their finished chunks stored (SGLang inserts a chunked prefill as it goes)."""
+        memo = decision.memo
+        if not memo.hold:
+            return 0.0
+        left = memo.hold_until - self.clock()
+        if left <= 0 or self.view.confirmed_prefix(decision.worker, memo.hold, len(memo.hold)) == len(memo.hold):
+            return 0.0
+        return left
 
     def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:
         """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them."""

@@ -359,3 +359,28 @@ def test_spill_pressure_keeps_a_shared_prefix_whose_requests_fit_the_cache():
 def test_bad_sticky_settings_are_named(bad, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         make("precise_prefix", **bad)
+
+
+def test_hold_waits_for_a_prefix_in_flight_until_its_events_or_the_hold_ends():
+    now = [0.0]
+    for hold in (0.0, 1.0):
+        policy = make("precise_prefix", cache_threshold=0.3, hold_s=hold)
+        policy.clock = lambda: now[0]
+        prefix = "a long prefix that both requests share, " * 2
+        a = policy.select(prefix + "first")
+        assert policy.hold_s(policy.last_decision) == 0  # nothing of it is anywhere: nothing to wait for
+        assert policy.select(prefix + "second") == a
+        second = policy.last_decision
+        assert policy.hold_s(second) == hold  # its prefix is the first's, still being prefilled
+        if hold:
+            tokens = list((prefix + "first").encode())
+            hashes = chain_hashes(tokens, B)
+            policy.on_worker_event(a, BlockStored(tuple(hashes[:3]), None, tuple(tokens[:3 * B]), B))
+            assert policy.hold_s(second) == hold  # a part stored: still waiting
+            rest = tuple(tokens[3 * B:len(hashes) * B])
+            policy.on_worker_event(a, BlockStored(tuple(hashes[3:]), hashes[2], rest, B))
+            assert policy.hold_s(second) == 0  # the whole prefix is stored
+            policy.select("another prefix, never seen: " * 3)
+            policy.select("another prefix, never seen: " * 3 + "again")
+            now[0] += 1.5
+            assert policy.hold_s(policy.last_decision) == 0  # the hold ran out

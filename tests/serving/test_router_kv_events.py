@@ -86,3 +86,27 @@ async def test_load_reports_reach_a_policy_that_follows_them():
             load = await r.json()
         assert load[0]["dp_rank"] == 0 and {"num_reqs", "num_waiting_reqs", "num_tokens"} <= set(load[0])
         await wait_until(lambda: len(policy._reported) == 2, what="a load report from each worker")
+
+
+async def test_a_request_held_for_a_prefix_in_flight_is_sent_once_it_is_stored():
+    """hold_s: the second of two requests with one long prefix, sent while the first is still being prefilled, waits at
+    the router for the first's BlockStored events, then hits the whole shared prefix (to the block)."""
+    cls = ROUTING.get("precise_prefix")
+    policy = cls(cls.Config(block_size=B, cache_threshold=0.2, hold_s=10.0))
+    async with cluster(policy) as (router, http, clients):
+        prefix = "A long shared preamble that two requests send at once, one after the other. " * 7  # 2 chunks
+
+        async def send(i):
+            body = {"text": f"{prefix}question {i}", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+            async with http.post("/generate", json=body) as r:
+                assert r.status == 200
+                return (await r.json())["meta_info"]["cached_tokens"]
+
+        first = asyncio.create_task(send(0))
+        await wait_until(lambda: policy.last_decision is not None, what="the first request to be routed")
+        cached = await send(1)
+        assert await first == 0
+        shared = len(prefix.encode()) + len("question ")
+        assert cached >= shared // B * B, (cached, shared)
+        stats = await (await http.get("/router_stats")).json()
+        assert stats["holds"] == 1 and stats["reasons"] == {"cache_miss": 1, "cache_hit": 1}

@@ -168,3 +168,20 @@ def test_a_counting_pool_gets_no_input_tensors():
     sched.add(Req(list(range(1, 41)), SamplingParams(max_new_tokens=3, ignore_eos=True), rid="a"))
     batch = sched.next_batch()
     assert batch.extend_lens == [40] and batch.input_ids.numel() == 0 and batch.positions.numel() == 0
+
+
+def test_a_held_request_waits_for_its_prefix_and_hits_it():
+    """router.hold_s in the simulator: prompts behind one 400-token system prompt, prefilled in 64-token chunks. Sent
+    at once, a group's later prompts are prefilled beside the first's remaining chunks and miss part of the prompt the
+    view credits them with; held until its events say it is stored, they hit it, and the estimate is the hit rate."""
+    base = ["mode=sim", "logger.mode=disabled", "logger.plots=false", "workload=shared_prefix",
+            "workload.num_groups=4", "workload.prompts_per_group=4", "workload.system_prompt_len=400",
+            "workload.question_len=16", "workload.output_len=4", "engine.chunked_prefill_tokens=64",
+            "cluster.instances=2", "cluster.kv_events=true", "cluster.kv_block_size=8", "router=precise_prefix",
+            "router.block_size=8"]
+    (free, _), (held, _) = (simulate(compose(base + [f"router.hold_s={h}"])) for h in (0, 5))
+    assert held["requests_completed"] == free["requests_completed"] == 16
+    assert held["cache_hit_rate"] > free["cache_hit_rate"] + 0.01
+    error = {name: abs(r["router_estimated_hit_rate"] - r["cache_hit_rate"])
+             for name, r in (("free", free), ("held", held))}
+    assert error["held"] < 0.01 < error["free"], error
