@@ -2,6 +2,12 @@
 events, tokenizes requests, credits a request's blocks to its worker, and keeps its estimates beside what the workers
 reported (``accuracy``).
 
+With ``hold_s`` > 0 (servelab's, off by default) a request whose prefix on its worker is only credited to requests in
+flight there (no ``BlockStored`` yet: still being prefilled, perhaps in chunks) is held at the router (``hold_s``, the
+``RoutingPolicy`` hook the HTTP router and the simulator ask after each batch of that worker's events) until the prefix
+is stored or ``hold_s`` passes: sent at once, it would be prefilled beside the other's remaining chunks and hit only
+what the finished ones stored, while the view counted all of it.
+
 ``RequestBlocks`` is what a policy reads of a request: its tokens (the client's token ids, else the tokenizer's) and
 their block keys. Only the byte tokenizer is built in (servelab's: a token per UTF-8 byte); a policy in front of
 workers with another tokenizer is given the token ids by its caller (``RequestView.token_ids``).
