@@ -243,7 +243,9 @@ class Router(RouterControl):
         self.stats.holds += 1
         while left > 0:
             waiter = asyncio.get_running_loop().create_future()
-            self._held.setdefault(att.worker.url, []).append(waiter)
+            held = self._held.setdefault(att.worker.url, [])
+            held[:] = [w for w in held if not w.done()]  # those that timed out (a worker whose events stopped)
+            held.append(waiter)
             try:
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
