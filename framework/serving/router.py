@@ -210,7 +210,11 @@ class Router(RouterControl):
                     if not pool:
                         break
                 att = self._dispatch(call, pool)
-                await self._hold(att)
+                try:
+                    await self._hold(att, self._deadline(call)[0])
+                except BaseException:  # the client went away while it was held: it was never sent
+                    self._release(att)
+                    raise
                 result = await self._attempt(request, call, att)
                 if not isinstance(result, Failed):
                     outcome = att.outcome or ("ok" if result.status < 400 else "client_error")
@@ -234,10 +238,10 @@ class Router(RouterControl):
         call.tried.append(w)
         return _Attempt(w, decision)
 
-    async def _hold(self, att: _Attempt) -> None:
+    async def _hold(self, att: _Attempt, deadline: float) -> None:
         """Wait while the policy holds the request (its prefix is still being prefilled on the worker): until an event
-        batch of that worker lets it go, or the hold runs out."""
-        left = self.policy.hold_s(att.decision)
+        batch of that worker lets it go, the hold runs out, or the client's ``deadline`` (monotonic) comes."""
+        left = min(self.policy.hold_s(att.decision), deadline - time.monotonic())
         if left <= 0:
             return
         self.stats.holds += 1
@@ -250,7 +254,7 @@ class Router(RouterControl):
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
                 return
-            left = self.policy.hold_s(att.decision)
+            left = min(self.policy.hold_s(att.decision), deadline - time.monotonic())
 
     def release_held(self, url: str) -> None:
         """A batch of ``url``'s events arrived: wake the requests held for it (each asks the policy again)."""

@@ -112,8 +112,11 @@ class KvViewPolicy(RoutingPolicy):
         if not memo.hold:
             return 0.0
         left = memo.hold_until - self.clock()
-        if left <= 0 or self.view.confirmed_prefix(decision.worker, memo.hold, len(memo.hold)) == len(memo.hold):
+        worker, n = decision.worker, len(memo.hold)
+        if left <= 0 or self.view.confirmed_prefix(worker, memo.hold, n) == n:
             return 0.0
+        if self.view.match(memo.hold, [worker])[worker] < n:
+            return 0.0  # nothing there is bringing it any more (the request prefilling it failed): wait for nothing
         return left
 
     def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:

@@ -384,3 +384,15 @@ def test_hold_waits_for_a_prefix_in_flight_until_its_events_or_the_hold_ends():
             policy.select("another prefix, never seen: " * 3 + "again")
             now[0] += 1.5
             assert policy.hold_s(policy.last_decision) == 0  # the hold ran out
+
+
+def test_a_hold_ends_when_the_request_bringing_its_prefix_fails():
+    policy = make("precise_prefix", cache_threshold=0.3, hold_s=5.0)
+    prefix = "a long prefix that both requests share, " * 2
+    a = policy.select(prefix + "first")
+    first = policy.last_decision
+    policy.select(prefix + "second")
+    second = policy.last_decision
+    assert policy.hold_s(second) > 0
+    policy.on_request_done(a, first, ok=False)  # nothing is prefilling the prefix there any more
+    assert policy.hold_s(second) == 0

@@ -110,3 +110,23 @@ async def test_a_request_held_for_a_prefix_in_flight_is_sent_once_it_is_stored()
         assert cached >= shared // B * B, (cached, shared)
         stats = await (await http.get("/router_stats")).json()
         assert stats["holds"] == 1 and stats["reasons"] == {"cache_miss": 1, "cache_hit": 1}
+
+
+async def test_a_client_that_leaves_while_its_request_is_held_leaves_no_count_behind():
+    """The hold sits between the decision (which counts the request on its worker and credits its blocks) and the
+    attempt: a disconnect there must undo the decision as a failed attempt would."""
+    cls = ROUTING.get("precise_prefix")
+
+    class AlwaysHold(cls):
+        def hold_s(self, decision):
+            return 30.0
+
+    policy = AlwaysHold(cls.Config(block_size=B))
+    async with cluster(policy) as (router, http, clients):
+        body = {"text": "a request held for longer than its client waits", "sampling_params": {"max_new_tokens": 2}}
+        with pytest.raises(asyncio.TimeoutError):
+            await http.post("/generate", json=body, timeout=aiohttp.ClientTimeout(total=0.3))
+        await wait_until(lambda: sum(policy.loads.values()) == 0, what="the held request's count to be released")
+        assert all(w.in_flight == 0 for w in router.workers.values())
+        assert all(policy.view.match(policy.view.keys.chain(body["text"].encode()), [w])[w] == 0
+                   for w in policy.workers)  # its blocks' credit was taken back
