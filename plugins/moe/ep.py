@@ -99,8 +99,8 @@ class EPMoE(MoEBackend):
         size = len(tokens)
         if cfg.dispatch != "all_to_all" or size == 1:
             return []
-        ranks, row = tuple(range(size)), model_cfg.hidden_size * model_cfg.itemsize
         m = model_cfg
+        ranks, row = tuple(range(size)), m.hidden_size * m.itemsize
         pairs = max(tokens) * expected_destinations(size, m.num_experts_per_tok, m.n_routed_experts)
         return [Collective("all_to_all", 8 * size, ranks),
                 Collective("all_to_all", round(pairs * (row + 8 * m.num_experts_per_tok)), ranks),

@@ -88,12 +88,12 @@ class KvView:
                 removed_at.pop(key, None)
             self._add(worker, key)
             self.stats["stored"] += 1
-            if len(stored) > self._peak.get(worker, 0):
-                self._peak[worker] = len(stored)
             if recent and recent.get(key):  # the event an ended request was waiting for
                 self._take(recent, key)
                 self._drop(worker, key)
                 self.stats["confirmed"] += 1
+        if len(stored) > self._peak.get(worker, 0):  # only grew above: its size once it has filled
+            self._peak[worker] = len(stored)
 
     def _unstore(self, worker: str, key: int) -> None:
         self._take(self._by_events[worker], key)
