@@ -59,8 +59,6 @@ class SimRouter:
         decision = self.policy.last_decision
         if decision is not None:
             self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
-            self.matched += decision.matched_chars
-            self.chars += decision.request_chars
         return worker, decision
 
     def hold_s(self, decision: RoutingDecision | None) -> float:
@@ -73,6 +71,9 @@ class SimRouter:
         usage = None if req is None else RequestUsage(len(req.prompt_ids), max(req.cached_tokens, 0),
                                                       len(req.output_ids))
         self.policy.on_request_done(worker, decision, ok, usage)
+        if ok and decision is not None:  # as the real router: the estimate covers the requests that were answered
+            self.matched += decision.matched_chars
+            self.chars += decision.request_chars
 
     def maintain(self, now: float) -> None:
         self.now = now
