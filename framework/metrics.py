@@ -107,9 +107,13 @@ def read_requests(path: str | os.PathLike) -> list[RequestRecord]:
 
 
 def git_sha() -> str:
+    """The checkout's commit, "+dirty" when tracked files differ from it (the figures are not that commit's)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+        sha = git("rev-parse", "--short", "HEAD")
+        return sha + ("+dirty" if sha and git("status", "--porcelain", "--untracked-files=no") else "") or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

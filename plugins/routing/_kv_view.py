@@ -41,6 +41,7 @@ class KvView:
         self._removed_at: dict[str, dict[int, int]] = {}
         self.removals = 0  # removals so far: a request's credit remembers the count at its decision
         self._peak: dict[str, int] = {}  # worker -> the most blocks its events showed it holding at once
+        self._stored_total: dict[str, int] = {}  # worker -> blocks its events ever stored: how fast its cache turns over
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -79,10 +80,12 @@ class KvView:
                 return
         stored, recent = self._by_events.setdefault(worker, {}), self._recent.get(worker)
         removed_at = self._removed_at.get(worker)
+        new = 0
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
             if h in ext:
                 continue  # stored again without a removal in between: still one copy
             ext[h] = key
+            new += 1
             stored[key] = stored.get(key, 0) + 1
             if removed_at:
                 removed_at.pop(key, None)
@@ -92,6 +95,7 @@ class KvView:
                 self._take(recent, key)
                 self._drop(worker, key)
                 self.stats["confirmed"] += 1
+        self._stored_total[worker] = self._stored_total.get(worker, 0) + new
         if len(stored) > self._peak.get(worker, 0):  # only grew above: its size once it has filled
             self._peak[worker] = len(stored)
 
@@ -114,6 +118,7 @@ class KvView:
 
     def drop_credits(self, worker: str) -> None:
         """Drop every credit of ``worker`` (removed: the ends of its requests will not be reported)."""
+        self._stored_total.pop(worker, None)
         self._recent.pop(worker, None)
         self._removed_at.pop(worker, None)
         for key in [k for k, held in self._holders.items() if worker in held]:
@@ -123,6 +128,11 @@ class KvView:
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
+
+    def stored_total(self, worker: str) -> int:
+        """Blocks ``worker``'s events have stored since the view met it: with caches of one size, the one that stored
+        the fewest turns over slowest, and keeps a new prefix longest."""
+        return self._stored_total.get(worker, 0)
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""

@@ -10,7 +10,11 @@ rules of SGLang's cache-aware router.
 3. else the least-loaded candidate (``miss_policy=least_loaded``), or the one holding the fewest blocks
    (``smallest_cache``, the exact twin of v0.4's smallest tree), or (``least_prefill``, servelab's) the one with the
    least prefill ahead of the request and in it: the prompt tokens its requests in flight had to prefill, plus the
-   request's own minus what it holds of it (ties: the least loaded) -- requests count, tokens queue ("cache_miss").
+   request's own minus what it holds of it (ties: the least loaded) -- requests count, tokens queue ("cache_miss");
+   with ``prefill_slack`` > 0 (servelab's), among the candidates within ``prefill_slack`` x the prompt's tokens of that
+   least prefill, the one whose cache has stored the fewest blocks by its events (ties: the least prefill, then the
+   least loaded): caches of one size that store alike turn over alike, so a new prefix, which is what a miss
+   brings, lives as long wherever it lands and a reuse that comes back late still finds it.
 With ``load_factor`` > 0 (servelab's, off by default), steps 2 and 3 choose only among the candidates whose requests in
 flight are below ``ceil(load_factor * (in flight over the candidates + 1) / candidates)``, the bound of consistent
 hashing with bounded loads: a hot prefix spills onto the next best worker instead of queueing on one.
@@ -58,6 +62,8 @@ class PrecisePrefixConfig(KvViewConfig):
     affinity_size: int = 1 << 20    # requests remembered for session_affinity
     spill_factor: float = 0.0       # > 0: a hot shared prefix spills past this x (mean in flight + 1) (servelab's)
     spill_pressure: float = 0.0     # > 0: ...and only while its worker's in-flight prefill tokens > this x its cache
+    prefill_slack: float = 0.0      # > 0 (least_prefill): a miss within this x its prompt of the least prefill goes
+                                    # to the cache that has stored the fewest blocks (servelab's)
 
 
 @ROUTING.register("precise_prefix")
@@ -87,6 +93,11 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append(f"spill_pressure={cfg.spill_pressure} must be >= 0")
         if cfg.miss_policy not in MISS_POLICIES:
             problems.append(f"miss_policy={cfg.miss_policy!r} is not one of {MISS_POLICIES}")
+        if cfg.prefill_slack < 0:
+            problems.append(f"prefill_slack={cfg.prefill_slack} must be >= 0")
+        elif cfg.prefill_slack and cfg.miss_policy != "least_prefill":
+            problems.append(f"prefill_slack={cfg.prefill_slack} widens miss_policy='least_prefill' only; "
+                            f"miss_policy is {cfg.miss_policy!r}")
         return problems
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
@@ -114,7 +125,13 @@ class PrecisePrefixRouting(KvViewPolicy):
             else:
                 if cfg.miss_policy == "least_prefill":
                     pending = self.prefill_tokens
-                    by = lambda w: (pending.get(w, 0) - self.estimate(matched[w], n), loads[w])
+                    ahead = {w: pending.get(w, 0) - self.estimate(matched[w], n) for w in candidates}
+                    if cfg.prefill_slack:
+                        near = min(ahead.values()) + cfg.prefill_slack * n
+                        candidates = [w for w in candidates if ahead[w] <= near]
+                        by = lambda w: (self.view.stored_total(w), ahead[w], loads[w])
+                    else:
+                        by = lambda w: (ahead[w], loads[w])
                 else:
                     by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"

@@ -76,6 +76,7 @@ class Model:
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
         self.routed = []  # [tokens, worker, open] of every decision, in order
         self.peak = {w: 0 for w in workers}  # the most blocks stored at once
+        self.stored_total = {w: 0 for w in workers}  # blocks stored by events, ever
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -136,6 +137,10 @@ def precise_rule(cfg, model, loads, tokens, cands):
     if cfg.miss_policy == "least_prefill":
         def ahead(w):  # the prefill of the requests in flight there, and of this one minus what w holds
             return sum(f[3] for f in model.flight if f[0] == w) - est(matched[w], n), loads[w]
+        if cfg.prefill_slack:  # near the least: the cache that stored the fewest blocks
+            near = min(ahead(w)[0] for w in cands) + cfg.prefill_slack * n
+            return min((w for w in cands if ahead(w)[0] <= near),
+                       key=lambda w: (model.stored_total[w], ahead(w))), "cache_miss", matched
         return min(cands, key=ahead), "cache_miss", matched
     return min(cands, key=lambda w: len(model.stored[w])), "cache_miss", matched
 
@@ -176,13 +181,14 @@ def test_decisions_match_brute_force(key, threshold, gap, miss, sequence):
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([0.0, 0.3]), st.sampled_from([0, 99]), st.sampled_from([0.0, 1.0, 1.5]),
-       st.sampled_from([0.0, 0.5]), st.booleans(), steps)
-def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, pressure, affinity, sequence):
+       st.sampled_from([0.0, 0.5]), st.booleans(), st.sampled_from([0.0, 0.25, 2.0]), steps)
+def test_session_affinity_and_spill_match_brute_force(threshold, gap, spill, pressure, affinity, slack, sequence):
     """precise_prefix's servelab rules (router=sticky_prefix): the latest request not yet continued whose last block
     leads this one names its worker; a hot first block spills past the cap (with ``spill_pressure``, only while the
-    worker's in-flight prefill exceeds that share of its peak cache). Recomputed from every decision so far."""
+    worker's in-flight prefill exceeds that share of its peak cache); a miss within ``prefill_slack`` x its prompt of
+    the least prefill goes to the cache that stored the fewest blocks. Recomputed from every decision so far."""
     policy = make("precise_prefix", cache_threshold=threshold, balance_abs_threshold=gap, session_affinity=affinity,
-                  spill_factor=spill, spill_pressure=pressure, miss_policy="least_prefill")
+                  spill_factor=spill, spill_pressure=pressure, miss_policy="least_prefill", prefill_slack=slack)
     play(policy, precise_rule, sequence)
 
 
@@ -222,6 +228,7 @@ def play(policy, rule, sequence):
             if have < len(hashes):
                 policy.on_worker_event(extra, BlockStored(tuple(hashes[have:]), hashes[have - 1] if have else None,
                                                           tuple(tokens[have * B:len(hashes) * B]), B))
+                model.stored_total[extra] += len(hashes) - have
                 for k in range(have, len(hashes)):
                     prefix = tuple(tokens[:(k + 1) * B])
                     model.stored[extra][prefix] = hashes[k]
@@ -352,10 +359,29 @@ def test_spill_pressure_keeps_a_shared_prefix_whose_requests_fit_the_cache():
         assert len(picks) == workers_used, (cache_blocks, picks)
 
 
+def test_prefill_slack_sends_a_miss_to_the_cache_that_stored_least_within_the_slack():
+    """Worker a's cache has stored 3 blocks, b's 1: a miss goes to b while b's prefill queued is within slack x the
+    miss's prompt of the least; without slack, to the least prefill (a, first added, on a tie)."""
+    def cluster(slack):
+        policy = make("precise_prefix", "ab", miss_policy="least_prefill", prefill_slack=slack)
+        for w, n in (("a", 3), ("b", 1)):
+            filler = [200 + ord(w)] * (n * B)
+            policy.on_worker_event(w, BlockStored(tuple(chain_hashes(filler, B)), None, tuple(filler), B))
+        return policy
+    assert cluster(0.0).select("q" * 8) == "a"
+    policy = cluster(0.5)
+    assert policy.select("q" * 8) == "b"   # nothing queued anywhere: the cache that stored less
+    assert policy.select("m" * 16) == "b"  # b has 8 tokens queued: within 0.5 x 16 of a's 0
+    assert policy.select("x" * 20) == "a"  # b has 24: past 0.5 x 20
+
+
 @pytest.mark.parametrize("bad, named", [({"spill_factor": 0.5}, "spill_factor=0.5 must be 0 (off) or >= 1"),
                                         ({"spill_pressure": -1}, "spill_pressure=-1 must be >= 0"),
                                         ({"affinity_size": 0}, "affinity_size=0 must be >= 1"),
-                                        ({"miss_policy": "nearest"}, "'least_prefill'")])
+                                        ({"miss_policy": "nearest"}, "'least_prefill'"),
+                                        ({"prefill_slack": -1}, "prefill_slack=-1 must be >= 0"),
+                                        ({"prefill_slack": 0.25}, "widens miss_policy='least_prefill' only; "
+                                                                  "miss_policy is 'least_loaded'")])
 def test_bad_sticky_settings_are_named(bad, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         make("precise_prefix", **bad)
