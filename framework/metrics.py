@@ -107,13 +107,15 @@ def read_requests(path: str | os.PathLike) -> list[RequestRecord]:
 
 
 def git_sha() -> str:
-    """The checkout's commit, "+dirty" when tracked files differ from it (the figures are not that commit's)."""
+    """The checkout's commit, "+dirty" when its tracked code or configs differ from it (the figures are not that
+    commit's); edited docs and results files do not count."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).resolve().parent).stdout.strip()
     try:
         sha = git("rev-parse", "--short", "HEAD")
-        return sha + ("+dirty" if sha and git("status", "--porcelain", "--untracked-files=no") else "") or "unknown"
+        edited = sha and git("status", "--porcelain", "--untracked-files=no", "--", ":/*.py", ":/*.yaml")
+        return sha + ("+dirty" if edited else "") or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
