@@ -312,7 +312,7 @@ class Router(RouterControl):
         w.end()
         if self._is_current(w):  # a worker removed and added again since is another worker: leave it alone
             self.policy.on_request_done(w.url, att.decision, att.served, att.usage)
-        if att.served and att.verdict == "ok":  # the client got the whole answer: its estimated cache hit counts
+        if att.served and att.outcome != "broken_stream":  # its estimated cache hit counts (RouterStats.served)
             self.stats.served(att.decision, att.usage)
         if att.verdict == "ok":
             w.breaker.record_success()

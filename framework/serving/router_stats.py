@@ -57,10 +57,11 @@ class RouterStats:
         self.decision_sum_s += elapsed_s
 
     def served(self, d: RoutingDecision, usage: RequestUsage | None = None) -> None:
-        """An attempt whose whole answer reached the client: its estimated cache hit counts, and what the worker said
-        it hit, when the router read it. A failed attempt does not count, nor one cut mid-stream (worker died, client
-        left): the measured hit rate it is compared with covers the requests clients got, and a request cut on one
-        worker and retried on another would count twice, its first try as a hit or miss that nobody measured."""
+        """An attempt the worker answered: its estimated cache hit counts, and what the worker said it hit, when the
+        router read it. A failed attempt does not count (its worker never got the text), nor one whose worker broke
+        its stream (died mid-answer): the client retries that request elsewhere, and the measured hit rate the
+        estimate is compared with counts each request once. A client that hung up still counts: the load client
+        leaves at [DONE], often before the worker's end of stream."""
         self.matched_chars += d.matched_chars
         self.request_chars += d.request_chars
         if usage is not None:
