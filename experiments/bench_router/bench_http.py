@@ -203,6 +203,21 @@ async def wait_up(port: int, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.1)
 
 
+async def wait_serving(port: int, body: bytes, timeout: float = 30.0) -> None:
+    """Until a request through ``port`` is answered 200: SGLang's router listens before it has settled its workers
+    (it first opens HTTP/2 prior-knowledge connections to them, the "PRI" the stubs log, and was seen answering the
+    warm-up's first request 503, which failed the whole run)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await load(port, body, 1, 1)
+            return
+        except (RuntimeError, ConnectionError) as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {port} did not answer a request with 200 within {timeout}s: {exc}") from exc
+            await asyncio.sleep(0.2)
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
@@ -238,6 +253,7 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
     while (await get_json(proxies["router"][0], "/health"))["healthy_workers"] < len(stub_ports):
         await asyncio.sleep(0.1)
     for port, _ in proxies.values():
+        await wait_serving(port, body)
         await load(port, body, 16, 2000, max_s=min(2.0, args.phase_max_s))  # warm-up: connection pools, code paths
     runs: dict[str, list[dict]] = {"direct_c1": [], **{f"{n}_{c}": [] for n in proxies for c in ("c1", "c256")}}
     for _ in range(args.reps):  # interleaved, so that a burst of load from elsewhere hits every variant alike
