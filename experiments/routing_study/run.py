@@ -231,8 +231,17 @@ def median_row(trials: list[dict]) -> dict:
         values = [t[k] for t in trials]
         row[k] = sum(values) if k == "requests_failed" else statistics.median(values)
     row.pop("repeat")
-    row["estimate_error"] = row["router_estimated_hit_rate"] - row["cache_hit_rate"]
+    row["estimate_error"] = (row["router_estimated_hit_rate"] - row["cache_hit_rate"] if estimates(row)
+                             else float("nan"))
     return row
+
+
+def estimates(row: dict) -> bool:
+    """Whether the row's router estimated the hit rate: SGLang's reports none (nan), round robin and the other
+    policies that keep no view of the caches report 0 (in simulation SGLang's rows are the stand-in's policy)."""
+    policy = row["stand_in"].split()[0].removeprefix("router=") if row.get("stand_in") else row["contender"]
+    est = row["router_estimated_hit_rate"]
+    return est == est and policy.startswith(("cache_aware", "precise_prefix", "kv_cost", "sticky_prefix"))
 
 
 def goal_check(rows: list[dict]) -> dict:
@@ -264,9 +273,8 @@ def markdown(rows: list[dict]) -> str:
                 "| router | hit rate | router est. | est. - hit | out tok/s | TTFT p50 ms | TTFT p99 ms | imbalance | "
                 "router CPU us/req |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in mine:
-            est = r["router_estimated_hit_rate"]
-            known = est == est and est > 0  # SGLang's router and the policies that keep no view give none
-            est_cols = f"{est:.3f} | {est - r['cache_hit_rate']:+.3f}" if known else " | "
+            est_cols = (f"{r['router_estimated_hit_rate']:.3f} | {r['estimate_error']:+.3f}"
+                        if estimates(r) else " | ")
             out.append(f"| {r['contender']} | {r['cache_hit_rate']:.3f} | {est_cols} | "
                        f"{r['output_throughput_tok_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | "
                        f"{r['load_imbalance']:.2f} | {r['router_cpu_us_per_req']:.0f} |")
@@ -282,7 +290,9 @@ def table(rows: list[dict]) -> str:
             ("TTFT p50", "ttft_p50_ms", "{:.0f}"), ("TTFT p99", "ttft_p99_ms", "{:.0f}"),
             ("imbal.", "load_imbalance", "{:.2f}"), ("CPU us/req", "router_cpu_us_per_req", "{:.0f}"),
             ("failed", "requests_failed", "{}")]
-    cells = [[c[0] for c in cols]] + [[fmt.format(r[k]) if r[k] == r[k] else "" for _, k, fmt in cols] for r in rows]
+    def shown(r, k):
+        return r[k] == r[k] and (k != "router_estimated_hit_rate" or estimates(r))
+    cells = [[c[0] for c in cols]] + [[fmt.format(r[k]) if shown(r, k) else "" for _, k, fmt in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     lines = [" | ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
              for row in cells]

@@ -3,6 +3,7 @@ router when installed) and writes its table's figures and one plot per workload;
 against brute force."""
 import json
 import random
+import statistics
 import subprocess
 import sys
 
@@ -84,3 +85,35 @@ def test_routing_study_sim_quick(tmp_path):
     assert {row["instances"] for row in rows.values()} == {2, 4}
     assert abs(rows["multi_turn x4", "precise_prefix"]["estimate_error"]) < 0.02
     assert (tmp_path / "table_sim.md").read_text().startswith("**multi_turn x2**")
+
+
+def test_pool_separates_a_real_difference_from_noise(tmp_path):
+    """pool.py: two contenders drawn from one distribution are not told apart (p large, P(a better) near 0.5); shifted
+    by more than the spread, they are (p small, P(a better) 1 or 0 as the metric's direction says)."""
+    from pool import better_share, compare, permutation_p
+    rng = random.Random(0)
+    same_a, same_b = [rng.gauss(0.6, 0.03) for _ in range(10)], [rng.gauss(0.6, 0.03) for _ in range(10)]
+    assert permutation_p(same_a, same_b) > 0.05
+    assert 0.25 < better_share(same_a, same_b, True) < 0.75
+    shifted = [x + 0.2 for x in same_b]
+    assert permutation_p(shifted, same_b) < 0.01
+    assert better_share(shifted, same_b, True) == 1.0 and better_share(shifted, same_b, False) == 0.0
+
+    def trial(c, hit, p99):
+        return {"workload": "w", "contender": c, "cache_hit_rate": hit, "ttft_p99_ms": p99,
+                "output_throughput_tok_s": 100.0, "router_estimated_hit_rate": hit + 0.01}
+    trials = [trial("a", x + 0.2, 900.0 + i) for i, x in enumerate(same_b)] + [
+        trial("b", x, 1000.0 + i) for i, x in enumerate(same_b)]
+    (row,) = compare(trials, "a", "b")
+    assert row["repeats"] == {"a": 10, "b": 10}
+    assert row["hit"]["a_better_share"] == 1.0 and row["TTFT p99 ms"]["a_better_share"] == 1.0
+    assert row["out tok/s"]["a_better_share"] == 0.5 and row["out tok/s"]["p"] == 1.0
+    assert abs(row["a_estimate_error"]["median"] - 0.01) < 1e-9
+    run = {"mode": "real", "git_sha": "x", "repeats": 10, "trials": trials}
+    (tmp_path / "results.json").write_text(json.dumps(run))
+    r = subprocess.run([sys.executable, "experiments/routing_study/pool.py", str(tmp_path / "results.json"), "--a",
+                        "a", "--b", "b", "--out", str(tmp_path / "pooled.json")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    hit = statistics.median(same_b)
+    assert f"| w (10 / 10) | {hit + 0.2:.3f} / {hit:.3f}, 1.00, " in (tmp_path / "pooled.md").read_text()
