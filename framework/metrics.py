@@ -36,6 +36,8 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)    # gaps between consecutive streamed chunks after the first
     session: str = ""
     turn: int = 0
+    route_reason: str = ""                               # servelab's router: why it chose the worker, and its
+    estimated_cached: int | None = None                  # estimate of the cached prompt (the policy's unit)
 
     @property
     def tpot_s(self) -> float | None:

@@ -12,6 +12,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from framework.serving.errors import ApiError
 
 WORKER_HEADER = "X-Servelab-Worker"  # names the worker that answered (or failed last)
+ROUTE_HEADER = "X-Servelab-Route"    # the decision behind it: "<reason>; estimate=<cached>; of=<request size>"
 REQUEST_ID_HEADER = "X-Request-Id"   # set when the client sent none; the worker's id for /abort_request
 # RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy's own HTTP layer sets for each side
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
@@ -20,6 +21,12 @@ NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
 NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
 MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is honoured for this long (a worker must not park itself forever)
 RETRY_SAME_WORKER = (429, 503)  # busy, not broken: the one answer worth trying the same worker again for
+
+
+def route_header(decision) -> str:
+    """The ROUTE_HEADER value for a ``RoutingDecision``: its reason and the policy's estimate of the cached part, in
+    the policy's unit (tokens for the KV-view policies, characters for the text trees), over the request's size."""
+    return f"{decision.reason}; estimate={decision.matched_chars}; of={decision.request_chars}"
 
 
 def pass_headers(headers: CIMultiDictProxy, drop: frozenset[str]) -> CIMultiDict:

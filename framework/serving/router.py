@@ -42,8 +42,8 @@ from framework.routing import RequestUsage, RequestView, RoutingDecision
 from framework.serving import protocol as P
 from framework.serving.errors import ApiError, json_bytes, parse_body
 from framework.serving.health import WaitTimer, WorkerState, WorkerTimeout, describe_error, normalize_worker_url
-from framework.serving.proxy import (NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, RETRY_SAME_WORKER,
-                                     WORKER_HEADER, Failed, pass_headers, retry_after_s)
+from framework.serving.proxy import (NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, RETRY_SAME_WORKER, ROUTE_HEADER,
+                                     WORKER_HEADER, Failed, pass_headers, retry_after_s, route_header)
 from framework.serving.router_config import RouterServiceConfig
 from framework.serving.router_control import RouterControl
 from framework.serving.router_events import USAGE_TAIL, WorkerEvents, parse_usage
@@ -287,6 +287,8 @@ class Router(RouterControl):
                 att.usage = parse_usage(body)
             headers = pass_headers(up.headers, NOT_RETURNED)
             headers[WORKER_HEADER] = w.url
+            if att.decision is not None:
+                headers[ROUTE_HEADER] = route_header(att.decision)
             return web.Response(status=status, body=body, headers=headers)
         except WorkerTimeout as exc:  # busy or hung: not a breaker failure
             if not exc.silence:
@@ -346,6 +348,8 @@ class Router(RouterControl):
             chunk = await up.content.readany()
         headers = pass_headers(up.headers, NOT_RETURNED)
         headers[WORKER_HEADER] = w.url
+        if att.decision is not None:
+            headers[ROUTE_HEADER] = route_header(att.decision)
         resp = web.StreamResponse(status=up.status, headers=headers)
         att.served = up.status < 400
         tail = b"" if self.events.usage else None  # the stream's end, for the usage in its last event

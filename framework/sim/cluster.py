@@ -171,7 +171,7 @@ class Simulation:
             ok=True, prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, ttft_s=req.first_token_time + 2 * self.net - flight.send_s,
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
-            itl_s=[b - a for a, b in zip(times, times[1:])]))
+            itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.decision)))
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):
@@ -253,3 +253,8 @@ class Simulation:
         for flight in held:
             self._queue(now, worker, flight)
         self._start(now, worker)
+
+
+def route_fields(decision) -> dict:
+    """A record's route_reason and estimated_cached from the router's decision (as the HTTP router's header says)."""
+    return {} if decision is None else {"route_reason": decision.reason, "estimated_cached": decision.matched_chars}

@@ -33,6 +33,7 @@ from framework.workload.base import Api, Session
 from framework.workload.load_sampler import LoadSampler
 
 WORKER_HEADER = "X-Servelab-Worker"    # set by servelab's router: which worker answered
+ROUTE_HEADER = "X-Servelab-Route"      # ... and why: "<reason>; estimate=<cached>; of=<size>"
 ENDPOINTS = {Api.generate: "/generate", Api.completions: "/v1/completions", Api.chat: "/v1/chat/completions"}
 RETRY_BACKOFF_BASE_S, RETRY_BACKOFF_MAX_S = 0.2, 2.0   # retry k waits U(0, min(max, base * 2**(k-1)))
 
@@ -185,7 +186,10 @@ class LoadClient:
                     return _Try(RequestRecord(ok=False, worker=worker, error=f"HTTP {resp.status}: {body}"),
                                 retriable=resp.status in (408, 429) or resp.status >= 500,
                                 retry_after_s=float(retry_after) if retry_after.isdigit() else 0.0)
-                return await self._read_stream(resp, _Stream(t0), worker)
+                result = await self._read_stream(resp, _Stream(t0), worker)
+                result.record.route_reason, result.record.estimated_cached = parse_route(
+                    resp.headers.get(ROUTE_HEADER, ""))
+                return result
         except (aiohttp.ClientError, ConnectionError) as e:
             return _Try(RequestRecord(ok=False, worker=worker, error=f"{type(e).__name__}: {e}"), retriable=True)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:   # the server speaks another API
@@ -227,6 +231,16 @@ class LoadClient:
             st.usage = {"prompt_tokens": usage.get("prompt_tokens", 0),
                         "completion_tokens": usage.get("completion_tokens", 0),
                         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0}
+
+
+def parse_route(value: str) -> tuple[str, int | None]:
+    """(reason, estimated cached part) from a ROUTE_HEADER value; ("", None) when absent or not servelab's."""
+    reason, *fields = [part.strip() for part in value.split(";")]
+    found = dict(f.split("=", 1) for f in fields if "=" in f)
+    try:
+        return reason, int(found["estimate"]) if "estimate" in found else None
+    except ValueError:
+        return reason, None
 
 
 def _finish(st: _Stream, t_end: float, worker: str) -> _Try:

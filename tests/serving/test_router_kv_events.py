@@ -15,6 +15,7 @@ from framework.registry import ROUTING
 from framework.serving.router import ROUTER_KEY, create_router_app
 from framework.serving.router_config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
+from framework.workload.http_client import parse_route
 from serving_helpers import engine_client, engine_requests, serve, url_of, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -64,8 +65,11 @@ async def test_estimate_matches_the_workers_cached_tokens_to_the_block():
             async with http.post("/generate", json=body) as r:
                 assert r.status == 200
                 cached = (await r.json())["meta_info"]["cached_tokens"]
+                route = r.headers["X-Servelab-Route"]
             estimate = policy.last_decision.matched_chars
             assert estimate <= cached < estimate + B, (i, estimate, cached)
+            # the decision goes back with the answer: the load client records it beside the worker's count
+            assert parse_route(route) == (policy.last_decision.reason, estimate), route
             await settled(router, clients)
         assert policy.last_decision.reason == "cache_hit" and policy.last_decision.matched_chars > 100
         stats = await (await http.get("/router_stats")).json()

@@ -118,6 +118,10 @@ def test_every_workload_runs_in_sim(workload):
 def test_every_routing_policy_runs_in_sim(router):
     res, records = _sim([f"router={router}", "cluster.instances=3"])
     assert res["requests_completed"] == len(records) == 18 and sum(res["router_reasons"].values()) == 18
+    # each record says why its worker was chosen and what the router expected to be cached, as over HTTP
+    assert {r.route_reason for r in records} <= set(res["router_reasons"])
+    estimated = sum(r.estimated_cached for r in records) / sum(r.prompt_tokens for r in records)
+    assert estimated == pytest.approx(res.get("router_estimated_hit_rate", 0.0))
 
 
 def test_multi_turn_answers_are_cached_like_a_real_run():

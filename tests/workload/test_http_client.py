@@ -208,3 +208,12 @@ def test_the_load_sampler_reads_both_routers_series():
     assert parse_in_flight(servelab) == {"http://a:1": 3.0, "http://b:2": 0.0}
     assert parse_in_flight(sglang) == {"http://a:1": 7.0}
     assert parse_in_flight("vllm:num_requests_running 4\n") == {}
+
+
+def test_route_header_is_read_back_and_anything_else_is_unknown():
+    from framework.routing import RoutingDecision
+    from framework.serving.proxy import route_header
+    from framework.workload.http_client import parse_route
+    assert parse_route(route_header(RoutingDecision("http://w", 512, 600, "cache_hit"))) == ("cache_hit", 512)
+    assert parse_route("") == ("", None)                    # not servelab's router: no header
+    assert parse_route("session; estimate=x") == ("session", None)
