@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import COMMON, CONTENDERS, WORKLOADS, sessions_of  # noqa: E402
+from run import COMMON, CONTENDERS, WORKLOADS, run_cell  # noqa: E402
 
 from framework.config import compose  # noqa: E402
 from framework.metrics import git_sha  # noqa: E402
 from framework.serving.cluster import Cluster  # noqa: E402
-from framework.serving.cluster_bench import bench  # noqa: E402
 
 
 def split_errors(records, over: int) -> dict:
@@ -66,10 +65,8 @@ def main() -> None:
         cluster.warm_up()
         for rep in range(args.repeats):
             for c in args.contenders:
-                cluster.start_router(compose(CONTENDERS[c] + extra).router)
-                cluster.flush_caches()
-                results, records = bench(cluster, cfg, sessions_of(cfg))
-                runs.append({"contender": c, "repeat": rep, "cache_hit_rate": results["cache_hit_rate"]}
+                figures, records = run_cell(cluster, cfg, compose(CONTENDERS[c] + extra).router)
+                runs.append({"contender": c, "repeat": rep, "cache_hit_rate": figures["cache_hit_rate"]}
                             | split_errors(records, args.over))
                 r = runs[-1]
                 ranks = ", ".join(f"{x:.2f}" for x in sorted(r["over_counted_ttft_rank"]))

@@ -130,8 +130,8 @@ def main() -> None:
         cluster.warm_up()
         for rep in range(args.repeats):
             for (w, c), runs in trials.items():
-                runs.append(run_cell(cluster, cfgs[w], routers[c]) | {"workload": w, "contender": c, "repeat": rep,
-                                                                     "ceiling_hit_rate": ceilings[w]})
+                runs.append(run_cell(cluster, cfgs[w], routers[c])[0] | {
+                    "workload": w, "contender": c, "repeat": rep, "ceiling_hit_rate": ceilings[w]})
                 r = runs[-1]
                 print(f"  {w:<18} {c:<20} hit {r['cache_hit_rate']:.3f} (est {r['router_estimated_hit_rate']:.3f}) "
                       f"{r['output_throughput_tok_s']:7.1f} tok/s  TTFT p99 {r['ttft_p99_ms']:6.0f} ms  "
@@ -215,14 +215,15 @@ def sessions_of(cfg):
     return WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
 
 
-def run_cell(cluster: Cluster, cfg, router_cfg) -> dict:
+def run_cell(cluster: Cluster, cfg, router_cfg) -> tuple[dict, list]:
+    """One cell on cold caches behind a fresh router: its KEYS figures and the requests' records."""
     cluster.start_router(router_cfg)
     cluster.flush_caches()
     cpu0 = cluster.router_stats()["process_cpu_s"]
-    results, _ = bench(cluster, cfg, sessions_of(cfg))
+    results, records = bench(cluster, cfg, sessions_of(cfg))
     stats = cluster.router_stats()
     results["router_cpu_us_per_req"] = (stats["process_cpu_s"] - cpu0) / max(results["requests_completed"], 1) * 1e6
-    return {k: results.get(k, float("nan")) for k in KEYS}
+    return {k: results.get(k, float("nan")) for k in KEYS}, records
 
 
 def median_row(trials: list[dict]) -> dict:
