@@ -81,6 +81,14 @@ class _Attempt:
     usage: RequestUsage | None = None  # what the worker reported, read for a policy subscribed to USAGE
 
 
+def answer_headers(up: aiohttp.ClientResponse, att: _Attempt) -> CIMultiDict:
+    """The worker's end-to-end headers, with which worker answered and the decision that sent the request there."""
+    headers = pass_headers(up.headers, NOT_RETURNED)
+    headers[WORKER_HEADER] = att.worker.url
+    headers[ROUTE_HEADER] = route_header(att.decision)
+    return headers
+
+
 class Router(RouterControl):
     def __init__(self, policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None, seed: int = 0):
         self.policy, self.cfg = policy, cfg or RouterServiceConfig()
@@ -285,11 +293,7 @@ class Router(RouterControl):
             att.verdict, att.served = "ok", status < 400  # a 4xx is the client's fault: it counts for the worker
             if att.served and self.events.usage:
                 att.usage = parse_usage(body)
-            headers = pass_headers(up.headers, NOT_RETURNED)
-            headers[WORKER_HEADER] = w.url
-            if att.decision is not None:
-                headers[ROUTE_HEADER] = route_header(att.decision)
-            return web.Response(status=status, body=body, headers=headers)
+            return web.Response(status=status, body=body, headers=answer_headers(up, att))
         except WorkerTimeout as exc:  # busy or hung: not a breaker failure
             if not exc.silence:
                 return Failed(w, f"{w.url}: {exc}", timeout=True, retriable=False)
@@ -346,11 +350,7 @@ class Router(RouterControl):
         w = att.worker
         with self._timer(*self._deadline(call)):
             chunk = await up.content.readany()
-        headers = pass_headers(up.headers, NOT_RETURNED)
-        headers[WORKER_HEADER] = w.url
-        if att.decision is not None:
-            headers[ROUTE_HEADER] = route_header(att.decision)
-        resp = web.StreamResponse(status=up.status, headers=headers)
+        resp = web.StreamResponse(status=up.status, headers=answer_headers(up, att))
         att.served = up.status < 400
         tail = b"" if self.events.usage else None  # the stream's end, for the usage in its last event
         try:

@@ -257,4 +257,4 @@ class Simulation:
 
 def route_fields(decision) -> dict:
     """A record's route_reason and estimated_cached from the router's decision (as the HTTP router's header says)."""
-    return {} if decision is None else {"route_reason": decision.reason, "estimated_cached": decision.matched_chars}
+    return {"route_reason": decision.reason, "estimated_cached": decision.matched_chars}
