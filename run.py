@@ -12,14 +12,15 @@ register_configs()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from framework.app import UserError, run
+    from framework.app import run
+    from framework.core.errors import UserError
     from framework.multirun import in_multirun, name_run, record_failure
     hydra_cfg = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         objects = to_objects(cfg)
         if objects.mode.value == "sim":       # millions of live objects at scale: no full GC re-scans of them
-            from framework.serving.server_base import tune_gc_for_serving
+            from framework.serving.http.server_base import tune_gc_for_serving
             tune_gc_for_serving()
         name_run(objects.logger, hydra_cfg)
         return run(objects, hydra_cfg.runtime.output_dir, resolved)

@@ -11,13 +11,10 @@ import torch
 from framework.config import Mode, RootConfig
 from framework.dist.group import Group
 from framework.engine.engine import plan_memory
-from framework.registry import MOE, PARALLELISM, WORKLOAD
+from framework.core.errors import UserError
+from framework.core.registry import MOE, PARALLELISM, WORKLOAD
 
 log = logging.getLogger("servelab")
-
-
-class UserError(Exception):
-    """A problem with what the user asked for: printed as one sentence, exit status 2."""
 
 
 def seed_everything(seed: int) -> None:
@@ -41,7 +38,7 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
         if cfg.mode is not Mode.bench:
             raise UserError(f"cluster.url drives a server started elsewhere (mode=bench); mode={cfg.mode.value} "
                             f"starts one: drop cluster.url")
-        from framework.workload.client_bench import run_url_bench
+        from framework.runs.url import run_url_bench
         return run_url_bench(cfg, out_dir, resolved)
     if cfg.mode is Mode.serve or cfg.cluster.http:
         return _cluster(cfg, out_dir, resolved)
@@ -50,7 +47,7 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
 
 def _cluster(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
     """Router + instances over HTTP: bench runs the workload through it; serve keeps it up until Ctrl-C."""
-    from framework.serving.cluster import ClusterError, run_cluster_bench, serve_cluster
+    from framework.cluster.cluster import ClusterError, run_cluster_bench, serve_cluster
     if not cfg.cluster.workers:
         _check_instance(cfg)
     try:
@@ -89,8 +86,8 @@ def _check_instance(cfg: RootConfig) -> None:
 def _instance_errors(what: str):
     """A port in use, a rank that fails or dies: one sentence (the ranks are stopped by then)."""
     from framework.dist import CollectiveError, PortInUse, RankFailed
-    from framework.engine.handle import EngineDown
-    from framework.engine.instance_client import failure_message
+    from framework.instance.handle import EngineDown
+    from framework.instance.client import failure_message
     try:
         yield
     except (PortInUse, ValueError) as e:        # ValueError: the launcher refused the backend or size
@@ -104,12 +101,12 @@ def _instance_errors(what: str):
 
 def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
     """The workload straight into one instance through the in-process driver (no HTTP)."""
-    from framework.engine.handle import SyncFace
-    from framework.engine.instance import InstanceSpec
-    from framework.engine.instance_client import open_engine
+    from framework.instance.handle import SyncFace
+    from framework.instance.rank_loop import InstanceSpec
+    from framework.instance.client import open_engine
     from framework.engine.stats import engine_figures
-    from framework.metrics import failure_summary, report, summarize
-    from framework.workload.inprocess import play
+    from framework.report.metrics import failure_summary, report, summarize
+    from framework.load.inprocess import play
     try:
         sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
     except (KeyError, ValueError, OSError) as e:
@@ -135,7 +132,7 @@ def _bench(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
 
 def _sim(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
     """The run's cluster and workload through the simulator (framework/sim/), priced by `sim.cost`."""
-    from framework.sim.run import run_sim
+    from framework.runs.sim import run_sim
     _check_instance(cfg)
     try:
         return run_sim(cfg, out_dir, resolved)
@@ -144,8 +141,8 @@ def _sim(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
 
 
 def _verify(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
-    from framework.metrics import report
-    from framework.verify import verify_instance, verify_single
+    from framework.report.metrics import report
+    from framework.runs.verify import verify_instance, verify_single
     _check_instance(cfg)
     if cfg.parallel.size == 1:
         cases = verify_single(cfg, _plugin(cfg)(cfg.parallel, Group()))

@@ -8,8 +8,9 @@ from typing import Any, Optional
 
 from framework.engine.config import EngineConfig
 from framework.model.config import ModelConfig
-from framework.registry import COST, MOE, PARALLELISM, ROUTING, WORKLOAD
-from framework.sim.cost.hardware import HardwareConfig
+from framework.core.registry import COST, MOE, PARALLELISM, ROUTING, WORKLOAD
+from framework.gpu.hardware import HardwareConfig
+from framework.report.wandb_log import LogMode, LoggerConfig
 
 PLUGIN_GROUPS = {"parallel": PARALLELISM, "moe": MOE, "router": ROUTING, "workload": WORKLOAD, "sim/cost": COST}
 
@@ -19,23 +20,6 @@ class Mode(enum.Enum):
     verify = "verify"   # check every path's logits against the single-process reference
     serve = "serve"     # keep the cluster up for clients
     sim = "sim"         # the discrete-event simulator
-
-
-class LogMode(enum.Enum):
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
-@dataclass
-class LoggerConfig:
-    mode: LogMode = LogMode.offline   # W&B: online | offline (`wandb sync` uploads later) | disabled
-    project: str = "servelab"
-    entity: Optional[str] = None
-    tags: list[str] = field(default_factory=list)
-    group: Optional[str] = None       # None: the multirun's directory, or the W&B sweep's id (one group per study)
-    name: Optional[str] = None        # None: the run's overrides (Hydra's job.override_dirname)
-    plots: bool = True                # PNG plots beside results.json (and to W&B)
 
 
 @dataclass
@@ -48,7 +32,7 @@ class ClusterConfig:
     startup_timeout_s: float = 120.0  # every worker and the router must answer /health within this
     request_timeout_s: float = 300.0  # the load client's bound per request, all its tries together
     client_retries: int = 2           # the load client re-sends a request whose stream broke (its worker died)
-    restart_workers: bool = True      # restart a worker or the router that dies (framework/serving/supervisor.py)
+    restart_workers: bool = True      # restart a worker or the router that dies (framework/cluster/supervisor.py)
     max_restarts: int = 5             # ...at most this many times each within restart_window_s, then give up on it
     restart_window_s: float = 300.0
     restart_backoff_s: float = 0.5    # the wait before a restart, doubling with each restart in the window (<= 30 s)
@@ -95,7 +79,7 @@ class RootConfig:
 
 def register_configs() -> None:
     """Store every schema: the root, the framework's groups, and each registered plugin's Config (for `router`, the
-    plugin's Config combined with the router service's settings: framework/serving/router_config.py)."""
+    plugin's Config combined with the router service's settings: framework/serving/router/config.py)."""
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     cs.store(name="servelab_schema", node=RootConfig)
@@ -103,7 +87,7 @@ def register_configs() -> None:
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
     cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
-    from framework.serving.router_config import router_schema
+    from framework.serving.router.config import router_schema
     for group, registry in PLUGIN_GROUPS.items():
         for key in registry.keys():
             node = registry.get(key).Config

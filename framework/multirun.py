@@ -18,7 +18,8 @@ from pathlib import Path
 from hydra.types import RunMode
 from hydra.experimental.callback import Callback
 
-from framework.metrics import RESULTS_FILE, git_sha
+from framework.core.records import RESULTS_FILE
+from framework.core.paths import git_sha
 
 MAX_STATUS = 100
 
@@ -40,7 +41,7 @@ def name_run(logger_cfg, hydra_cfg) -> None:
 
 def record_failure(out_dir: str, error: BaseException, config: dict) -> float:
     """Keep what the run wrote (its figures, if it got that far) and add the error; NaN is the run's metric."""
-    from framework.app import UserError
+    from framework.core.errors import UserError
     user_error = isinstance(error, UserError)     # a bad setting (one sentence), not a bug (a traceback too)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

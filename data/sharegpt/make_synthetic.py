@@ -13,7 +13,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from framework.workload.base import random_text  # noqa: E402
+from framework.contracts.workload import random_text  # noqa: E402
 
 
 def main() -> None:

@@ -35,8 +35,8 @@ import torch
 
 from framework.dist import Group, launch
 from framework.model.gating import select_experts
-from framework.moe import MoEConfig, count_host_syncs
-from framework.registry import MOE
+from framework.contracts.moe import MoEConfig, count_host_syncs
+from framework.core.registry import MOE
 from kernels.tune_fused_moe import expert_bytes, rotations, time_expert_gemms
 from kernels.tuning import get_config
 from plugins.moe.ep import EPConfig

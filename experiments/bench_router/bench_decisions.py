@@ -35,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-from framework.registry import ROUTING
+from framework.core.registry import ROUTING
 from plain_tree import PlainCacheAware
 
 OUT = Path(__file__).with_name("results_decisions.json")

@@ -2,9 +2,9 @@
 beside the other proxies that could stand where it stands, all in the same run.
 
 Processes: stub workers (two aiohttp apps answering a fixed ~290-byte completion JSON); the proxies compared, each
-round-robin in front of the same stubs: servelab's router (``framework.serving.router`` through ``serve_router``), the
+round-robin in front of the same stubs: servelab's router (``framework.serving.router.service`` through ``serve_router``), the
 same router on uvloop's event loop (``router_uvloop``, when uvloop is installed: measured, not adopted unless it
-helps), SGLang's own router (sglang-router 0.3.2, Rust, when installed: ``framework.serving.peer_router``), and a
+helps), SGLang's own router (sglang-router 0.3.2, Rust, when installed: ``framework.cluster.peer_router``), and a
 bare aiohttp proxy (the same server and client session with nothing else: no validation, policy, retries or
 bookkeeping); and this client, a minimal keep-alive HTTP/1.1 client on asyncio protocols, so that on a 2-core machine
 most of the CPU goes to what is measured. Bodies are 2 KB ``/v1/completions`` requests.
@@ -37,7 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from framework.serving.peer_router import installed_version  # noqa: E402
+from framework.cluster.peer_router import installed_version  # noqa: E402
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
 TARGETS = {"router_cpu_us_per_req": 200.0, "added_p50_ms": 0.4, "throughput_c256_req_s": 4000.0}
 STUB_BODY = json.dumps({
@@ -100,9 +100,9 @@ async def run_bare_proxy(port: int, workers: list[str]) -> None:
 
 
 async def run_router(port: int, workers: list[str]) -> None:
-    from framework.registry import ROUTING
-    from framework.serving.router import serve_router
-    from framework.serving.router_config import RouterServiceConfig
+    from framework.core.registry import ROUTING
+    from framework.serving.router.service import serve_router
+    from framework.serving.router.config import RouterServiceConfig
 
     cfg = RouterServiceConfig(host="127.0.0.1", port=port, health_check_interval_secs=5.0)
     await serve_router(ROUTING.get("round_robin")(), workers, cfg)
@@ -338,8 +338,8 @@ def main() -> None:
         return asyncio.run(serve(int(args.ports), args.workers.split(",")))
 
     from framework.config import compose
-    from framework.serving.peer_router import SglangRouter
-    from framework.serving.ports import free_ports
+    from framework.cluster.peer_router import SglangRouter
+    from framework.cluster.ports import free_ports
 
     names = ["router", *(n for n in args.proxies if n != "router")]
     stub_ports, ports = free_ports("127.0.0.1", 2), dict(zip(names, free_ports("127.0.0.1", len(names))))

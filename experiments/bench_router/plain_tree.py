@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import zlib
 
-from plugins.routing.cache_aware import _mix64
+from plugins.routing.lib.radix_tree import mix64
 
 
 class Node:
@@ -29,8 +29,8 @@ class PlainCacheAware:
         self.workers, self.threshold, self.abs_gap, self.rel_gap = list(workers), threshold, abs_gap, rel_gap
         self.loads = dict.fromkeys(workers, 0)
         self.sizes = dict.fromkeys(workers, 0)  # characters each worker was sent (distinct prefixes)
-        self.keys = {w: _mix64(zlib.crc32(w.encode())) for w in workers}
-        self.seed_key = _mix64(seed)
+        self.keys = {w: mix64(zlib.crc32(w.encode())) for w in workers}
+        self.seed_key = mix64(seed)
         self.root = Node("", None, 0, 0)
         self.serial = 0
 
@@ -56,8 +56,8 @@ class PlainCacheAware:
             worker = min(self.workers, key=loads.__getitem__)
         elif text and pos / len(text) > self.threshold:
             holders = list(node.tenants)
-            node_key = _mix64(self.seed_key ^ node.serial)
-            worker = min(holders, key=lambda w: _mix64(node_key ^ self.keys[w]))
+            node_key = mix64(self.seed_key ^ node.serial)
+            worker = min(holders, key=lambda w: mix64(node_key ^ self.keys[w]))
         else:
             worker = min(self.workers, key=self.sizes.__getitem__)
         if cut:

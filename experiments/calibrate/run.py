@@ -1,6 +1,6 @@
 """Calibrate `sim.cost=calibrated` on this machine: profile the real engine's steps and save them as JSON.
 
-For each instance config (parallel x size, moe), one real instance (framework.engine.instance_client.open_engine:
+For each instance config (parallel x size, moe), one real instance (framework.instance.client.open_engine:
 a thread for one rank, spawned ranks otherwise) serves controlled batches through the engine seam, and the step
 times are read where a client sees them, between consecutive token deliveries (scheduling, the ranks' exchange and
 collectives included):
@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
-from framework.engine.handle import SyncFace  # noqa: E402
-from framework.engine.instance import InstanceSpec  # noqa: E402
-from framework.engine.instance_client import open_engine  # noqa: E402
+from framework.instance.handle import SyncFace  # noqa: E402
+from framework.instance.rank_loop import InstanceSpec  # noqa: E402
+from framework.instance.client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.registry import PARALLELISM  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
 
 CONFIGS = {   # key -> overrides; what experiments/sim_fidelity runs for real

@@ -42,12 +42,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha, summarize  # noqa: E402
-from framework.serving.cluster import Cluster, http_json  # noqa: E402
-from framework.serving.faults import FaultPlan, FaultProxy  # noqa: E402
-from framework.serving.processes import signal_group  # noqa: E402
-from framework.workload.base import Session, Turn, random_text  # noqa: E402
-from framework.workload.http_client import LoadClient  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.report.metrics import summarize  # noqa: E402
+from framework.cluster.cluster import Cluster, http_json  # noqa: E402
+from framework.testing.faults import FaultPlan, FaultProxy  # noqa: E402
+from framework.cluster.processes import signal_group  # noqa: E402
+from framework.contracts.workload import Session, Turn, random_text  # noqa: E402
+from framework.load.http_client import LoadClient  # noqa: E402
 
 SILENCE_S = 2.0
 SCENARIOS = ("baseline", "sigkill_worker", "sigstop_worker", "worker_503", "reset_midstream", "sigkill_router")

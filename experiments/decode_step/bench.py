@@ -36,8 +36,8 @@ from framework.engine.engine import Engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
 from framework.model.attention import attention_metadata  # noqa: E402
 from framework.model.config import ModelConfig  # noqa: E402
-from framework.parallel import Parallelism, ParallelConfig  # noqa: E402
-from framework.registry import MOE  # noqa: E402
+from framework.contracts.parallel import Parallelism, ParallelConfig  # noqa: E402
+from framework.core.registry import MOE  # noqa: E402
 
 
 def time_batch(batch: int, context: int, steps: int, seed: int, device: str, moe: str = "reference",

@@ -19,8 +19,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 # PR #1970's description (8 x H100, neuralmagic/DeepSeek-Coder-V2-Instruct-FP8, bench_serving random, 10,000 prompts)
 PR = {("decode", "tp"): 6656.75, ("decode", "dp_attn"): 11174.62,

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from framework.config import compose  # noqa: E402
 from framework.engine.engine import plan_memory  # noqa: E402
 from framework.model.config import ModelConfig  # noqa: E402
-from framework.registry import MOE, PARALLELISM  # noqa: E402
+from framework.core.registry import MOE, PARALLELISM  # noqa: E402
 
 SCHEMES = ("tp", "dp_attn", "dp_attn_tp")
 MEM_FRACTION_STATIC_8 = 0.81        # SGLang v0.4 server_args for tp_size 8

@@ -251,7 +251,7 @@ def main() -> int:
             ap.error(f"unknown parts {unknown}; the parts are {', '.join(known)}")
         todo = [p for p in todo if p.name in wanted]
 
-    from framework.metrics import git_sha
+    from framework.core.paths import git_sha
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled",
            "TRITON_CACHE_DIR": str(work / "triton_cache")}   # shared by the parts: each kernel compiles once

@@ -22,13 +22,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from framework.config import compose  # noqa: E402
-from framework.registry import COST  # noqa: E402
-from framework.sim.cost import BatchShape, Instance, Step, itemsize  # noqa: E402
-from framework.sim.cost.fit import PROFILED_HARDWARE, fit, fit_gemm, fit_memops, predict  # noqa: E402
-from framework.sim.cost.hardware import FIT_DIR  # noqa: E402
-from framework.sim.cost.profiles import PROFILES  # noqa: E402
-from framework.sim.cost.profiles import CollectiveOp, GemmOp, MemOp, compute_ops, network_ops  # noqa: E402
-from framework.sim.cost.roofline import Roofline  # noqa: E402
+from framework.core.registry import COST  # noqa: E402
+from framework.contracts.cost import BatchShape, Instance, Step, itemsize  # noqa: E402
+from framework.gpu.fit import PROFILED_HARDWARE, fit, fit_gemm, fit_memops, predict  # noqa: E402
+from framework.gpu.hardware import FIT_DIR  # noqa: E402
+from framework.gpu.profiles import PROFILES  # noqa: E402
+from framework.gpu.profiles import CollectiveOp, GemmOp, MemOp, compute_ops, network_ops  # noqa: E402
+from framework.gpu.roofline import Roofline  # noqa: E402
 
 TARGET_PCT = 15.0
 MEASURED = PROFILES / "measured"

@@ -1,7 +1,7 @@
 """Router ablation: round_robin vs random vs cache_aware (v0.4 defaults) vs cache_aware_v2 (2025 defaults), on the
 shared_prefix and multi_turn workloads, through one real cluster of 4 engine instances over HTTP; each policy run by
 servelab's router and, beside it in the same run, by SGLang's own router (sglang-router 0.3.2, `--impls`), wherever
-SGLang's router can express the policy (not v0.4's smallest-tree miss: see framework/serving/peer_router.py).
+SGLang's router can express the policy (not v0.4's smallest-tree miss: see framework/cluster/peer_router.py).
 
 One set of 4 workers serves every run (each run starts its own router process with that policy, after every worker's
 prefix cache is flushed), so all runs see the same engines, KV budgets and request sequences (same seed). The per-worker
@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.serving.cluster import Cluster  # noqa: E402
-from framework.serving.cluster_bench import bench  # noqa: E402
-from framework.serving.peer_router import PeerRouterError, installed_version, sglang_router_args  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.cluster.cluster import Cluster  # noqa: E402
+from framework.cluster.figures import bench  # noqa: E402
+from framework.cluster.peer_router import PeerRouterError, installed_version, sglang_router_args  # noqa: E402
 
 POLICIES = ("round_robin", "random", "cache_aware", "cache_aware_v2")   # conf/router/<option>
 IMPLS = ("servelab", "sglang")                                         # router.impl

@@ -7,7 +7,7 @@ tokenizer and ASCII workloads characters are tokens, so the cache-aware policy's
 each seeing only its sessions (e.g. round robin's `i % n` when every session is one request sent in order)."""
 from __future__ import annotations
 
-from plugins.routing._radix_tree import RadixTree
+from plugins.routing.lib.radix_tree import RadixTree
 
 
 def hit_rate_ceiling(sessions, worker_of=lambda i: 0) -> float:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import COMMON, CONTENDERS, WORKLOADS, run_cell  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.serving.cluster import Cluster  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.cluster.cluster import Cluster  # noqa: E402
 
 
 def split_errors(records, over: int) -> dict:

@@ -43,12 +43,12 @@ from ceiling import hit_rate_ceiling  # noqa: E402
 from plot import plot_workload  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.serving.cluster import Cluster  # noqa: E402
-from framework.serving.cluster_bench import bench  # noqa: E402
-from framework.serving.peer_router import installed_version  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.cluster.cluster import Cluster  # noqa: E402
+from framework.cluster.figures import bench  # noqa: E402
+from framework.cluster.peer_router import installed_version  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 # contender -> router overrides (conf/router/<option> and its settings); "/sglang": sglang-router 0.3.2
 CONTENDERS = {

@@ -33,8 +33,8 @@ from framework.engine.kv_pool import KVPool  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
 from framework.engine.scheduler import Scheduler  # noqa: E402
 from framework.model.tokenizer import ByteTokenizer  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.workload.generators.shared_prefix import SharedPrefixConfig  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from plugins.workload.shared_prefix import SharedPrefixConfig  # noqa: E402
 
 TOKEN = 7   # what every "forward" samples: never the EOS (requests ignore it anyway)
 

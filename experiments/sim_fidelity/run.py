@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 POLICIES = ["round_robin", "cache_aware"]
 SCHEMES = ["tp", "dp_attn"]

@@ -32,9 +32,9 @@ from ceiling import hit_rate_ceiling  # noqa: E402
 from plot import plot_workload  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 # SGLang PR #2170's table (8 x A100, dp-size 8, generated-shared-prefix defaults)
 DOC_BLOG = {"round_robin": {"total_throughput_tok_s": 82665.0, "cache_hit_rate": 0.20},

@@ -29,8 +29,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 KEYS = ("requests_completed", "duration_s", "output_throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms",
         "cache_hit_rate", "load_imbalance", "max_running_requests", "retractions", "steps", "sim_wall_s",
@@ -63,11 +63,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("overrides", nargs="*", help="extra overrides, e.g. cluster.instances=128")
     args = ap.parse_args()
-    from framework.serving.server_base import tune_gc_for_serving
+    from framework.serving.http.server_base import tune_gc_for_serving
     tune_gc_for_serving()        # this process holds millions of live objects: no full re-scans of them (~15%)
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = config(args.requests, args.overrides)
-    from framework.registry import WORKLOAD
+    from framework.core.registry import WORKLOAD
     WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()      # what the workload costs by itself
     gen_wall, gen_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     results, _ = simulate(cfg, progress=sys.stderr.isatty())

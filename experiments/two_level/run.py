@@ -22,9 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from framework.config import compose  # noqa: E402
-from framework.metrics import git_sha  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent / "routing_study"))
 from ceiling import hit_rate_ceiling  # noqa: E402

@@ -26,8 +26,8 @@ DEFAULT_TIMEOUT_S = 30.0
 _HINT = "a rank did not join: did every rank run this step? see parallel.idle_batches"
 
 # torch 2.13 renamed the fixed-size collectives; keep the old names as a fallback for older torch.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class CollectiveError(RuntimeError):
@@ -80,7 +80,7 @@ class Group:
             return [int(n)]
         mine = torch.tensor([int(n)], dtype=torch.int64, device=self.device)
         out = torch.empty(self.size, dtype=torch.int64, device=self.device)
-        self._wait(_all_gather_single(out, mine, group=self.pg, async_op=True), "all_gather_counts")
+        self._wait(all_gather_single(out, mine, group=self.pg, async_op=True), "all_gather_counts")
         return out.tolist()
 
     def all_gather_uneven(self, x: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
@@ -95,7 +95,7 @@ class Group:
         padded = x.new_zeros((width, *x.shape[1:]))
         padded[: x.shape[0]] = x
         out = x.new_empty((self.size * width, *x.shape[1:]))
-        self._wait(_all_gather_single(out, padded, group=self.pg, async_op=True), "all_gather_uneven")
+        self._wait(all_gather_single(out, padded, group=self.pg, async_op=True), "all_gather_uneven")
         out = out.view(self.size, width, *x.shape[1:])
         return torch.cat([out[i, :c] for i, c in enumerate(counts)])
 
@@ -127,7 +127,7 @@ class Group:
             padded[i, :c] = x[offset : offset + c]
             offset += c
         out = x.new_empty((width, *x.shape[1:]))
-        work = _reduce_scatter_single(out, padded.view(-1, *x.shape[1:]), group=self.pg, async_op=True)
+        work = reduce_scatter_single(out, padded.view(-1, *x.shape[1:]), group=self.pg, async_op=True)
         self._wait(work, "reduce_scatter_uneven")
         return out[: counts[self.rank]]
 

@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 
 from framework.dist.group import Group
-from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.contracts.batch import ForwardBatch, ForwardMode
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class CudaGraphCapture:
         self.checked = False
 
     def __call__(self, fn: Callable[[], torch.Tensor]) -> Replay:
-        from framework.moe import count_host_syncs
+        from framework.contracts.moe import count_host_syncs
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             fn()                                   # compiles kernels, initialises libraries

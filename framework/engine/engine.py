@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.engine.batch import ForwardBatch
+from framework.contracts.batch import ForwardBatch
 from framework.engine.config import EngineConfig
 from framework.engine.cuda_graph import CudaGraphCapture, GraphRunner
 from framework.engine.kv_pool import KVPool
@@ -19,8 +19,8 @@ from framework.engine.stats import rank_snapshot
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
 from framework.model.tokenizer import ByteTokenizer
-from framework.moe_stats import rank_expert_counts
-from framework.registry import MOE
+from framework.model.moe_stats import rank_expert_counts
+from framework.core.registry import MOE
 
 log = logging.getLogger(__name__)
 

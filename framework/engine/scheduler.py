@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.contracts.batch import ForwardBatch, ForwardMode
 from framework.engine.config import EngineConfig, sglang_max_running_requests
 from framework.engine.kv_pool import KVPool
 from framework.engine.radix_cache import RadixCache

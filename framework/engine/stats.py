@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from framework.engine.cuda_graph import GRAPH_COUNTERS
-from framework.moe_stats import combine_rank_counts, load_stats
+from framework.model.moe_stats import combine_rank_counts, load_stats
 
 SCHEME_KEYS = ("parallel", "parallel_size", "dp_size", "ffn_comm", "tp_size")   # describe(): what ran
 STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",

@@ -5,11 +5,10 @@ from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.publisher import ZmqEventPublisher
 
 
-def publish_cache_events(engine_client, host: str, block_size: int) -> tuple[ZmqEventPublisher, dict]:
-    """Publish the KV events of ``engine_client``'s radix cache (a one-rank instance: ``EngineClient``) on free ports
-    of ``host``. Returns the publisher (close it at exit) and what the worker advertises in ``/get_server_info``
-    under ``kv_events``."""
-    engine = getattr(engine_client, "engine", None)
+def publish_cache_events(engine, host: str, block_size: int) -> tuple[ZmqEventPublisher, dict]:
+    """Publish the KV events of ``engine``'s radix cache (a one-rank instance in this process; None for any other)
+    on free ports of ``host``. Returns the publisher (close it at exit) and what the worker advertises in
+    ``/get_server_info`` under ``kv_events``."""
     if engine is None:
         raise ValueError("KV events are published by one-rank instances only for now (parallel.size=1): a multi-rank "
                          "instance's caches live in its rank processes")

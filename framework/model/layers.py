@@ -70,8 +70,8 @@ class MoE(nn.Module):
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w2 = nn.Parameter(torch.empty(e, h, i))
         self.shared = MLP(h, cfg.n_shared_experts * i) if cfg.n_shared_experts else None
-        self.backend = None   # a framework.moe.MoEBackend, attached by the engine builder
-        # Routed slots per expert since the last reset, as this rank saw them (framework/moe_stats.py reads it).
+        self.backend = None   # a framework.contracts.moe.MoEBackend, attached by the engine builder
+        # Routed slots per expert since the last reset, as this rank saw them (framework/model/moe_stats.py reads it).
         self.register_buffer("expert_counts", torch.zeros(e, dtype=torch.int64), persistent=False)
 
     @property

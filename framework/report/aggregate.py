@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from framework.metrics import RESULTS_FILE
+from framework.core.records import RESULTS_FILE
 from framework.report import plots
 from framework.report.wandb_log import flatten
 

@@ -1,5 +1,5 @@
 """Matplotlib figures (Agg backend, PNG): one run's (per-worker load over time, expert load heat map), written beside
-its results.json by `framework.metrics.report`, and a study's over several runs (throughput vs latency over the
+its results.json by `framework.report.metrics.report`, and a study's over several runs (throughput vs latency over the
 request rate, hit rate and TTFT per policy), written by `python -m framework.report`."""
 from __future__ import annotations
 

@@ -4,9 +4,28 @@ wandb.Image. Runs of one multirun or sweep share `logger.group`; each is named b
 from Hydra and the sweep, see framework/multirun.py)."""
 from __future__ import annotations
 
+import enum
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+
+class LogMode(enum.Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class LoggerConfig:
+    mode: LogMode = LogMode.offline   # W&B: online | offline (`wandb sync` uploads later) | disabled
+    project: str = "servelab"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    group: Optional[str] = None       # None: the multirun's directory, or the W&B sweep's id (one group per study)
+    name: Optional[str] = None        # None: the run's overrides (Hydra's job.override_dirname)
+    plots: bool = True                # PNG plots beside results.json (and to W&B)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

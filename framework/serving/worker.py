@@ -1,6 +1,6 @@
 """The worker HTTP server: SGLang's native API and OpenAI's API in front of one engine instance.
 
-The server speaks to the engine only through ``framework.engine.handle.EngineHandle`` (one rank or many), streaming
+The server speaks to the engine only through ``framework.instance.handle.EngineHandle`` (one rank or many), streaming
 with ``handle.generate``. A client that disconnects cancels its handler (``handler_cancellation``), and ``aclosing``
 closes the engine's iterator, which frees the request in the engine. ``POST /abort_request``
 (SGLang's, ``{"rid": ...}``) does the same for the requests with that id (the ``X-Request-Id`` header, else the native
@@ -18,10 +18,10 @@ from typing import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from framework.engine.handle import EngineHandle, GenerateOutput, generate
-from framework.serving import protocol as P
-from framework.serving.errors import ApiError, json_bytes, parse_body
-from framework.serving.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
+from framework.instance.handle import EngineHandle, GenerateOutput, generate
+from framework.serving.http import protocol as P
+from framework.serving.http.errors import ApiError, json_bytes, parse_body
+from framework.serving.http.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app, metrics_response, serve_forever
 
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -1,4 +1,4 @@
-"""The discrete-event simulation of a cluster: a load client playing the workload as framework/workload/inprocess.py
+"""The discrete-event simulation of a cluster: a load client playing the workload as framework/load/inprocess.py
 does (open loop at the sessions' arrival times, closed loop at workload.max_concurrency, multi-turn prompts that hold
 the earlier answers, think times), the router (framework/sim/router.py) and the simulated instances.
 
@@ -23,8 +23,8 @@ from itertools import accumulate
 from tqdm import tqdm
 
 from framework.engine.request import Req, SamplingParams
-from framework.metrics import RequestRecord
-from framework.workload.base import Session
+from framework.core.records import RequestRecord
+from framework.contracts.workload import Session
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
 MAX_RUN = 64                                  # decode steps one event advances at most

@@ -3,7 +3,7 @@ out), the real radix caches and the real KV accounting (counting pools sized by 
 `engine.mem_budget_mb` less the plugins' declared weight bytes), and no forward pass: a step's duration comes from
 the cost model and its tokens are synthetic and deterministic (each request's answer is drawn from its id).
 
-The step protocol is the engine's (framework/engine/instance.py + the parallelism plugin's sync_step): every group
+The step protocol is the engine's (framework/instance/rank_loop.py + the parallelism plugin's sync_step): every group
 forms its next batch; no group has one -> no step; a group without a batch while others have one runs an IDLE step.
 `run_ahead` gives how many of the coming steps are certain to be plain DECODE steps of every busy group, so the
 simulator can advance them in one event (`advance`), with exactly the decisions and times of stepping one by one.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.contracts.batch import ForwardBatch, ForwardMode
 from framework.engine.cuda_graph import GRAPH_COUNTERS, SGLANG_DP_ATTENTION_MAX_BS, SGLANG_MAX_BS, capture_sizes
 from framework.engine.engine import plan_memory
 from framework.engine.kv_pool import CountingKVPool
@@ -20,9 +20,9 @@ from framework.engine.request import Req
 from framework.engine.scheduler import Scheduler
 from framework.engine.stats import instance_stats, rank_snapshot
 from framework.model.tokenizer import ByteTokenizer
-from framework.registry import MOE, PARALLELISM
-from framework.routing import LoadReport
-from framework.sim.cost import BatchShape, Step, decode_shape
+from framework.core.registry import MOE, PARALLELISM
+from framework.contracts.routing import LoadReport
+from framework.contracts.cost import BatchShape, Step, decode_shape
 
 # printable ASCII: an answer's text has as many bytes as tokens, and never an EOS
 _PRINTABLE = bytes(32 + b % 95 for b in range(256))

@@ -1,7 +1,7 @@
 """The one place the simulator talks to a routing policy: the same policy object as the router service
-(framework/serving/router.py), on the simulated clock, with `maintain(now)` at the service's interval. Requests go in
+(framework/serving/router/service.py), on the simulated clock, with `maintain(now)` at the service's interval. Requests go in
 as a RequestView with their token ids and come back with the worker's usage. The worker events the policy subscribed
-to (framework/serving/router_events.py makes the same calls over sockets and HTTP):
+to (framework/serving/router/events.py makes the same calls over sockets and HTTP):
 
 - KV_EVENTS: each simulated radix cache's `observer` is a CacheEventEmitter in the workers' block size
   (`cluster.kv_block_size`), whose events reach `on_worker_event` at once, as the cache changes (the real path's
@@ -15,7 +15,7 @@ A change of the policy interface is a change here only."""
 from __future__ import annotations
 
 from framework.kv_events.emitter import CacheEventEmitter
-from framework.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, RoutingDecision
+from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, RoutingDecision
 
 
 class SimRouter:

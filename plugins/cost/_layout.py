@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.parallel import even_split
-from framework.registry import MOE, PARALLELISM
-from framework.sim.cost import Collective, Instance
+from framework.contracts.parallel import even_split
+from framework.core.registry import MOE, PARALLELISM
+from framework.contracts.cost import Collective, Instance
 
 
 @dataclass(frozen=True)

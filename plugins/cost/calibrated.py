@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework.registry import COST
-from framework.sim.cost import CostConfig, CostModel, Instance, Step
+from framework.core.registry import COST
+from framework.contracts.cost import CostConfig, CostModel, Instance, Step
 
 DEFAULT_PATH = "data/calibration/cpu.json"
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from framework.registry import COST
-from framework.sim.cost import BatchShape, CostConfig, CostModel, Instance, Step, itemsize
-from framework.sim.cost.roofline import Roofline
+from framework.core.registry import COST
+from framework.contracts.cost import BatchShape, CostConfig, CostModel, Instance, Step, itemsize
+from framework.gpu.roofline import Roofline
 from plugins.cost._layout import declared_collectives, layout_for
 
 

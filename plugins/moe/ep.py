@@ -26,9 +26,10 @@ from math import comb
 
 import torch
 
-from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
-from framework.parallel import Collective
-from framework.registry import MOE
+from framework.contracts.moe import MoEBackend, routed_expert_bytes
+from kernels import fused_moe_for
+from framework.contracts.parallel import Collective
+from framework.core.registry import MOE
 
 DISPATCHES = ("all_to_all", "all_reduce")
 
@@ -37,7 +38,7 @@ DISPATCHES = ("all_to_all", "all_reduce")
 class EPConfig:
     name: str = "ep"
     dispatch: str = "all_to_all"   # all_to_all | all_reduce (SGLang v0.4)
-    kernel: str = "auto"           # the grouped GEMM: auto | triton | torch (see framework.moe)
+    kernel: str = "auto"           # the grouped GEMM: auto | triton | torch (see kernels.fused_moe_for)
 
 
 def expected_destinations(ranks: int, top_k: int, experts: int) -> float:
@@ -131,7 +132,7 @@ class EPMoE(MoEBackend):
         wanted = torch.zeros(group.size, num_tokens, dtype=torch.uint8, device=hidden.device)
         wanted[owner, torch.arange(num_tokens, device=hidden.device)[:, None]] = 1
         # all_to_all_single takes its split sizes on the host: this read and the group's count exchange are the
-        # layer's host syncs (framework.moe.count_host_syncs); the pair list below is sized from it.
+        # layer's host syncs (framework.contracts.moe.count_host_syncs); the pair list below is sized from it.
         send_counts = wanted.sum(dim=1).tolist()
         pairs = torch.argsort(wanted.view(-1), descending=True, stable=True)[:sum(send_counts)]
         token = pairs % num_tokens   # destination-major: pair i*T + t goes to rank i

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from framework.model.reference import experts_reference
-from framework.moe import MoEBackend, MoEConfig
-from framework.registry import MOE
+from framework.contracts.moe import MoEBackend, MoEConfig
+from framework.core.registry import MOE
 
 
 @MOE.register("reference")

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.moe import MoEBackend, fused_moe_for, routed_expert_bytes
-from framework.registry import MOE
+from framework.contracts.moe import MoEBackend, routed_expert_bytes
+from kernels import fused_moe_for
+from framework.core.registry import MOE
 
 
 @dataclass
 class TritonFusedConfig:
     name: str = "triton_fused"
-    kernel: str = "auto"     # auto: Triton on CUDA, torch twin on CPU | triton | torch (see framework.moe)
+    kernel: str = "auto"     # auto: Triton on CUDA, torch twin on CPU | triton | torch (see kernels.fused_moe_for)
 
 
 def slice_intermediate(w13: torch.Tensor, w2: torch.Tensor, rank: int, size: int) -> tuple[torch.Tensor, ...]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.engine.batch import ForwardBatch
-from framework.engine.dp_controller import DataParallelController
-from framework.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, shard_ffns
-from framework.registry import PARALLELISM
+from framework.contracts.batch import ForwardBatch
+from framework.contracts.dp_controller import DataParallelController
+from framework.contracts.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, shard_ffns
+from framework.core.registry import PARALLELISM
 
 
 class DPBalance(enum.Enum):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.dist.group import Group
-from framework.parallel import Collective, even_split, ffn_shard_problems, model_weight_bytes, shard_ffns
-from framework.registry import PARALLELISM
+from framework.contracts.parallel import Collective, even_split, ffn_shard_problems, model_weight_bytes, shard_ffns
+from framework.core.registry import PARALLELISM
 from plugins.parallelism.dp_attn import DPAttention, DPAttnConfig, FFNComm, ffn_comm
 
 

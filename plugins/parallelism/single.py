@@ -2,8 +2,8 @@
 exactly this behaviour; the plugin only refuses a size other than 1."""
 from __future__ import annotations
 
-from framework.parallel import Parallelism, ParallelConfig
-from framework.registry import PARALLELISM
+from framework.contracts.parallel import Parallelism, ParallelConfig
+from framework.core.registry import PARALLELISM
 
 
 @PARALLELISM.register("single")

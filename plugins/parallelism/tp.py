@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from framework.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems,
+from framework.contracts.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems,
                                 model_weight_bytes, shard_ffns)
-from framework.registry import PARALLELISM
+from framework.core.registry import PARALLELISM
 
 
 @dataclass

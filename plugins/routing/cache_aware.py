@@ -24,19 +24,13 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
-from plugins.routing._radix_tree import RadixTree
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from plugins.routing.lib.radix_tree import RadixTree, mix64
 
 TIE_BREAKS = ("node_hash", "least_loaded", "most_recent", "first")
-_MASK64 = 2**64 - 1
 
 
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an int."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 MISS_POLICIES = ("smallest_tree", "least_loaded")
 
 
@@ -83,7 +77,7 @@ class CacheAwareRouting(RoutingPolicy):
         # bounded at every insert, besides the periodic pass; most_recent reads the last access of inner nodes
         self.tree = RadixTree(self.cfg.max_tree_size, stamp_path=self.cfg.tie_break == "most_recent")
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
-        self._seed_key = _mix64(seed)
+        self._seed_key = mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
@@ -103,8 +97,8 @@ class CacheAwareRouting(RoutingPolicy):
                 if len(holders) == 1 or cfg.tie_break == "first":
                     worker = holders[0]
                 elif cfg.tie_break == "node_hash":
-                    node_key = _mix64(self._seed_key ^ at.serial)
-                    worker = min(holders, key=lambda w: _mix64(node_key ^ self._tenant_key(w)))
+                    node_key = mix64(self._seed_key ^ at.serial)
+                    worker = min(holders, key=lambda w: mix64(node_key ^ self._tenant_key(w)))
                 elif cfg.tie_break == "least_loaded":
                     worker = min(holders, key=loads.__getitem__)
                 else:  # most_recent: the holder that touched the matched node last
@@ -122,7 +116,7 @@ class CacheAwareRouting(RoutingPolicy):
     def _tenant_key(self, worker: str) -> int:
         key = self._tenant_keys.get(worker)
         if key is None:
-            key = self._tenant_keys[worker] = _mix64(zlib.crc32(worker.encode()))
+            key = self._tenant_keys[worker] = mix64(zlib.crc32(worker.encode()))
         return key
 
     def _imbalanced(self, candidates: list[str]) -> bool:

@@ -18,9 +18,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import RequestUsage, RequestView, RoutingDecision
-from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
+from plugins.routing.lib.kv_policy import Credit, KvViewConfig, KvViewPolicy
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import LOAD, LoadReport, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import LOAD, LoadReport, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 LOADS = ("in_flight", "worker_tokens")
 

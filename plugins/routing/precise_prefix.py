@@ -43,9 +43,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import RequestUsage, RequestView, RoutingDecision
-from plugins.routing._kv_policy import Credit, KvViewConfig, KvViewPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
+from plugins.routing.lib.kv_policy import Credit, KvViewConfig, KvViewPolicy
 
 MISS_POLICIES = ("least_loaded", "smallest_cache", "least_prefill")
 

@@ -15,8 +15,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from framework.kv_events.hashing import MASK64, ROOT_HASH, chain_hashes
-from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 
 @dataclass

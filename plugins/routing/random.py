@@ -4,8 +4,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 
 @dataclass

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.registry import ROUTING
-from framework.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Helpers for the cluster tests: real clusters on loopback (worker and router processes of framework.serving.cluster),
+"""Helpers for the cluster tests: real clusters on loopback (worker and router processes of framework.cluster.cluster),
 ports, and the process tree read from /proc."""
 from __future__ import annotations
 

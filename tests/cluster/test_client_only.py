@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from cluster_helpers import ROOT, compose
-from framework.app import UserError, run as app_run
-from framework.serving.cluster import Cluster
+from framework.app import run as app_run
+from framework.core.errors import UserError
+from framework.cluster.cluster import Cluster
 
 SMALL = ["workload=shared_prefix", "workload.num_groups=2", "workload.prompts_per_group=3",
          "workload.system_prompt_len=64", "workload.question_len=8", "workload.output_len=4",

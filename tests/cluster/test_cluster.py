@@ -13,10 +13,10 @@ import time
 import pytest
 
 from cluster_helpers import ROOT, cluster_cfg, compose, descendants, free_port_block, group_alive
-from framework.registry import WORKLOAD
-from framework.serving.cluster import Cluster, ClusterError, run_cluster_bench
-from framework.serving.cluster_bench import bench, cluster_figures
-from framework.workload.http_client import LoadClient
+from framework.core.registry import WORKLOAD
+from framework.cluster.cluster import Cluster, ClusterError, run_cluster_bench
+from framework.cluster.figures import bench, cluster_figures
+from framework.load.http_client import LoadClient
 
 SHARED_PREFIX = ["workload=shared_prefix", "workload.num_groups=4", "workload.prompts_per_group=4",
                  "workload.system_prompt_len=128", "workload.question_len=16", "workload.output_len=4",
@@ -45,7 +45,7 @@ def cluster_processes() -> list[int]:
     for pid in descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"framework.serving.cluster_proc" in f.read():
+                if b"framework.cluster.proc" in f.read():
                     pids.append(pid)
         except OSError:
             pass
@@ -88,7 +88,7 @@ def test_workload_through_router_and_two_workers(cluster, tmp_path):
 
 def test_run_cluster_bench_fronting_external_worker_urls(cluster, tmp_path):
     """cluster.workers: no local instances, the router in front of servers given by URL (here the module's);
-    run_cluster_bench writes results.json through framework.metrics.report."""
+    run_cluster_bench writes results.json through framework.report.metrics.report."""
     c, _ = cluster
     cfg = compose(f"router.port={free_port_block(1)}", "router=round_robin", *SHARED_PREFIX,
                   f"cluster.workers=[{','.join(c.worker_urls)}]", "workload.num_requests=4")
@@ -164,7 +164,7 @@ SERVE = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from cluster_helpers import compose
-from framework.serving.cluster import serve_cluster
+from framework.cluster.cluster import serve_cluster
 serve_cluster(compose("cluster.instances=1", "router.port={port}", "engine.kv_budget_mb=1"))
 """
 
@@ -184,7 +184,7 @@ def test_serve_stops_everything_on_ctrl_c_or_when_killed(sig):
     assert lines and lines[-1].startswith(f"router: http://127.0.0.1:{port}"), "".join(lines)
     children = descendants(proc.pid)
     assert len(children) == 2                      # one worker, one router
-    from framework.serving.cluster import http_json
+    from framework.cluster.cluster import http_json
     assert http_json("GET", f"http://127.0.0.1:{port}/health")["healthy_workers"] == 1
     proc.send_signal(sig)
     proc.wait(30)

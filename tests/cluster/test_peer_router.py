@@ -7,10 +7,10 @@ import urllib.request
 import pytest
 
 from cluster_helpers import compose
-from framework.registry import WORKLOAD
-from framework.serving.cluster import Cluster, ClusterError
-from framework.serving.cluster_bench import bench
-from framework.serving.peer_router import PeerRouterError, installed_version, sglang_router_args
+from framework.core.registry import WORKLOAD
+from framework.cluster.cluster import Cluster, ClusterError
+from framework.cluster.figures import bench
+from framework.cluster.peer_router import PeerRouterError, installed_version, sglang_router_args
 
 WORKERS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 needs_sglang = pytest.mark.skipif(installed_version() is None, reason="sglang-router is not installed ('.[peers]')")

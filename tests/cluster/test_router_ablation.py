@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from cluster_helpers import ROOT
-from framework.serving.peer_router import installed_version
+from framework.cluster.peer_router import installed_version
 
 
 def test_router_ablation_quick(tmp_path):

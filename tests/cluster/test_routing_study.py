@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from cluster_helpers import ROOT
-from framework.serving.peer_router import installed_version
-from framework.workload.base import Session, Turn
+from framework.cluster.peer_router import installed_version
+from framework.contracts.workload import Session, Turn
 
 sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
 from ceiling import hit_rate_ceiling  # noqa: E402

@@ -121,15 +121,15 @@ def nccl_size_one(group: Group) -> dict:
     collectives directly, each waited on through the group's timed wait (on NCCL work objects)."""
     import torch.distributed as dist
 
-    from framework.dist.group import _all_gather_single, _reduce_scatter_single
+    from framework.dist.group import all_gather_single, reduce_scatter_single
 
     x = torch.arange(6.0, device=group.device).view(3, 2)
     outs = {name: torch.full_like(x, -1.0) for name in ("all_gather", "reduce_scatter", "all_to_all")}
     outs["all_reduce"], outs["broadcast"] = x.clone(), x.clone()
     calls = {
         "all_reduce": lambda: dist.all_reduce(outs["all_reduce"], group=group.pg, async_op=True),
-        "all_gather": lambda: _all_gather_single(outs["all_gather"], x, group=group.pg, async_op=True),
-        "reduce_scatter": lambda: _reduce_scatter_single(outs["reduce_scatter"], x, group=group.pg, async_op=True),
+        "all_gather": lambda: all_gather_single(outs["all_gather"], x, group=group.pg, async_op=True),
+        "reduce_scatter": lambda: reduce_scatter_single(outs["reduce_scatter"], x, group=group.pg, async_op=True),
         "all_to_all": lambda: dist.all_to_all_single(outs["all_to_all"], x, output_split_sizes=[3],
                                                      input_split_sizes=[3], group=group.pg, async_op=True),
         "broadcast": lambda: dist.broadcast(outs["broadcast"], src=0, group=group.pg, async_op=True),

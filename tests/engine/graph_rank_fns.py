@@ -4,7 +4,7 @@ from __future__ import annotations
 from framework.dist.group import Group
 from framework.engine.config import EngineConfig
 from framework.engine.cuda_graph import EagerCapture
-from framework.engine.instance import InstanceSpec, build_rank_engine, control_group
+from framework.instance.rank_loop import InstanceSpec, build_rank_engine, control_group
 from framework.engine.request import Req, SamplingParams
 from framework.model.config import ModelConfig
 from plugins.moe.triton_fused import TritonFusedConfig

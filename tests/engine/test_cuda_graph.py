@@ -9,7 +9,7 @@ import torch
 
 from framework.dist import launch
 from framework.dist.group import Group
-from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.contracts.batch import ForwardBatch, ForwardMode
 from framework.engine.config import EngineConfig
 from framework.engine.cuda_graph import GRAPH_COUNTERS, EagerCapture, capture_sizes
 from framework.engine.engine import Engine
@@ -17,10 +17,10 @@ from framework.engine.request import Req, SamplingParams
 from framework.engine.stats import engine_figures, instance_stats
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
-from framework.moe import MoEConfig
-from framework.moe_stats import rank_expert_counts
-from framework.parallel import Parallelism, ParallelConfig
-from framework.verify import logits_error
+from framework.contracts.moe import MoEConfig
+from framework.model.moe_stats import rank_expert_counts
+from framework.contracts.parallel import Parallelism, ParallelConfig
+from framework.runs.verify import logits_error
 from graph_rank_fns import DP_PLAN, dp_decode
 
 MODEL = ModelConfig()

@@ -11,9 +11,9 @@ from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
-from framework.moe import MoEConfig
-from framework.parallel import Parallelism, ParallelConfig
-from framework.verify import run_case, verify_prompts
+from framework.contracts.moe import MoEConfig
+from framework.contracts.parallel import Parallelism, ParallelConfig
+from framework.runs.verify import run_case, verify_prompts
 
 MODEL = ModelConfig()
 KV_PER_TOKEN = MODEL.kv_bytes_per_token()

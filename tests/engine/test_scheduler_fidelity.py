@@ -191,7 +191,7 @@ def test_random_workloads(seed):
 def test_an_idle_batch_under_dp_attention_is_a_step(idle_batch):
     """event_loop_normal resets new_token_ratio when the batch it runs is None after prepare_dp_attn_batch: a DP rank
     that runs an IDLE batch while other ranks work keeps its ratio."""
-    from framework.engine.batch import ForwardBatch
+    from framework.contracts.batch import ForwardBatch
     sched = Scheduler(EngineConfig(new_token_ratio_decay_steps=10), KVPool(1, 1, 1000, torch.float32), -1,
                       lambda ids: "")
     sched.add(Req([1, 2, 3], SamplingParams(max_new_tokens=4, ignore_eos=True)))

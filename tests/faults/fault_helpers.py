@@ -9,9 +9,9 @@ import time
 
 from aiohttp import web
 
-from framework.serving.cluster import http_json
-from framework.workload.base import Session, Turn, random_text
-from framework.workload.http_client import LoadClient
+from framework.cluster.cluster import http_json
+from framework.contracts.workload import Session, Turn, random_text
+from framework.load.http_client import LoadClient
 from serving_helpers import free_port
 
 

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cluster_helpers import cluster_cfg, group_alive
 from fault_helpers import BackgroundApp, BackgroundLoad, grouped_sessions, listed, routable, wait_for
-from framework.metrics import summarize
-from framework.serving.cluster import Cluster, http_json
-from framework.serving.faults import FaultPlan, FaultProxy
-from framework.workload.http_client import LoadClient
+from framework.report.metrics import summarize
+from framework.cluster.cluster import Cluster, http_json
+from framework.testing.faults import FaultPlan, FaultProxy
+from framework.load.http_client import LoadClient
 
 SILENCE_S = 2.0
 

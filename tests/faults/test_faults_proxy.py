@@ -10,13 +10,13 @@ import aiohttp
 import pytest
 
 from fault_helpers import grouped_sessions
-from framework.registry import ROUTING
-from framework.serving.faults import FaultPlan, FaultProxy
-from framework.serving.router import ROUTER_KEY, create_router_app
-from framework.serving.router_config import RouterServiceConfig
+from framework.core.registry import ROUTING
+from framework.testing.faults import FaultPlan, FaultProxy
+from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
-from framework.workload.http_client import LoadClient
-from framework.workload.generators.shared_prefix import SharedPrefixConfig
+from framework.load.http_client import LoadClient
+from plugins.workload.shared_prefix import SharedPrefixConfig
 from serving_helpers import engine_client, engine_requests, greedy_text, serve, url_of, wait_until
 
 pytestmark = pytest.mark.anyio

@@ -12,14 +12,14 @@ import pytest
 
 from cluster_helpers import ROOT, cluster_cfg, compose, descendants, free_port_block, group_alive
 from fault_helpers import BackgroundApp, listed, wait_for
-from framework.serving.cluster import Cluster, ClusterError, http_json
+from framework.cluster.cluster import Cluster, ClusterError, http_json
 from serving_helpers import free_port, status_app
 
 SERVE = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from cluster_helpers import compose
-from framework.serving.cluster import serve_cluster
+from framework.cluster.cluster import serve_cluster
 serve_cluster(compose("cluster.instances=1", "router.port={port}", "engine.kv_budget_mb=1",
                       "cluster.restart_backoff_s=0.1", "router.health_check_interval_secs=0.5"))
 """
@@ -34,8 +34,8 @@ def roles(pid: int) -> dict[str, int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if b"framework.serving.cluster_proc" in args and os.getpgid(child) == child:
-            found[args[args.index(b"framework.serving.cluster_proc") + 1].decode()] = child
+        if b"framework.cluster.proc" in args and os.getpgid(child) == child:
+            found[args[args.index(b"framework.cluster.proc") + 1].decode()] = child
     return found
 
 

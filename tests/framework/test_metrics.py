@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from framework.metrics import RequestRecord, read_requests, summarize, write_requests
-from framework.workload.base import SloConfig
+from framework.core.records import RequestRecord, read_requests, write_requests
+from framework.report.metrics import summarize
+from framework.contracts.workload import SloConfig
 
 
 def percentile(values: list[float], q: float) -> float:

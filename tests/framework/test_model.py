@@ -3,14 +3,14 @@ import dataclasses
 import pytest
 import torch
 
-from framework.engine.batch import ForwardBatch, ForwardMode
+from framework.contracts.batch import ForwardBatch, ForwardMode
 from framework.engine.kv_pool import KVPool, ReqToTokenPool
 from framework.model.config import ModelConfig
 from framework.model.gating import select_experts
 from framework.model.model import build_model
 from framework.model.reference import reference_forward
 from framework.model.tokenizer import ByteTokenizer
-from framework.parallel import Parallelism, ParallelConfig
+from framework.contracts.parallel import Parallelism, ParallelConfig
 from framework.dist.group import Group
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from framework.config import compose
 from framework.multirun import sweep_outcome
-from framework.serving.ports import assign_free_ports, free_ports
+from framework.cluster.ports import assign_free_ports, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 

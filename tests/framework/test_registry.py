@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.registry import MOE, PARALLELISM, ROUTING, WORKLOAD, Registry, RegistryError
+from framework.core.registry import MOE, PARALLELISM, ROUTING, WORKLOAD, Registry, RegistryError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,12 +52,12 @@ def test_builtins_load_lazily_by_name():
 def test_entry_point_plugins_register(tmp_path, monkeypatch):
     """A third-party package (a real dist-info on sys.path) registers through `servelab.plugins` before a lookup
     misses, and its key is listed among the known ones."""
-    import framework.registry as registry
+    import framework.core.registry as registry
 
     pkg = tmp_path / "servelab_thirdparty"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
-        "from framework.registry import MOE\n\n"
+        "from framework.core.registry import MOE\n\n"
         "class ThirdParty:\n    pass\n\n"
         "def register():\n    MOE.register('third_party')(ThirdParty)\n")
     dist = tmp_path / "servelab_thirdparty-0.1.dist-info"

@@ -13,8 +13,8 @@ from framework.dist.group import Group
 from framework.engine.config import EngineConfig
 from framework.engine.engine import Engine
 from framework.model.config import ModelConfig
-from framework.parallel import Parallelism, ParallelConfig
-from framework.registry import MOE
+from framework.contracts.parallel import Parallelism, ParallelConfig
+from framework.core.registry import MOE
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from test_cuda_graph import prompt, serve  # noqa: E402

@@ -83,9 +83,9 @@ def test_moe_layers_of_the_serving_model_never_sync(moe):
     from framework.engine.config import EngineConfig
     from framework.engine.engine import Engine
     from framework.model.config import ModelConfig
-    from framework.moe import count_host_syncs
-    from framework.parallel import Parallelism, ParallelConfig
-    from framework.registry import MOE
+    from framework.contracts.moe import count_host_syncs
+    from framework.contracts.parallel import Parallelism, ParallelConfig
+    from framework.core.registry import MOE
 
     def layers(name):
         engine = Engine(ModelConfig(dtype="bfloat16"), EngineConfig(device="cuda"),

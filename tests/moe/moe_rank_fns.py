@@ -12,8 +12,8 @@ import torch
 from framework.dist import Group
 from framework.model.gating import select_experts
 from framework.model.reference import experts_reference
-from framework.moe import MoEConfig
-from framework.registry import MOE
+from framework.contracts.moe import MoEConfig
+from framework.core.registry import MOE
 from plugins.moe.ep import EPConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 
@@ -140,7 +140,7 @@ def load_stats_case(group: Group) -> dict:
     tokens: the counts are summed across ranks) and a layout-"all" one (each rank routes every token)."""
     from framework.model.config import ModelConfig
     from framework.model.model import build_model
-    from framework.moe_stats import expert_load_stats
+    from framework.model.moe_stats import expert_load_stats
 
     model_cfg = ModelConfig()
     out = {}

@@ -7,8 +7,8 @@ import torch
 
 from framework.dist import Group
 from framework.model.reference import experts_reference
-from framework.moe import fused_moe_for
-from framework.registry import MOE
+from kernels import fused_moe_for
+from framework.core.registry import MOE
 from kernels.fused_moe import fused_moe_torch, fused_moe_triton
 from moe_rank_fns import BACKENDS, E, H, I, SCENARIOS, STYLES, layer_weights, run_all_cases, step_inputs
 from plugins.moe.ep import EPConfig, local_expert_range, pack_rows, unpack_rows

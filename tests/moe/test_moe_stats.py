@@ -8,8 +8,8 @@ import torch
 from framework.dist import Group
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
-from framework.moe_stats import expert_load_stats, reset_expert_load
-from framework.registry import MOE
+from framework.model.moe_stats import expert_load_stats, reset_expert_load
+from framework.core.registry import MOE
 from moe_rank_fns import BACKENDS, STATS_TOKENS, load_stats_case, stats_tokens
 
 

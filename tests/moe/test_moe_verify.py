@@ -1,4 +1,4 @@
-"""End to end at size 2: mode=verify's logic (framework.verify.verify_instance: a spawned gloo instance, chunked
+"""End to end at size 2: mode=verify's logic (framework.runs.verify.verify_instance: a spawned gloo instance, chunked
 prefill, decode over the KV cache, radix hits, IDLE ranks) for every (parallel, moe, dispatch), on a model whose
 routing stresses the backends: DeepSeek-V3 gating (sigmoid + correction bias, renormalised, routed_scaling_factor)
 with n_group=2, topk_group=1, so that each token's experts all live in one group = one ep rank at size 2 (every
@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import pytest
 
-from framework.moe import MoEConfig
-from framework.verify import verify_instance
+from framework.contracts.moe import MoEConfig
+from framework.runs.verify import verify_instance
 from plugins.moe.ep import EPConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 

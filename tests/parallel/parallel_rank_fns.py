@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from framework.dist.group import Group
 from framework.engine.config import EngineConfig
-from framework.engine.instance import InstanceSpec, build_rank_engine, control_group
+from framework.instance.rank_loop import InstanceSpec, build_rank_engine, control_group
 from framework.engine.request import Req, SamplingParams
 
 PROMPT_LENS = [[5, 9], [3], [], [7, 2, 4]]

@@ -7,7 +7,7 @@ import pytest
 
 from framework.dist import launch
 from framework.engine.engine import plan_memory
-from framework.registry import MOE, PARALLELISM
+from framework.core.registry import MOE, PARALLELISM
 from parallel_helpers import make_cfg
 from parallel_rank_fns import PROMPT_LENS, declared_vs_real
 

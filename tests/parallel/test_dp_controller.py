@@ -1,7 +1,7 @@
 """The in-instance DataParallelController: which rank gets each request."""
 import pytest
 
-from framework.engine.dp_controller import DataParallelController
+from framework.contracts.dp_controller import DataParallelController
 
 
 def test_round_robin_cycles_over_ranks_whatever_the_load():

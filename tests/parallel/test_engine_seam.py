@@ -6,14 +6,15 @@ import socket
 
 import pytest
 
-from framework.app import UserError, run
+from framework.app import run
+from framework.core.errors import UserError
 from framework.dist.group import Group
-from framework.engine.client import EngineClient
+from framework.instance.client import InstanceClient, local_client
 from framework.engine.engine import Engine
-from framework.engine.handle import SyncFace
-from framework.engine.instance_client import InstanceClient
+from framework.instance.handle import SyncFace
+from framework.instance.client import InstanceClient
 from framework.engine.request import Req, SamplingParams
-from framework.registry import PARALLELISM
+from framework.core.registry import PARALLELISM
 from parallel_helpers import assert_no_rank_left, make_cfg
 
 PROMPTS = ["one engine seam", "x", "a request per rank and a request per group"]
@@ -43,7 +44,7 @@ def test_a_one_rank_engine_is_an_instance_handle_and_serves_what_stepping_it_dir
         direct.add(r)
     while direct.scheduler.has_work():                                   # the oracle: stepped in this thread
         direct.step()
-    client = EngineClient(Engine(cfg.model, cfg.engine, PARALLELISM.build("single", cfg.parallel, Group()),
+    client = local_client(Engine(cfg.model, cfg.engine, PARALLELISM.build("single", cfg.parallel, Group()),
                                  cfg.moe, cfg.seed))
     assert isinstance(client, InstanceClient)
     face = SyncFace(client)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from framework.engine.engine import plan_memory
-from framework.registry import MOE, PARALLELISM
+from framework.core.registry import MOE, PARALLELISM
 from parallel_helpers import make_cfg
 
 ROOT = Path(__file__).resolve().parents[2]

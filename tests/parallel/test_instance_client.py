@@ -8,9 +8,9 @@ from contextlib import aclosing
 
 import pytest
 
-from framework.engine.handle import generate
-from framework.engine.instance import InstanceSpec
-from framework.engine.instance_client import InstanceClient, open_engine
+from framework.instance.handle import generate
+from framework.instance.rank_loop import InstanceSpec
+from framework.instance.client import InstanceClient, open_engine
 from framework.engine.request import SamplingParams
 from framework.model.model import build_model
 from framework.model.reference import reference_forward

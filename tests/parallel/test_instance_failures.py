@@ -3,11 +3,12 @@ import socket
 
 import pytest
 
-from framework.app import UserError, run
+from framework.app import run
+from framework.core.errors import UserError
 from framework.dist import RankFailed
-from framework.engine.handle import EngineDown, SyncFace
-from framework.engine.instance import InstanceSpec
-from framework.engine.instance_client import open_engine
+from framework.instance.handle import EngineDown, SyncFace
+from framework.instance.rank_loop import InstanceSpec
+from framework.instance.client import open_engine
 from framework.engine.request import Req, SamplingParams
 from parallel_helpers import assert_no_rank_left, make_cfg
 

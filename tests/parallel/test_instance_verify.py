@@ -6,8 +6,8 @@ from functools import lru_cache
 import pytest
 
 from framework.engine.engine import plan_memory
-from framework.registry import MOE, PARALLELISM
-from framework.verify import engine_cases, verify_instance
+from framework.core.registry import MOE, PARALLELISM
+from framework.runs.verify import engine_cases, verify_instance
 from parallel_helpers import make_cfg
 
 ATOL = 1e-4   # verify.atol for fp32

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from framework.app import UserError, run
+from framework.app import run
+from framework.core.errors import UserError
 from framework.dist.group import Group
 from framework.model.config import ModelConfig
-from framework.registry import PARALLELISM
+from framework.core.registry import PARALLELISM
 from parallel_helpers import assert_no_rank_left, make_cfg
 
 

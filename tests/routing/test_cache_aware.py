@@ -8,8 +8,8 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from framework.registry import ROUTING
-from framework.routing import NoWorkerAvailable
+from framework.core.registry import ROUTING
+from framework.contracts.routing import NoWorkerAvailable
 
 CacheAware = ROUTING.get("cache_aware")
 

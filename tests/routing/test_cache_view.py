@@ -8,8 +8,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from framework.registry import ROUTING
-from plugins.routing._radix_tree import INSERT_EVICTION_SLACK_DIV, QUEUE_SLACK, RadixTree
+from framework.core.registry import ROUTING
+from plugins.routing.lib.radix_tree import INSERT_EVICTION_SLACK_DIV, QUEUE_SLACK, RadixTree
 
 CacheAware = ROUTING.get("cache_aware")
 

@@ -7,8 +7,8 @@ import math
 import random
 
 from framework.kv_events.hashing import chain_hashes
-from framework.registry import ROUTING
-from framework.routing import LoadReport, RequestView
+from framework.core.registry import ROUTING
+from framework.contracts.routing import LoadReport, RequestView
 
 PrefixHash, PowerOfTwo = ROUTING.get("prefix_hash"), ROUTING.get("power_of_two")
 

@@ -18,8 +18,8 @@ from framework.engine.radix_cache import RadixCache
 from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
 from framework.kv_events.hashing import chain_hashes
-from framework.registry import ROUTING
-from framework.routing import RequestView
+from framework.core.registry import ROUTING
+from framework.contracts.routing import RequestView
 
 B = 4
 

@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from framework.registry import ROUTING
-from framework.routing import SUBSCRIPTIONS, NoWorkerAvailable, RequestView, RoutingPolicy
-from framework.serving.router_config import router_schema, split_router_config
+from framework.core.registry import ROUTING
+from framework.contracts.routing import SUBSCRIPTIONS, NoWorkerAvailable, RequestView, RoutingPolicy
+from framework.serving.router.config import router_schema, split_router_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "router"
 WORKERS = ["http://w0:30000", "http://w1:30000", "http://w2:30000"]

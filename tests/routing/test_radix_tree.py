@@ -18,7 +18,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from plugins.routing._radix_tree import RadixTree
+from plugins.routing.lib.radix_tree import RadixTree
 
 
 def lcp(a: str, b: str) -> int:

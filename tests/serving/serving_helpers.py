@@ -1,7 +1,7 @@
 """Test-only pieces for the serving tests: real engines (tiny model, CPU), their greedy oracle, and real loopback
 servers, some of which fail on purpose (503s, broken streams).
 
-Every worker in these tests fronts a real ``EngineClient(Engine(...))``. The oracle for its text is a separate
+Every worker in these tests fronts a real ``local_client(Engine(...))``. The oracle for its text is a separate
 ``Engine`` built from the same seed with the radix cache off, stepped synchronously: greedy decoding is deterministic,
 so text through the worker (and the router) must equal it.
 """
@@ -18,13 +18,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from framework.dist.group import Group
-from framework.engine.client import EngineClient
+from framework.instance.client import InstanceClient, local_client
 from framework.engine.config import EngineConfig
 from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
 from framework.model.config import ModelConfig
-from framework.moe import MoEConfig
-from framework.parallel import ParallelConfig, Parallelism
+from framework.contracts.moe import MoEConfig
+from framework.contracts.parallel import ParallelConfig, Parallelism
 
 SEED = 0
 KV_BUDGET_MB = 1.0  # 819 KV slots on the tiny model: a prompt of 820 bytes can never fit
@@ -35,9 +35,9 @@ def build_engine(kv_budget_mb: float = KV_BUDGET_MB, seed: int = SEED, radix_cac
                   Parallelism(ParallelConfig(), Group()), MoEConfig(), seed=seed)
 
 
-def engine_client(kv_budget_mb: float = KV_BUDGET_MB, seed: int = SEED) -> EngineClient:
+def engine_client(kv_budget_mb: float = KV_BUDGET_MB, seed: int = SEED) -> InstanceClient:
     """A real engine stepping in its own thread, as ``serve_worker`` runs it; ``close()`` it when done."""
-    return EngineClient(build_engine(kv_budget_mb, seed))
+    return local_client(build_engine(kv_budget_mb, seed))
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,21 +61,21 @@ def greedy_text(prompt: str, max_new_tokens: int, **kw) -> str:
     return _reference_engine().tokenizer.decode(greedy(prompt, max_new_tokens, **kw).output_ids)
 
 
-def engine_requests(client: EngineClient) -> int:
+def engine_requests(client: InstanceClient) -> int:
     """Requests the engine holds right now (queued, prefilling or decoding), read live from the asyncio thread."""
-    return client.engine.scheduler.num_requests()
+    return client.local_engine.scheduler.num_requests()
 
 
-def engine_stats(client: EngineClient) -> dict:
+def engine_stats(client: InstanceClient) -> dict:
     """The scheduler's step counters (extend_steps: one per prefill step, decode_steps), read live."""
-    return dict(client.engine.scheduler.stats)
+    return dict(client.local_engine.scheduler.stats)
 
 
-def break_model(client: EngineClient) -> None:
+def break_model(client: InstanceClient) -> None:
     """A real engine crash: the vocabulary projection is swapped for a tensor of the wrong shape (as if a checkpoint
     of another model were loaded into it), so the next forward pass raises a genuine torch RuntimeError on the engine
-    thread. No method is patched; ``EngineClient`` then fails the requests in flight and sets ``error``."""
-    client.engine.model.lm_head.data = torch.zeros(1, 1)
+    thread. No method is patched; ``the local client`` then fails the requests in flight and sets ``error``."""
+    client.local_engine.model.lm_head.data = torch.zeros(1, 1)
 
 
 def free_port() -> int:

@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 
 from framework.kv_events.worker import publish_cache_events
-from framework.registry import ROUTING
-from framework.serving.router import ROUTER_KEY, create_router_app
-from framework.serving.router_config import RouterServiceConfig
+from framework.core.registry import ROUTING
+from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
-from framework.workload.http_client import parse_route
+from framework.load.http_client import parse_route
 from serving_helpers import engine_client, engine_requests, serve, url_of, wait_until
 
 pytestmark = pytest.mark.anyio

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from framework.registry import ROUTING
-from framework.serving.router import ROUTER_KEY, create_router_app
-from framework.serving.router_config import RouterServiceConfig
+from framework.core.registry import ROUTING
+from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.config import RouterServiceConfig
 from serving_helpers import read_sse, serve, url_of, wait_until
 
 pytestmark = pytest.mark.anyio

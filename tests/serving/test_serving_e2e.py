@@ -10,9 +10,9 @@ import json
 import aiohttp
 import pytest
 
-from framework.registry import ROUTING
-from framework.serving.router import create_router_app
-from framework.serving.router_config import RouterServiceConfig
+from framework.core.registry import ROUTING
+from framework.serving.router.service import create_router_app
+from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from serving_helpers import engine_client, read_sse, serve, url_of, wait_until
 
@@ -62,7 +62,7 @@ async def test_client_disconnect_through_the_router_frees_the_engine(stack):
     body = {"text": "a long story", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}, "stream": True}
     async with http.post(router + "/generate", json=body) as r:
         await r.content.readany()
-    live = client.engine.server_info  # read live: EngineClient.server_info() is refreshed only after a step
+    live = client.local_engine.server_info  # read live: the local client.server_info() is refreshed only after a step
     await wait_until(lambda: live()["running_requests"] == live()["queued_requests"] == 0, timeout=10,
                      what="the engine to drop the aborted request")
     steps = live()["decode_steps"]
@@ -72,7 +72,7 @@ async def test_client_disconnect_through_the_router_frees_the_engine(stack):
 
 async def test_engine_rejection_passes_through_the_router_as_a_400(stack):
     client, http, worker, router = stack
-    too_long = "x" * (client.engine.capacity + 1)  # can never fit the KV pool: the engine raises ValueError
+    too_long = "x" * (client.local_engine.capacity + 1)  # can never fit the KV pool: the engine raises ValueError
     async with http.post(router + "/v1/completions", json={"prompt": too_long, "max_tokens": 1}) as r:
         assert r.status == 400
         assert (await r.json())["error"]["param"] == "prompt"

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from framework.engine.request import SamplingParams
-from framework.serving import protocol as P
-from framework.serving.chat_template import apply_chat_template
-from framework.serving.errors import ApiError, parse_body
+from framework.serving.http import protocol as P
+from framework.serving.http.chat_template import apply_chat_template
+from framework.serving.http.errors import ApiError, parse_body
 
 
 def test_each_api_maps_to_sampling_params():

@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from framework.registry import ROUTING
-from framework.serving.chat_template import apply_chat_template
-from framework.serving.router import ROUTER_KEY, create_router_app
-from framework.serving.router_config import RouterServiceConfig
+from framework.core.registry import ROUTING
+from framework.serving.http.chat_template import apply_chat_template
+from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from serving_helpers import (break_model, broken_stream_app, engine_client, engine_requests, engine_stats, free_port,
                              greedy_text, iter_sse, read_sse, serve, status_app, url_of, wait_until)
@@ -200,7 +200,7 @@ async def test_client_4xx_passes_through_and_does_not_count(engines):
         for _ in range(3):  # valid for routing, invalid for the worker
             async with http.post("/generate", json={"text": "a", "sampling_params": {"top_p": 5}}) as r:
                 assert r.status == 400 and "sampling_params.top_p" in (await r.json())["error"]["message"]
-        too_long = "x" * (engines[0].engine.capacity + 1)  # valid for the worker, rejected by the engine itself
+        too_long = "x" * (engines[0].local_engine.capacity + 1)  # valid for the worker, rejected by the engine itself
         async with http.post("/generate", json={"text": too_long}) as r:
             assert r.status == 400 and (await r.json())["error"]["param"] == "text"
         async with http.post("/v1/chat/completions", json={"messages": "hi"}) as r:  # rejected by the router itself
@@ -317,12 +317,12 @@ async def test_startup_with_a_worker_not_up_yet(engines):
         assert info["router"]["healthy_workers"] == 2
         assert engine_stats(late_engine)["extend_steps"] == sum(w == late_url for _, _, w in served)
         assert info["workers"][late_url]["extend_steps"] == engine_stats(late_engine)["extend_steps"]
-        assert info["totals"]["kv_capacity_tokens_instance"] == late_engine.engine.capacity + engines[0].engine.capacity
+        assert info["totals"]["kv_capacity_tokens_instance"] == late_engine.local_engine.capacity + engines[0].local_engine.capacity
         models = await (await http.get("/v1/models")).json()
         assert [m["id"] for m in models["data"]] == ["tiny"]
         async with http.post("/flush_cache") as r:
             assert r.status == 200 and sorted((await r.json())["workers"]) == sorted([late_url, urls[0]])
-        assert late_engine.engine.scheduler.cache.total_size() == engines[0].engine.scheduler.cache.total_size() == 0
+        assert late_engine.local_engine.scheduler.cache.total_size() == engines[0].local_engine.scheduler.cache.total_size() == 0
         await late.close()
         await wait_until(lambda: not router.workers[late_url].healthy, what="the health check to drop it")
         assert (await gen(http, "still fine"))[2] == urls[0]

@@ -11,7 +11,7 @@ import json
 import aiohttp
 import pytest
 
-from framework.serving.chat_template import apply_chat_template
+from framework.serving.http.chat_template import apply_chat_template
 from framework.serving.worker import create_worker_app
 from serving_helpers import (break_model, engine_client, engine_requests, engine_stats, greedy, greedy_text, iter_sse,
                              read_sse, serve, url_of, wait_until)
@@ -214,7 +214,7 @@ async def test_routing_errors_are_json(worker):
 
 async def test_engine_rejection_is_a_400(worker):
     engine, http = worker
-    capacity = engine.engine.capacity
+    capacity = engine.local_engine.capacity
     async with http.post("/generate", json=native("x" * (capacity + 1), 1)) as r:  # can never fit the KV pool
         assert r.status == 400
         err = (await r.json())["error"]
@@ -265,14 +265,14 @@ async def test_metrics_info_models_and_flush(worker):
     assert "servelab_worker_cached_tokens_total 3.0" in text  # "abc" from the radix cache
     assert 'servelab_worker_request_latency_seconds_count{endpoint="generate"} 2.0' in text
 
-    async def engine_gauges_idle() -> bool:  # EngineClient's snapshot can lag the last response by one loop turn
+    async def engine_gauges_idle() -> bool:  # the local client's snapshot can lag the last response by one loop turn
         text = await (await http.get("/metrics")).text()
         return "servelab_worker_running_requests 0.0" in text and "servelab_worker_queued_requests 0.0" in text
     await wait_until(engine_gauges_idle, timeout=2, what="/metrics to show the engine idle")
     async with http.get("/get_server_info") as r:
         info = await r.json()
     assert info["model_name"] == "tiny" and info["http_in_flight"] == 0 and info["running_requests"] == 0
-    assert info["kv_capacity_tokens_instance"] == engine.engine.capacity and info["cache_tokens"] > 0
+    assert info["kv_capacity_tokens_instance"] == engine.local_engine.capacity and info["cache_tokens"] > 0
     async with http.get("/v1/models") as r:
         assert [m["id"] for m in (await r.json())["data"]] == ["tiny"]
 
@@ -283,7 +283,7 @@ async def test_metrics_info_models_and_flush(worker):
     busy.cancel()  # the client gives up: the engine drops the request
     await wait_until(lambda: engine_requests(engine) == 0, what="the busy request to be aborted")
     async with http.post("/flush_cache") as r:
-        assert r.status == 200 and engine.engine.scheduler.cache.total_size() == 0
+        assert r.status == 200 and engine.local_engine.scheduler.cache.total_size() == 0
 
 
 @pytest.mark.parametrize("stream", [True, False])

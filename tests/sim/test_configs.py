@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from framework.config import check_overrides, compose, group_overrides
-from framework.registry import COST
-from framework.sim.cost.hardware import Fit, HardwareConfig
+from framework.core.registry import COST
+from framework.gpu.hardware import Fit, HardwareConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # published parameter counts (model cards): total, activated per token

@@ -9,10 +9,10 @@ from framework.engine.config import EngineConfig, sglang_max_running_requests
 from framework.engine.engine import Engine, plan_memory
 from framework.engine.kv_pool import CountingKVPool
 from framework.engine.scheduler import Scheduler
-from framework.parallel import attention_params
-from framework.registry import COST, MOE, PARALLELISM
-from framework.sim.cost import Instance, Step, decode_shape
-from framework.sim.run import simulate
+from framework.contracts.parallel import attention_params
+from framework.core.registry import COST, MOE, PARALLELISM
+from framework.contracts.cost import Instance, Step, decode_shape
+from framework.runs.sim import simulate
 
 
 @pytest.fixture(scope="module")

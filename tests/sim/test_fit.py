@@ -5,11 +5,11 @@ import statistics
 import pytest
 
 from framework.config import compose
-from framework.sim.cost.fit import PROFILED_HARDWARE, fit, predict
-from framework.sim.cost.hardware import Fit
-from framework.sim.cost.profiles import (GEMM_KINDS, MEMOP_KINDS, CollectiveOp, GemmOp, MemOp, compute_ops, gpus,
+from framework.gpu.fit import PROFILED_HARDWARE, fit, predict
+from framework.gpu.hardware import Fit
+from framework.gpu.profiles import (GEMM_KINDS, MEMOP_KINDS, CollectiveOp, GemmOp, MemOp, compute_ops, gpus,
                                          network_ops)
-from framework.sim.cost.roofline import Roofline
+from framework.gpu.roofline import Roofline
 
 
 @pytest.fixture(scope="module", params=sorted(PROFILED_HARDWARE))

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from framework.config import compose
-from framework.registry import COST, MOE, PARALLELISM, RegistryError
-from framework.sim.cost import BatchShape, Collective, Instance, Step
-from framework.sim.cost.roofline import Roofline
+from framework.core.registry import COST, MOE, PARALLELISM, RegistryError
+from framework.contracts.cost import BatchShape, Collective, Instance, Step
+from framework.gpu.roofline import Roofline
 from plugins.cost.roofline import expected_touched
 from plugins.moe.ep import expected_destinations
 

@@ -8,15 +8,16 @@ import random
 import pytest
 import torch
 
-from framework.app import UserError, run
+from framework.app import run
+from framework.core.errors import UserError
 from framework.config import compose
 from framework.engine.config import EngineConfig
 from framework.engine.kv_pool import CountingKVPool, KVPool
 from framework.engine.request import Req, SamplingParams
 from framework.engine.scheduler import Scheduler
-from framework.metrics import summarize
-from framework.registry import ROUTING
-from framework.sim.run import simulate
+from framework.report.metrics import summarize
+from framework.core.registry import ROUTING
+from framework.runs.sim import simulate
 
 SMALL = ["mode=sim", "logger.mode=disabled", "logger.plots=false", "workload.num_conversations=6",
          "workload.turns=3", "workload.output_len=16"]

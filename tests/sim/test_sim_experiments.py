@@ -45,7 +45,7 @@ def test_sim_fidelity_smoke(tmp_path):
 @pytest.mark.slow
 def test_a_larger_simulation_is_deterministic_with_and_without_decode_runs():
     from framework.config import compose
-    from framework.sim.run import simulate
+    from framework.runs.sim import simulate
     base = ["experiment=sim_scale", "workload.num_conversations=1500", "cluster.instances=16"]
     a = simulate(compose(base))[1]
     b = simulate(compose(base + ["sim.fast_forward=false"]))[1]

@@ -14,8 +14,8 @@ sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
 from ceiling import hit_rate_ceiling  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.registry import WORKLOAD  # noqa: E402
-from framework.sim.run import simulate  # noqa: E402
+from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
 
 TINY_BLOG = ["experiment=sglang_router_blog", "cluster.instances=2", "workload.num_groups=4",
              "workload.prompts_per_group=4", "workload.system_prompt_len=256", "workload.question_len=16",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from framework.config import compose
-from framework.sim.run import simulate
+from framework.runs.sim import simulate
 
 BASE = ["mode=sim", "logger.mode=disabled", "logger.plots=false", "cluster.instances=4", "engine.kv_budget_mb=6",
         "cluster.kv_block_size=4"]

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from framework.sim.cost.hardware import FIT_DIR
+from framework.gpu.hardware import FIT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 

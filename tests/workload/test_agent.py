@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from framework.registry import WORKLOAD
-from framework.workload.generators.agent import AgentConfig
+from framework.core.registry import WORKLOAD
+from plugins.workload.agent import AgentConfig
 
 
 def build(seed=0, **kw):

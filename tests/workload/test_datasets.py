@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from framework.registry import WORKLOAD
-from framework.workload.generators.random import RandomConfig
-from framework.workload.generators.sharegpt import MIN_LEN, ShareGPTConfig
+from framework.core.registry import WORKLOAD
+from plugins.workload.random import RandomConfig
+from plugins.workload.sharegpt import MIN_LEN, ShareGPTConfig
 
 
 def arrivals(**kw) -> list[float]:

@@ -13,19 +13,19 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from framework.dist.group import Group
-from framework.engine.client import EngineClient
+from framework.instance.client import local_client
 from framework.engine.config import EngineConfig
 from framework.engine.engine import Engine
 from framework.model.config import ModelConfig
-from framework.parallel import ParallelConfig, Parallelism
-from framework.registry import MOE, WORKLOAD
+from framework.contracts.parallel import ParallelConfig, Parallelism
+from framework.core.registry import MOE, WORKLOAD
 from framework.serving.worker import create_worker_app
-from framework.workload.generators.multi_turn import MultiTurnConfig
-from framework.workload.generators.shared_prefix import SharedPrefixConfig
-from framework.workload.base import Api
-from framework.workload.http_client import LoadClient
-from framework.workload.load_sampler import parse_in_flight
-from framework.workload.inprocess import play as play_inprocess
+from plugins.workload.multi_turn import MultiTurnConfig
+from plugins.workload.shared_prefix import SharedPrefixConfig
+from framework.contracts.workload import Api
+from framework.load.http_client import LoadClient
+from framework.load.load_sampler import parse_in_flight
+from framework.load.inprocess import play as play_inprocess
 
 pytestmark = pytest.mark.anyio
 ENGINE = EngineConfig(kv_budget_mb=1.0)      # ~800 tokens: small, the workloads below fit
@@ -43,7 +43,7 @@ async def serve(app: web.Application) -> tuple[TestServer, str]:
 
 @pytest.fixture
 async def worker_url():
-    client = EngineClient(engine())
+    client = local_client(engine())
     server, url = await serve(create_worker_app(client))
     yield url
     await server.close()
@@ -211,9 +211,9 @@ def test_the_load_sampler_reads_both_routers_series():
 
 
 def test_route_header_is_read_back_and_anything_else_is_unknown():
-    from framework.routing import RoutingDecision
-    from framework.serving.proxy import route_header
-    from framework.workload.http_client import parse_route
+    from framework.contracts.routing import RoutingDecision
+    from framework.serving.http.proxy import route_header
+    from framework.load.http_client import parse_route
     assert parse_route(route_header(RoutingDecision("http://w", 512, 600, "cache_hit"))) == ("cache_hit", 512)
     assert parse_route("") == ("", None)                    # not servelab's router: no header
     assert parse_route("session; estimate=x") == ("session", None)

@@ -3,8 +3,8 @@ import itertools
 
 import pytest
 
-from framework.registry import WORKLOAD
-from framework.workload.generators.shared_prefix import SharedPrefixConfig
+from framework.core.registry import WORKLOAD
+from plugins.workload.shared_prefix import SharedPrefixConfig
 
 
 def build(seed=0, **kw):

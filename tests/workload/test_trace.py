@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from framework.registry import WORKLOAD
-from framework.workload.base import REPO_ROOT
-from framework.workload.generators.trace import DEFAULT_TRACE, TraceConfig, read_trace, resolve_trace_path
+from framework.core.registry import WORKLOAD
+from framework.contracts.workload import REPO_ROOT
+from plugins.workload.trace import DEFAULT_TRACE, TraceConfig, read_trace, resolve_trace_path
 
 ROWS = [
     {"timestamp": 1000, "input_length": 1200, "output_length": 100, "hash_ids": [0, 1, 2]},

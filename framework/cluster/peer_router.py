@@ -1,0 +1,186 @@
+"""SGLang's own router as a contender: `router.impl=sglang` starts sglang-router (the Rust router from the package
+registry, `pip install -e '.[peers]'`, pinned at 0.3.2) in front of the same workers, with the same policy and
+thresholds, where servelab would start its own router process.
+
+servelab's router config maps onto its flags as follows; what it cannot express is refused with the reason:
+
+| servelab                        | sglang-router 0.3.2                                                          |
+|---------------------------------|------------------------------------------------------------------------------|
+| router=round_robin / random     | --policy round_robin / random                                                |
+| router=power_of_two             | --policy power_of_two (router.load=worker_tokens: it polls GET /get_load)    |
+| router=cache_aware              | --policy cache_aware; its cache miss goes to the least-loaded worker, so      |
+|                                 | `router.miss_policy` must be least_loaded (router=cache_aware_v2); the v0.4   |
+|                                 | smallest-tree miss is refused. Ties among equal matches: SGLang's tree picks  |
+|                                 | (no flag), so `tie_break` is not passed                                       |
+| cache_threshold, balance_abs_threshold, balance_rel_threshold, max_tree_size (characters per worker),          |
+| eviction_interval_secs (whole seconds only)  -> the flags of the same names                                    |
+| router.host / router.port       | --host / --port; its Prometheus endpoint gets a free port of its own          |
+| router.max_retries              | --retry-max-retries (0: --disable-retries)                                   |
+| other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks)              |
+
+The miss behaviour was checked on the 0.3.2 binary: eight unrelated prompts sent one after another in front of two
+idle workers all went to the same worker, where a smallest-tree miss would alternate between them.
+
+SGLang's router reports through Prometheus (`smg_*` series on `--prometheus-port`): per-worker attempts
+(`smg_worker_cb_outcomes_total`), retries (`smg_worker_retries_total`) and requests in flight per worker
+(`smg_worker_requests_active`). `stats()` reads them into the keys servelab's `/router_stats` uses, with the router
+process's CPU time from /proc; it has no decision timer and no estimate of the hit rate.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from framework.core.errors import ClusterError
+from framework.cluster.ports import free_ports
+
+log = logging.getLogger("servelab.peer_router")
+PINNED = "0.3.2"
+POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")   # servelab's policies that sglang-router has
+_SERIES = re.compile(r'^(smg_worker_cb_outcomes_total|smg_worker_retries_total)\{([^}]*)\}\s+(\S+)', re.M)
+
+
+class PeerRouterError(ClusterError):
+    """The config asks for something sglang-router cannot do, or it did not come up."""
+
+
+def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheus_port: int) -> list[str]:
+    """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings."""
+    if rc.name not in POLICIES:
+        raise PeerRouterError(f"router.impl=sglang: sglang-router has no policy {rc.name!r}; it runs "
+                              f"{', '.join(POLICIES)}")
+    if rc.name == "power_of_two" and rc.load != "worker_tokens":
+        raise PeerRouterError("router.impl=sglang: sglang-router's power_of_two compares the loads its workers report "
+                              "(GET /get_load's num_tokens); set router.load=worker_tokens to run the same policy")
+    args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
+            "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
+    if rc.name == "cache_aware":
+        if rc.miss_policy != "least_loaded":
+            raise PeerRouterError(
+                f"router.impl=sglang: sglang-router {PINNED} sends a cache miss to the least-loaded worker; "
+                f"router.miss_policy={rc.miss_policy!r} (SGLang v0.4's smallest tree) cannot be expressed. Use "
+                f"router=cache_aware_v2, or router.miss_policy=least_loaded with the thresholds you want")
+        if rc.eviction_interval_secs != int(rc.eviction_interval_secs):
+            raise PeerRouterError(f"router.impl=sglang: sglang-router takes whole seconds; "
+                                  f"router.eviction_interval_secs={rc.eviction_interval_secs} is not")
+        args += ["--cache-threshold", repr(float(rc.cache_threshold)),
+                 "--balance-abs-threshold", str(int(rc.balance_abs_threshold)),
+                 "--balance-rel-threshold", repr(float(rc.balance_rel_threshold)),
+                 "--eviction-interval-secs", str(int(rc.eviction_interval_secs)),
+                 "--max-tree-size", str(int(rc.max_tree_size))]
+    return args + (["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"])
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang-router")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _die_with_parent() -> None:   # runs in the child before exec: SIGTERM it when the parent dies (Linux)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class SglangRouter:
+    """One sglang-router process in front of `worker_urls`, ready (routing to every worker) once constructed."""
+
+    def __init__(self, rc, service, worker_urls: list[str], startup_timeout_s: float):
+        version = installed_version()
+        if version is None:
+            raise PeerRouterError(f"router.impl=sglang needs SGLang's router: pip install -e '.[peers]' "
+                                  f"(sglang-router=={PINNED})")
+        if version != PINNED:
+            log.warning("sglang-router %s is installed; the config mapping was checked against %s", version, PINNED)
+        host = "127.0.0.1" if service.host in ("", "0.0.0.0") else service.host
+        prometheus_port = free_ports(service.host, 1)[0]
+        self.url, self.metrics_url = f"http://{host}:{service.port}", f"http://{host}:{prometheus_port}/metrics"
+        self.args = sglang_router_args(rc, service, worker_urls, service.port, prometheus_port) + [
+            "--worker-startup-timeout-secs", str(math.ceil(startup_timeout_s)), "--worker-startup-check-interval", "1"]
+        self.workers = list(worker_urls)
+        self.popen = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *self.args],
+                                      start_new_session=True, preexec_fn=_die_with_parent)
+        self._base: tuple[dict, float] = ({}, 0.0)
+        try:
+            self._wait_ready(startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Until /readiness says every worker is registered and healthy (it registers them in the background)."""
+        deadline, last = time.monotonic() + timeout_s, "no answer yet"
+        while True:
+            if self.popen.poll() is not None:
+                raise PeerRouterError(f"sglang-router exited with status {self.popen.returncode} at start (its "
+                                      f"log is above); arguments: {' '.join(self.args)}")
+            try:
+                with urllib.request.urlopen(self.url + "/readiness", timeout=2) as resp:
+                    state = json.loads(resp.read())
+                if state.get("healthy_workers") == len(self.workers):
+                    self.reset_stats()
+                    return
+                last = json.dumps(state)
+            except (OSError, ValueError) as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise PeerRouterError(f"sglang-router at {self.url} did not route to all {len(self.workers)} "
+                                      f"workers within {timeout_s:g}s (last /readiness: {last})")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+    # -- what the bench reads -------------------------------------------------------------------------------------
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the router process (all its threads), from /proc."""
+        with open(f"/proc/{self.popen.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _counters(self) -> dict:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+        attempts: dict[str, float] = {}
+        retries = 0.0
+        for name, labels, value in _SERIES.findall(text):
+            if name == "smg_worker_retries_total":
+                retries += float(value)
+            elif (m := re.search(r'worker="([^"]+)"', labels)):
+                attempts[m.group(1)] = attempts.get(m.group(1), 0.0) + float(value)
+        return {"attempts": attempts, "retries": retries}
+
+    def reset_stats(self) -> None:
+        self._base = (self._counters(), time.time())
+
+    def stats(self, reset: bool = False) -> dict:
+        """Since the last reset, under the keys of servelab's GET /router_stats where SGLang reports the same (reset:
+        start a new window, as POST /router_stats/reset)."""
+        if reset:
+            self.reset_stats()
+            return {"reset": True}
+        now, (base, since) = self._counters(), self._base
+        per_worker = {w: int(n - base["attempts"].get(w, 0.0)) for w, n in now["attempts"].items()}
+        return {"impl": "sglang", "version": installed_version(), "args": self.args,
+                "per_worker_requests": {w: n for w, n in per_worker.items() if n},
+                "retries": int(now["retries"] - base["retries"]), "process_cpu_s": self.cpu_s(),
+                "since_unix_s": since}

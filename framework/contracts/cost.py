@@ -1,0 +1,98 @@
+"""What a simulator asks a cost model (a `sim/cost=` plugin, plugins/cost/): how long one engine step of one
+instance takes. Built once per instance with what does not change (`Instance`), then asked per step (`Step`)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from framework.model.config import ModelConfig
+from framework.gpu.hardware import HardwareConfig
+
+MODES = ("extend", "decode", "idle")
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a torch dtype name (a ModelConfig.dtype)."""
+    import torch
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
+@dataclass
+class CostConfig:
+    name: str = "roofline"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a step makes `count` times (e.g. once per layer), as a parallelism or MoE plugin declares it.
+    `nbytes`: the buffer one rank holds, as nccl-tests sizes it: all_reduce the tensor, all_gather the gathered
+    output, reduce_scatter the input, all_to_all everything the busiest rank sends (its own share included)."""
+    kind: str                 # all_gather | all_reduce | reduce_scatter | all_to_all | send_recv
+    nbytes: int
+    ranks: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One scheduler's batch in a step (TP: the instance's one batch; DP attention: one per rank)."""
+    mode: str = "idle"                        # extend | decode | idle
+    new_tokens: tuple[int, ...] = ()          # per request: tokens computed this step (decode: 1 each)
+    prefix: tuple[int, ...] = ()              # per request: tokens already in its KV (cached prefix + context)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"batch mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if len(self.new_tokens) != len(self.prefix):
+            raise ValueError(f"a batch needs one prefix length per request: {len(self.new_tokens)} requests, "
+                             f"{len(self.prefix)} prefix lengths")
+
+
+@dataclass(frozen=True)
+class Step:
+    batches: tuple[BatchShape, ...]            # one per scheduler of the instance
+    graph: bool = False                        # replays a captured CUDA graph (no per-kernel launch cost)
+    collectives: tuple[Collective, ...] | None = None   # the plugins' declarations; None: the cost model's own
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What an engine instance runs on and how it is split: fixed for the instance's life."""
+    model: ModelConfig
+    hardware: HardwareConfig
+    parallel: str                              # the parallelism plugin's key (parallel.name)
+    size: int                                  # GPUs of the instance (parallel.size)
+    moe: str                                   # the MoE backend's key (moe.name)
+    parallel_cfg: Any = None                   # the plugins' own configs (their other fields: moe.dispatch,
+    moe_cfg: Any = None                        # parallel.tp_size...); None: the plugin's defaults at `size`
+
+
+class CostModel(ABC):
+    """A `sim/cost=` plugin: `Config` is its schema, `step_time` its one question."""
+
+    Config = CostConfig
+    cuda_graphs = True          # the priced hardware replays captured decode graphs (engine.cuda_graph); a CPU: no
+
+    def __init__(self, cfg, instance: Instance) -> None:
+        self.cfg, self.instance = cfg, instance
+
+    @abstractmethod
+    def step_time(self, step: Step) -> float:
+        """Seconds from the start of the step's forward on every rank to its last rank's logits."""
+
+    def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
+                     graph: bool = True) -> list[float]:
+        """The next k DECODE steps of a run (a simulator advances runs in one event): in step j (from 0) scheduler
+        g has sizes[g] requests holding contexts[g] + j x sizes[g] tokens of KV before it (0 requests: IDLE), each
+        batch in the canonical shape (its whole context on its first request: decode is priced by batch size and
+        total context; `graph`: whether they replay a CUDA graph). A model may override this with a faster equal
+        computation."""
+        return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
+                                          for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
+
+
+def decode_shape(n: int, context: int) -> BatchShape:
+    """A DECODE batch of n requests holding `context` tokens of KV in all, in one canonical form (the whole context
+    on the first request), so a step priced alone or in a run gets the very same shape."""
+    return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1))

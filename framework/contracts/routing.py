@@ -1,0 +1,221 @@
+"""The routing-policy interface shared by the router service, the simulator and the tests.
+
+A policy is plain synchronous Python with no I/O and no threads: the caller owns concurrency (the HTTP router calls it from
+one asyncio thread), time (``clock`` and ``maintain(now)``), retries and the subscriptions to workers' events. The
+base class keeps the worker list, the router's own in-flight counts (``loads``) and the record of the last decision;
+a plugin only decides (``_decide``) and, when it keeps a view of the workers, listens:
+
+- ``select(request, candidates)``: ``request`` is the request's text (a ``str``) or a ``RequestView`` (the text and,
+  when the caller knows them, its token ids);
+- ``on_request_done(worker, decision, ok, usage)``: the attempt's outcome and, for a policy that subscribed to
+  ``USAGE``, the usage the worker reported (prompt, cached and output tokens);
+- ``on_worker_event(worker, event)``: events from a worker the policy subscribed to (``subscriptions``): KV cache
+  events (framework/kv_events: BlockStored, BlockRemoved, AllBlocksCleared) and load reports (``LoadReport``). The
+  router service owns the sockets and the polling; the simulator calls the same method with its own events;
+- ``reset_worker(worker)``: what the policy knew of that worker's cache is void (flushed, restarted, events lost).
+
+Decision reasons are the policy's own (``Reasons``), counted by the router per reason.
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
+
+KV_EVENTS = "kv_events"  # subscription: the workers' KV cache events
+LOAD = "load"            # subscription: periodic load reports (LoadReport)
+USAGE = "usage"          # subscription: each request's usage in on_request_done (the router reads it from answers)
+SUBSCRIPTIONS = (KV_EVENTS, LOAD, USAGE)
+
+
+@dataclass
+class RoutingConfig:
+    """What every routing plugin's ``Config`` inherits: ``name`` (each plugin redefines it; it stays the first field).
+    A policy's Config holds its own fields only; the router service's settings (``router.port``, ``router.max_retries``
+    ...) are framework/serving/router/config.py's ``RouterServiceConfig``, and the schema Hydra stores for the
+    ``router`` group combines both (``router_schema``), so every ``router.<key>`` composes with any ``router=``."""
+    name: str = ""
+
+
+class RequestView:
+    """What a policy sees of one request: its ``text`` (the routing key: the prompt, or the chat template's rendering
+    of the messages) and, when the caller knows them, its ``token_ids`` (sent by the client, or tokenized by a
+    simulator). A policy that needs tokens and has none here tokenizes the text itself."""
+    __slots__ = ("text", "token_ids")
+
+    def __init__(self, text: str, token_ids: Sequence[int] | None = None):
+        self.text = text
+        self.token_ids = token_ids
+
+    def __repr__(self) -> str:
+        ids = "" if self.token_ids is None else f", {len(self.token_ids)} token ids"
+        return f"RequestView({self.text[:40]!r}{'...' if len(self.text) > 40 else ''}{ids})"
+
+
+class RequestUsage(NamedTuple):
+    """What the worker said it did for a request (``usage`` / ``meta_info``)."""
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+class LoadReport(NamedTuple):
+    """A worker's own account of its load (SGLang's ``GET /get_load``, summed over its DP ranks), polled by the router."""
+    running: int     # requests prefilling or decoding
+    queued: int      # requests waiting for admission
+    num_tokens: int  # KV tokens its requests hold (SGLang's num_tokens: not counting what only the cache holds)
+
+
+class RoutingDecision(NamedTuple):
+    """What the last ``select`` did. ``matched_chars`` is how much of the request the chosen worker holds already by the
+    policy's own estimate (0 for policies that keep none), in the policy's unit (characters of the text for text
+    policies, tokens for token policies; ``request_chars`` is the request's length in the same unit), so matched over
+    request summed over requests is the router's estimated prefix-cache hit rate. ``text``, ``at`` (the policy clock's
+    time of the decision) and ``memo`` (the policy's own record) let a policy take back what it credited the worker
+    with when the attempt fails, or settle it when it ends (``on_request_done``)."""
+    worker: str
+    matched_chars: int
+    request_chars: int
+    reason: str  # one of the policy's Reasons
+    text: str = ""
+    at: float = 0.0
+    memo: Any = None
+
+
+class NoWorkerAvailable(RuntimeError):
+    """``select`` had no worker to choose from (none added, or every added worker is marked unhealthy)."""
+
+
+class RoutingPolicy(abc.ABC):
+    """Base of every routing plugin. Workers are kept in the order they were added; every tie resolves in that order."""
+
+    Config: ClassVar[type] = RoutingConfig
+    Reasons: ClassVar[tuple[str, ...]] = ()            # every ``RoutingDecision.reason`` this policy gives
+    subscriptions: ClassVar[frozenset[str]] = frozenset()  # worker events it wants (KV_EVENTS, LOAD)
+
+    def __init__(self, cfg: Any = None, seed: int = 0):
+        self.cfg = cfg if cfg is not None else self.Config()
+        self.seed = seed
+        self.loads: dict[str, int] = {}  # worker -> requests in flight, as counted by this router
+        self.last_decision: RoutingDecision | None = None
+        # Seconds, used to stamp cache entries; the simulator swaps in its own clock.
+        self.clock: Callable[[], float] = time.monotonic
+        self._unhealthy: set[str] = set()
+        self._healthy: list[str] = []  # the default candidates, in insertion order
+
+    # -- workers -----------------------------------------------------------------------------------------------------
+    @property
+    def workers(self) -> list[str]:
+        return list(self.loads)
+
+    def add_worker(self, worker: str) -> None:
+        if not isinstance(worker, str) or not worker:
+            raise ValueError(f"a worker is a non-empty string (its URL), got {worker!r}")
+        if worker in self.loads:
+            raise ValueError(f"worker {worker!r} is already added; workers: {self.workers}")
+        self.loads[worker] = 0
+        self._refresh_healthy()
+
+    def remove_worker(self, worker: str) -> None:
+        self._require_known(worker)
+        del self.loads[worker]
+        self._unhealthy.discard(worker)
+        self._refresh_healthy()
+        self._forget(worker)
+
+    def set_healthy(self, worker: str, healthy: bool = True) -> None:
+        """An unhealthy worker keeps its load count and cache estimate but is left out of the default candidates."""
+        self._require_known(worker)
+        (self._unhealthy.discard if healthy else self._unhealthy.add)(worker)
+        self._refresh_healthy()
+
+    # -- requests ----------------------------------------------------------------------------------------------------
+    def select(self, request: str | RequestView, workers: Sequence[str] | None = None) -> str:
+        """Pick a worker among ``workers`` (default: every healthy added worker) and count the request in flight on it.
+        ``request``: the text, or a ``RequestView``."""
+        if type(request) is str:
+            request = RequestView(request)
+        elif not isinstance(request, RequestView) or not isinstance(request.text, str):
+            raise TypeError(f"request must be a str or a RequestView with a str text, got {type(request).__name__}")
+        if workers is None:
+            candidates = self._healthy
+            if not candidates:
+                raise NoWorkerAvailable(
+                    f"no healthy worker to route to (added: {self.workers}, unhealthy: {sorted(self._unhealthy)})")
+        else:
+            candidates = self._known_candidates(workers)
+        decision = self._decide(request, candidates)
+        self.loads[decision.worker] += 1
+        self.last_decision = decision
+        return decision.worker
+
+    def on_request_done(self, worker: str, decision: RoutingDecision | None = None, ok: bool = True,
+                        usage: RequestUsage | None = None) -> None:
+        """Release one in-flight request on ``worker``. A worker removed meanwhile, or already at zero, is left alone:
+        the caller makes this call once per request; the count never goes below zero. ``ok=False`` with the request's
+        ``decision``: the attempt failed, so the worker did not get the request (a policy that credited it takes it
+        back). ``usage``: the worker's own counts, when it reported them."""
+        n = self.loads.get(worker)
+        if n:
+            self.loads[worker] = n - 1
+        if decision is not None and worker in self.loads:
+            if not ok:
+                self._take_back(decision)
+            self._settle(decision, ok, usage)
+
+    def on_worker_event(self, worker: str, event: Any) -> None:
+        """An event from ``worker`` (a KV event or a ``LoadReport``), for the policies that subscribed to its kind.
+        Events of a worker not added (removed meanwhile) are dropped."""
+        if worker in self.loads:
+            self._observe(worker, event)
+
+    def reset_worker(self, worker: str) -> None:
+        """The worker's cache is known to be empty, or what the policy learnt of it is void (flushed, restarted, KV
+        events lost): drop what the policy estimates it holds. Its load count stays."""
+        self._require_known(worker)
+        self._forget(worker)
+
+    def maintain(self, now: float | None = None) -> None:
+        """Periodic work off the request path. The stateless policies have none."""
+
+    def hold_s(self, decision: RoutingDecision) -> float:
+        """Seconds the router should hold the request of ``decision`` before sending it to its worker (0: send now).
+        Asked at the decision and again after each batch of that worker's events, until it answers 0. Default: 0."""
+        return 0.0
+
+    # -- for plugins -------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
+        """Choose among ``candidates`` (non-empty, known, in insertion order). Loads are updated by the caller."""
+
+    def _forget(self, worker: str) -> None:
+        """Drop what the policy keeps about a worker's cache (removed, flushed, restarted). Stateless: nothing."""
+
+    def _take_back(self, decision: RoutingDecision) -> None:
+        """Undo what ``select`` credited ``decision.worker`` with; the attempt failed. Stateless: nothing."""
+
+    def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
+        """The request of ``decision`` ended (after ``_take_back`` when it failed). Default: nothing to settle."""
+
+    def _observe(self, worker: str, event: Any) -> None:
+        """A worker event (see ``on_worker_event``). Default: ignored."""
+
+    # -- helpers -----------------------------------------------------------------------------------------------------
+    def _refresh_healthy(self) -> None:
+        self._healthy = [w for w in self.loads if w not in self._unhealthy]
+
+    def _require_known(self, worker: str) -> None:
+        if worker not in self.loads:
+            raise ValueError(f"unknown worker {worker!r}; workers: {self.workers}")
+
+    def _known_candidates(self, workers: Sequence[str]) -> list[str]:
+        if isinstance(workers, str):
+            raise TypeError(f"workers is a list of worker names, got the string {workers!r}")
+        wanted = set(workers)
+        unknown = wanted.difference(self.loads)
+        if unknown:
+            raise ValueError(f"unknown workers {sorted(unknown)}; workers: {self.workers}")
+        if not wanted:
+            raise NoWorkerAvailable("select was given an empty list of workers")
+        return [w for w in self.loads if w in wanted]

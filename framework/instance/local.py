@@ -1,0 +1,93 @@
+"""A one-rank instance in this process: the rank loop (framework.instance.rank_loop) steps a built `Engine` in a
+background thread; the same InstanceClient fronts it as any multi-rank instance, so one rank and many share one seam."""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from typing import Any
+
+from framework.dist.group import Group
+from framework.engine.engine import Engine
+from framework.instance.rank_loop import RankLoop, Stop
+
+log = logging.getLogger(__name__)
+
+
+class _Pipe:
+    """One end of a pair of in-process queues, with the launch channel's send / poll / recv. Messages are not
+    copied: each side only reads what the other sent."""
+
+    def __init__(self, inbox: queue.Queue, outbox: queue.Queue):
+        self.inbox, self.outbox, self._peeked = inbox, outbox, []
+
+    def send(self, obj: Any) -> None:
+        self.outbox.put(obj)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        if not self._peeked:
+            try:
+                self._peeked.append(self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait())
+            except queue.Empty:
+                return False
+        return True
+
+    def recv(self) -> Any:
+        item = self._peeked.pop() if self._peeked else self.inbox.get()
+        if item is EOFError:
+            raise EOFError
+        return item
+
+
+class LocalInstance:
+    """The rank loop of one engine in a thread, with framework.dist's Instance interface (send / recv / join /
+    terminate). An exception in the loop reaches the client through `recv`, after the outputs sent before it."""
+
+    def __init__(self, engine: Engine):
+        down, up = queue.Queue(), queue.Queue()
+        self._channel, rank_side = _Pipe(up, down), _Pipe(down, up)
+        self._result: dict | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(engine, rank_side), name="engine", daemon=True)
+        self._thread.start()
+
+    def _run(self, engine: Engine, channel: _Pipe) -> None:
+        try:
+            loop = RankLoop(engine, Group(), channel)
+            self._result = {**loop.run(), "instance_peak_running": loop.peak_running}
+        except BaseException as e:               # noqa: BLE001 - a dead engine must fail its requests, not hang them
+            log.exception("engine step failed")
+            self._error = e
+        finally:
+            channel.send(EOFError)
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def send(self, obj: Any) -> None:
+        if not self._thread.is_alive():
+            raise BrokenPipeError("the engine thread has stopped")
+        self._channel.send(obj)
+
+    def recv(self) -> Any:
+        try:
+            return self._channel.recv()
+        except EOFError:
+            self._thread.join()
+            if self._error is not None:
+                raise self._error from None
+            raise
+
+    def join(self, timeout: float | None = None) -> list[dict]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return [self._result]
+
+    def terminate(self) -> None:
+        if self._thread.is_alive():
+            self._channel.send(Stop())

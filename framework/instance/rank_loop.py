@@ -1,0 +1,299 @@
+"""An engine instance's ranks: `parallel.size` of them, one `Engine` each, stepping together (one rank: the same
+loop in a thread of the client's process, framework.instance.local).
+
+Rank 0 talks to the parent (framework.instance.client) over the launch channel, in the typed messages below.
+Each step of the instance:
+
+1. exchange (one all_gather_object on the control group): rank 0's new commands go down; every rank's snapshot and
+   the outputs of each DP group's leader from its previous step come up.
+2. every rank applies the commands: each `Add` goes to the ranks of the DP group rank 0's dispatcher picked.
+3. `Engine.step()`: the parallelism plugin's sync_step, then the forward with its collectives.
+
+Rank 0 forwards the step's outputs (its own at once, the other groups' one step later) to the parent, with the
+instance's stats (framework.engine.stats) every INFO_EVERY_S. When the whole instance is idle, rank 0 waits on the
+channel, but exchanges at least every HEARTBEAT_S so the others' control collectives (timeout: parallel.timeout_s +
+HEARTBEAT_S) never expire while the instance is merely idle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from framework.dist.group import Group
+from framework.engine.config import EngineConfig
+from framework.engine.engine import Engine
+from framework.engine.request import Req, SamplingParams
+from framework.engine.stats import instance_stats
+from framework.model.config import ModelConfig
+from framework.core.registry import PARALLELISM
+
+HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
+INFO_EVERY_S = 0.2     # how often rank 0 pushes the instance's stats to the parent while busy
+
+
+@dataclass
+class InstanceSpec:
+    """Everything a rank needs to build its engine (picklable: it travels to spawned ranks)."""
+    model: ModelConfig
+    engine: EngineConfig
+    parallel: Any               # the parallelism plugin's Config
+    moe: Any                    # the MoE backend's Config
+    seed: int = 0
+    cases: list[tuple] = field(default_factory=list)   # verify: (name, EngineConfig, MoE config), one engine each
+
+
+# -- commands: parent -> rank 0 -> every rank --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Add:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    dp_rank: Optional[int] = None     # the parent's pin; rank 0 replaces it by its dispatcher's choice
+
+
+@dataclass(frozen=True)
+class Abort:
+    rid: str
+
+
+@dataclass(frozen=True)
+class Flush:
+    token: int                        # forwarded to every rank only when no request is in flight
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+# -- events: a DP group's leader -> rank 0 -> parent ---------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenOut:
+    """A request got its n_out-th token."""
+    rid: str
+    n_out: int
+    token: int
+    finish_reason: Optional[str]
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, req: Req) -> "TokenOut":
+        return cls(req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0))
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A request that can never run on its rank."""
+    rid: str
+    error: str
+
+
+# -- rank 0 -> parent ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Outputs:
+    events: list                      # TokenOut | Rejected, in the order they happened per DP group
+    stats: Optional[dict]             # the instance's stats, every INFO_EVERY_S and when it goes idle
+
+
+@dataclass(frozen=True)
+class Flushed:
+    token: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Report:
+    """What every rank contributes to a step's exchange."""
+    commands: list                    # rank 0's, for every rank
+    events: list                      # a leader's events of its previous step
+    snapshot: dict                    # Engine.server_info()
+
+
+def control_group(group: Group, timeout_s: float) -> Group:
+    """A gloo group over the same ranks for scheduling metadata (SGLang's tp_cpu_group)."""
+    if group.size == 1:
+        return Group()
+    import torch.distributed as dist
+    pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return Group(group.rank, group.size, "gloo", "cpu", timeout_s, pg=pg)
+
+
+def build_rank_engine(spec: InstanceSpec, group: Group, control: Group, engine_cfg: EngineConfig | None = None,
+                      moe_cfg=None) -> Engine:
+    par = PARALLELISM.build(spec.parallel.name, spec.parallel, group, control)
+    device = None if group.backend == "local" else group.device
+    return Engine(spec.model, engine_cfg or spec.engine, par, moe_cfg or spec.moe, spec.seed, device=device)
+
+
+class RankLoop:
+    """One rank's side of the instance protocol; `run()` returns this rank's final snapshot at `Stop`."""
+
+    def __init__(self, engine: Engine, control: Group, channel=None):
+        self.engine, self.par, self.control, self.channel = engine, engine.par, control, channel
+        self.rank, self.size = control.rank, control.size
+        self.dispatcher = self.par.dispatcher() if self.rank == 0 else None
+        self.snapshots: list[dict] = []      # every rank's, as of the last exchange
+        self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
+        self.sent_adds = False               # ... and requests the snapshots may not show yet
+        self.pending: list = []              # a leader's events for the next exchange (rank 0: for the parent)
+        self.added: list[Req] = []           # every request this rank took (verify reads them)
+        self.peak_running = 0                # rank 0: the most requests running at once over the DP groups
+        self.steps = 0
+        self._info_sent = 0.0
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.snapshots = self.control.all_gather_object(self.engine.server_info())   # before any step
+        if self.rank == 0:
+            self.channel.send(Ready(self.stats()))
+        while True:
+            cmds = self._exchange(self._inbox() if self.rank == 0 else None)
+            if self._apply(cmds):
+                break
+            if (reqs := self.engine.step()) and self.par.leads:
+                self.pending += [TokenOut.of(r) for r in reqs]
+            if self.rank == 0:
+                self.snapshots[0] = self.engine.server_info()
+                if self.size == 1:           # more ranks: tracked at the exchange, every rank after one step
+                    self._track_peak()
+                self._flush_outbox()
+        return self.engine.server_info()
+
+    def _inbox(self) -> list:
+        """Rank 0: the parent's messages, as commands for every rank (each Add gets its DP group here)."""
+        loads = self._group_loads()
+        busy = self.engine.scheduler.has_work() or any(loads) or self.sent_adds
+        if not busy and not self.sent_cmds:  # about to wait: let the parent see the idle state now
+            self._flush_outbox(force_info=True)
+        msgs = []
+        try:
+            if self.channel.poll(0 if busy or self.sent_cmds else HEARTBEAT_S):
+                msgs.append(self.channel.recv())
+                while self.channel.poll(0):
+                    msgs.append(self.channel.recv())
+        except EOFError:                     # the parent is gone: stop the instance
+            msgs.append(Stop())
+        self.dispatcher.update(loads)
+        cmds = []
+        for msg in msgs:
+            if isinstance(msg, Add):
+                try:
+                    msg = dataclasses.replace(msg, dp_rank=self.dispatcher.assign(msg.dp_rank))
+                except ValueError as e:
+                    self.pending.append(Rejected(msg.rid, str(e)))
+                    continue
+            elif isinstance(msg, Flush) and (busy or any(isinstance(c, Add) for c in cmds)):
+                self.channel.send(Flushed(msg.token, False))   # requests in flight: nothing done
+                continue
+            cmds.append(msg)
+        return cmds
+
+    def _exchange(self, cmds: list | None) -> list:
+        self.steps += 1
+        self.par.set_step(self.steps)
+        if self.size > 1:
+            reports = self.control.all_gather_object(Report(cmds or [], self.pending if self.rank else [],
+                                                            self.engine.server_info()))
+            if self.rank:
+                self.pending = []
+            cmds = reports[0].commands
+            self.snapshots = [r.snapshot for r in reports]
+            if self.rank == 0:
+                for report in reports[1:]:
+                    self.pending += report.events
+                self._track_peak()
+        self.sent_cmds = bool(cmds)
+        self.sent_adds = any(isinstance(c, Add) for c in cmds)
+        return cmds
+
+    def _apply(self, cmds: list) -> bool:
+        """Returns True at Stop."""
+        for cmd in cmds:
+            if isinstance(cmd, Add):
+                if cmd.dp_rank == self.par.dp_rank:
+                    self._add(Req(list(cmd.prompt_ids), cmd.params, rid=cmd.rid, arrival_time=cmd.arrival_time))
+            elif isinstance(cmd, Abort):
+                self.engine.scheduler.abort(cmd.rid)
+            elif isinstance(cmd, Flush):
+                self.engine.scheduler.cache.reset()
+                if self.rank == 0:           # the others reset in this same step, before any new request
+                    self.channel.send(Flushed(cmd.token, True))
+            elif isinstance(cmd, Stop):
+                return True
+        return False
+
+    def _add(self, req: Req) -> None:
+        try:
+            self.engine.add(req)
+            self.added.append(req)
+        except ValueError as e:              # can never fit on this rank: the parent fails this request
+            if self.par.leads:
+                self.pending.append(Rejected(req.rid, str(e)))
+
+    # -- what rank 0 tells the parent -----------------------------------------------------------------------
+    def _group_loads(self) -> list[int]:
+        """Requests (running + queued) per DP group, as of the last exchange."""
+        leaders = [s for s in self.snapshots if s["leads"]]
+        return [s["running_requests"] + s["queued_requests"] for s in leaders]
+
+    def _track_peak(self) -> None:
+        """The instance's peak of running requests: the sum over DP groups, every rank after the same step."""
+        running = sum(s["running_requests"] for s in self.snapshots if s["leads"])
+        self.peak_running = max(self.peak_running, running)
+
+    def stats(self) -> dict:
+        return instance_stats(self.snapshots, self.peak_running)
+
+    def _flush_outbox(self, force_info: bool = False) -> None:
+        now = time.monotonic()
+        info = None
+        # the finish that drains the instance goes out with fresh stats: a client that has every answer reads stats
+        # that count every request (the periodic report could lag the last finishes by up to INFO_EVERY_S)
+        drained = any(isinstance(o, TokenOut) and o.finish_reason is not None for o in self.pending) and \
+            not (self.sent_adds or any(self._group_loads()))      # no group holds an unfinished request
+        if force_info or drained or now - self._info_sent >= INFO_EVERY_S:
+            info, self._info_sent = self.stats(), now
+        if self.pending or info is not None:
+            self.channel.send(Outputs(self.pending, info))
+            self.pending = []
+
+
+# -- rank functions (module level: spawned ranks import them by name) -------------------------------------------
+def serve_rank(group: Group, channel, spec: InstanceSpec) -> dict:
+    """Serve requests from the parent until it sends Stop; returns this rank's final snapshot."""
+    torch.set_grad_enabled(False)
+    control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
+    engine = build_rank_engine(spec, group, control)
+    loop = RankLoop(engine, control, channel)
+    return {**loop.run(), "instance_peak_running": loop.peak_running}
+
+
+def verify_rank(group: Group, channel, spec: InstanceSpec) -> dict:
+    """verify mode: for each case a fresh engine serves the parent's requests until Stop; returns every sampled
+    token's logits of the requests this rank served, plus its sync_step log and final snapshot."""
+    torch.set_grad_enabled(False)
+    control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
+    results = {}
+    for name, engine_cfg, moe_cfg in spec.cases:
+        engine = build_rank_engine(spec, group, control, engine_cfg, moe_cfg)
+        logits: dict[str, list[torch.Tensor]] = {}
+        engine.logit_hook = lambda req, row: logits.setdefault(req.rid, []).append(row.clone())
+        engine.par.step_log = []
+        loop = RankLoop(engine, control, channel)
+        snapshot = loop.run()
+        results[name] = {"stats": {**snapshot, "instance_peak_running": loop.peak_running},
+                         "step_log": engine.par.step_log,
+                         "requests": {r.rid: (r.prompt_ids, r.output_ids) for r in loop.added},
+                         "logits": {rid: torch.stack(rows) for rid, rows in logits.items()}}
+    return results

@@ -1,0 +1,100 @@
+"""One results record per run: results.json on disk first (with requests.jsonl, one line per request, and the run's
+plots beside it), the same figures as a console table, W&B mirrors them.
+
+The summary metrics are those SGLang's bench_serving and vLLM's benchmark_serving report, under the same definitions:
+mean, median (p50), p90 and p99 of TTFT, TPOT ((e2e - ttft) / (output tokens - 1)), ITL (every gap between two
+streamed chunks, all requests pooled) and E2E latency; request, input, output and total token throughput over the run;
+mean concurrency (the sum of E2E latencies over the run's duration); goodput, the completed requests per second that
+met every SLO set (`workload.slo.*`; vLLM's definition).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from framework.core.paths import git_sha
+from framework.core.records import REQUESTS_FILE, RESULTS_FILE, RequestRecord, write_requests
+from framework.report.wandb_log import LogMode
+
+def _stats(name: str, values_s: list[float]) -> dict[str, float]:
+    ms = np.asarray(values_s, dtype=float) * 1e3
+    if not len(ms):
+        return {f"{name}_{k}_ms": float("nan") for k in ("mean", "p50", "p90", "p99")}
+    return {f"{name}_mean_ms": float(ms.mean()),
+            **{f"{name}_p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
+
+
+def meets_slo(r: RequestRecord, slo) -> bool:
+    """Every SLO that is set (> 0) holds; a request with one output token has no TPOT to hold it to."""
+    if slo is None:
+        return True
+    tpot = r.tpot_s
+    return ((not slo.ttft_ms or r.ttft_s * 1e3 <= slo.ttft_ms) and (not slo.e2e_ms or r.e2e_s * 1e3 <= slo.e2e_ms)
+            and (not slo.tpot_ms or tpot is None or tpot * 1e3 <= slo.tpot_ms))
+
+
+def summarize(records: list[RequestRecord], duration_s: float, slo=None) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    output = sum(r.completion_tokens for r in ok)
+    good = sum(meets_slo(r, slo) for r in ok)
+    d = max(duration_s, 1e-9)
+    return {
+        "requests_completed": len(ok),
+        "requests_failed": len(records) - len(ok),
+        "duration_s": duration_s,
+        "request_throughput_req_s": len(ok) / d,
+        "input_throughput_tok_s": prompt / d,
+        "output_throughput_tok_s": output / d,
+        "total_throughput_tok_s": (prompt + output) / d,
+        "goodput_req_s": good / d,
+        "slo_attainment": good / len(ok) if ok else 0.0,
+        "mean_concurrency": sum(r.e2e_s for r in ok) / d,
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        **_stats("ttft", [r.ttft_s for r in ok]),
+        **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
+        **_stats("itl", [gap for r in ok for gap in r.itl_s]),
+        **_stats("e2e", [r.e2e_s for r in ok]),
+    }
+
+
+def failure_summary(records: list[RequestRecord]) -> str | None:
+    """One sentence about the run's failed requests, or None when every request completed."""
+    failed = [r for r in records if not r.ok]
+    return f"{len(failed)} request(s) failed; first error: {failed[0].error}" if failed else None
+
+
+def format_table(results: dict[str, Any], title: str = "results") -> str:
+    rows = [(k, f"{v:,.4g}" if isinstance(v, float) else str(v)) for k, v in results.items()
+            if not isinstance(v, (dict, list))]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 24)
+    return "\n".join([line, title, line] + [f"{k:<{width}}  {v:>20}" for k, v in rows] + [line])
+
+
+def report(results: dict[str, Any], out_dir: str | os.PathLike, config: dict, logger_cfg, title: str,
+           records: list[RequestRecord] | None = None) -> Path:
+    """Write results.json, the resolved config and (given records) requests.jsonl; draw the run's plots (PNG beside
+    them); print the table; mirror everything to W&B."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {**results, "git_sha": git_sha()}
+    path = out / RESULTS_FILE
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    if records is not None:
+        write_requests(records, out / REQUESTS_FILE)
+    plots = []
+    if getattr(logger_cfg, "plots", True):
+        from framework.report.plots import run_plots
+        plots = run_plots(results, out)
+    print(format_table(results, title))
+    print(f"results: {path}" + (f"  plots: {', '.join(p.name for p in plots)}" if plots else ""))
+    if LogMode(logger_cfg.mode) is not LogMode.disabled:
+        from framework.report.wandb_log import log_run  # wandb imports slowly: only when it logs
+        log_run(results, config, logger_cfg, out, plots)
+    return path

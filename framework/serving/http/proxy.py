@@ -1,0 +1,74 @@
+"""HTTP proxy mechanics the router needs, apart from routing: which headers pass through, Retry-After, and the
+answer given back when every attempt failed."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from framework.serving.http.errors import ApiError
+
+WORKER_HEADER = "X-Servelab-Worker"  # names the worker that answered (or failed last)
+ROUTE_HEADER = "X-Servelab-Route"    # the decision behind it: "<reason>; estimate=<cached>; of=<request size>"
+REQUEST_ID_HEADER = "X-Request-Id"   # set when the client sent none; the worker's id for /abort_request
+# RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy's own HTTP layer sets for each side
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade"})
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server"}
+MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is honoured for this long (a worker must not park itself forever)
+RETRY_SAME_WORKER = (429, 503)  # busy, not broken: the one answer worth trying the same worker again for
+
+
+def route_header(decision) -> str:
+    """The ROUTE_HEADER value for a ``RoutingDecision``: its reason and the policy's estimate of the cached part, in
+    the policy's unit (tokens for the KV-view policies, characters for the text trees), over the request's size."""
+    return f"{decision.reason}; estimate={decision.matched_chars}; of={decision.request_chars}"
+
+
+def pass_headers(headers: CIMultiDictProxy, drop: frozenset[str]) -> CIMultiDict:
+    """``headers`` without ``drop`` and without the fields the Connection header names (hop-by-hop too)."""
+    named = headers.get("Connection")
+    if named:
+        drop = drop | {t.strip().lower() for t in named.split(",")}
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def retry_after_s(value: str | None, now_unix: float | None = None) -> float | None:
+    """A Retry-After field (delay-seconds or an HTTP date) in seconds from now, capped; None when absent or bad."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - (time.time() if now_unix is None else now_unix)
+        except (TypeError, ValueError):
+            return None
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
+@dataclass
+class Failed:
+    """An attempt that did not give the client its answer: the worker's own error response (``status``, ``body``,
+    ``headers``) or a transport error / timeout (``status`` None). ``retriable``: another attempt may be made."""
+    worker: object  # the WorkerState it failed on
+    message: str
+    status: int | None = None
+    body: bytes = b""
+    headers: CIMultiDict = field(default_factory=CIMultiDict)
+    timeout: bool = False
+    retriable: bool = True
+    retry_after: float | None = None
+
+    def response(self, attempts: int) -> web.Response:
+        if self.status is not None:
+            headers = CIMultiDict(self.headers)
+            headers[WORKER_HEADER] = self.worker.url
+            return web.Response(status=self.status, body=self.body, headers=headers)
+        status = 504 if self.timeout else 502
+        return ApiError(status, f"{attempts} attempt(s) failed; last: {self.message}").response(
+            {WORKER_HEADER: self.worker.url})
