@@ -5,7 +5,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework.config import check_overrides, group_overrides, register_configs, to_objects
+from framework.config import check_overrides, group_overrides, refuse_ignored_keys, register_configs, to_objects
 
 register_configs()
 
@@ -19,6 +19,7 @@ def main(cfg: DictConfig) -> float:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         objects = to_objects(cfg)
+        refuse_ignored_keys(objects, hydra_cfg.overrides.task)   # a key this run would ignore: one sentence, exit 2
         if objects.mode.value == "sim":       # millions of live objects at scale: no full GC re-scans of them
             from framework.serving.http.server_base import tune_gc_for_serving
             tune_gc_for_serving()

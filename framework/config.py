@@ -3,7 +3,7 @@ fails at start. Plugin schemas are each plugin's own `Config` dataclass, found t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from framework.engine.config import EngineConfig
@@ -140,7 +140,8 @@ def check_overrides(argv: list[str]) -> None:
 
     if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
         return
-    overrides = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]   # compose_dict groups them
+    overrides = [a for a in argv if "=" in a and (not a.lstrip("+~").startswith("hydra")   # compose_dict groups them
+                                                  or a.lstrip("+~").startswith("hydra.searchpath="))]  # 3rd-party YAML
     try:
         compose_dict(overrides)
         return
@@ -166,3 +167,110 @@ def _explain(err) -> str:
         parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
         return f"unknown key {key!r}; valid keys of {parent} ({schema.__name__}): {valid}"
     return f"{key}: {first_line}"
+
+
+# -- config honesty: a key this run ignores is refused at start, never dropped ---------------------------------------
+CLUSTER_PROCESS_KEYS = ("cluster.worker_ports", "cluster.startup_timeout_s", "cluster.request_timeout_s",
+                        "cluster.client_retries", "cluster.restart_workers", "cluster.max_restarts",
+                        "cluster.restart_window_s", "cluster.restart_backoff_s")     # real processes and sockets only
+RANK_KEYS = ("parallel.backend", "parallel.timeout_s", "parallel.master_port")     # real ranks only
+HTTP_CLIENT_KEYS = ("workload.api", "workload.model", "workload.sample_interval_s")  # the HTTP load client's
+LOCAL_INSTANCE_KEYS = ("model", "parallel", "moe", "engine", "cluster.instances", "cluster.worker_ports",
+                       "cluster.kv_events", "cluster.kv_block_size")               # what local workers are built from
+SIM_ROUTER_KEYS = ("router.maintain_interval_secs", "router.load_poll_interval_s")  # the service settings sim reads
+
+
+def set_keys(overrides) -> list[tuple[str, str]]:
+    """(dotted key, value) of each override that sets a config key (`sim/cost=x` -> `sim.cost`); Hydra's own and
+    `experiment=` left out."""
+    out = []
+    for arg in overrides:
+        key, _, value = str(arg).partition("=")
+        key = key.lstrip("+~").replace("/", ".")
+        if key and not key.startswith(("hydra", "experiment")):
+            out.append((key, value))
+    return out
+
+
+def refuse_ignored_keys(cfg: RootConfig, overrides) -> None:
+    """Refuse (UserError: one sentence, exit status 2) a run whose `overrides` (as Hydra took them: the command line,
+    or a multirun point's) set a key this run's mode, drivers or plugins would ignore. run.py calls it for every run."""
+    from framework.core.errors import UserError
+    rules = ignored_key_rules(cfg)
+    problems = []
+    for key, value in set_keys(overrides):
+        why = next((why for prefixes, why in rules
+                    if any(key == p or key.startswith(p + ".") for p in prefixes)), None)
+        if why is not None:
+            problems.append(f"{key}={value} is ignored: {why}")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def ignored_key_rules(cfg: RootConfig) -> list[tuple[tuple[str, ...], str]]:
+    """(key prefixes, why a run of `cfg` ignores them and what to do), the first that matches a key deciding."""
+    rules = _mode_rules(cfg)
+    if cfg.mode is Mode.verify:
+        return rules + [(("router", "workload", "cluster"), "mode=verify checks one instance's logits against the "
+                         "reference: it starts no router or workers and plays no workload; drop it")]
+    if cfg.mode is Mode.serve:
+        rules.append((("workload",), "mode=serve keeps the cluster up for clients and plays no workload; drop it, or "
+                      "run mode=bench"))
+        if not cfg.cluster.http:
+            rules.append((("cluster.http",), "mode=serve always serves over HTTP; drop cluster.http=false"))
+    elif cfg.cluster.url:
+        return rules + [((*LOCAL_INSTANCE_KEYS, "router", *(f"cluster.{f.name}" for f in fields(ClusterConfig)
+                                                             if f.name not in ("url", "request_timeout_s",
+                                                                               "client_retries"))),
+                         "cluster.url drives a server started elsewhere and starts nothing here; drop it, or drop "
+                         "cluster.url")]
+    elif not cfg.cluster.http:
+        rules.append((("router", *(f"cluster.{f.name}" for f in fields(ClusterConfig) if f.name != "http"),
+                       *HTTP_CLIENT_KEYS), "cluster.http=false plays the workload straight into one instance in this "
+                      "process, with no router, workers or HTTP; drop it, or drop cluster.http=false"))
+    if cfg.cluster.workers:
+        rules.append((LOCAL_INSTANCE_KEYS, "cluster.workers fronts servers started elsewhere, so no local instance "
+                      "starts; drop it, or drop cluster.workers"))
+    return rules + _router_rules(cfg) + _workload_rules(cfg)
+
+
+def _mode_rules(cfg: RootConfig) -> list[tuple[tuple[str, ...], str]]:
+    """What only one mode reads, and what mode=sim, which makes no process or socket, does not read."""
+    from framework.serving.router.config import SERVICE_FIELDS
+    rules = []
+    if cfg.mode is not Mode.verify:
+        rules.append((("verify",), "only mode=verify reads it; add mode=verify or drop it"))
+    if cfg.mode is not Mode.sim:
+        return rules + [(("sim", "hardware"), "only mode=sim reads it (the simulator's cost model and the GPU it "
+                         "prices); add mode=sim or drop it")]
+    if not COST.get(cfg.sim.cost.name).reads_hardware:
+        rules.append((("hardware",), f"sim.cost={cfg.sim.cost.name} prices the engine it measured, not a GPU; use "
+                      f"sim.cost=roofline, or drop it"))
+    service = tuple(f"router.{n}" for n in sorted(SERVICE_FIELDS) if f"router.{n}" not in SIM_ROUTER_KEYS)
+    return rules + [((*CLUSTER_PROCESS_KEYS, *RANK_KEYS, *HTTP_CLIENT_KEYS, *service), "mode=sim simulates the "
+                     "cluster in this process (no process, port, socket or retry; servelab's router core decides), "
+                     "so it does not apply; drop it")]
+
+
+def _router_rules(cfg: RootConfig) -> list[tuple[tuple[str, ...], str]]:
+    """What the chosen policy says it ignores with this config, and under router.impl=sglang what SGLang's router's
+    command line cannot carry."""
+    from framework.cluster.peer_router import SERVICE_FLAGS
+    from framework.serving.router.config import SERVICE_FIELDS, RouterImpl
+    policy = ROUTING.get(cfg.router.name)
+    rules = [((f"router.{key}",), why) for key, why in policy.ignored_keys(cfg.router).items()]
+    if cfg.mode is Mode.sim or cfg.router.impl is not RouterImpl.sglang:
+        return rules
+    return rules + [
+        (tuple(f"router.{n}" for n in sorted(SERVICE_FIELDS) if n not in SERVICE_FLAGS),
+         "router.impl=sglang runs SGLang's router, which keeps its own default for it; drop it, or use "
+         "router.impl=servelab"),
+        (tuple(f"router.{n}" for n in policy.sglang_ignores),
+         f"router.impl=sglang runs SGLang's router, which has no flag for it (router={cfg.router.name}'s "
+         f"sglang_args); drop it, or use router.impl=servelab")]
+
+
+def _workload_rules(cfg: RootConfig) -> list[tuple[tuple[str, ...], str]]:
+    """What the chosen workload plugin says it ignores with this config."""
+    ignored = WORKLOAD.get(cfg.workload.name).ignored_keys(cfg.workload)
+    return [((f"workload.{key}",), why) for key, why in ignored.items()]

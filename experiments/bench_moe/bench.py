@@ -35,7 +35,8 @@ import torch
 
 from framework.dist import Group, launch
 from framework.model.gating import select_experts
-from framework.contracts.moe import MoEConfig, count_host_syncs
+from framework.contracts.moe import count_host_syncs
+from plugins.moe.reference import ReferenceConfig
 from framework.core.registry import MOE
 from kernels.tune_fused_moe import expert_bytes, rotations, time_expert_gemms
 from kernels.tuning import get_config
@@ -43,7 +44,7 @@ from plugins.moe.ep import EPConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 
 OUT = Path(__file__).with_name("results.json")
-BACKENDS = {"reference": MoEConfig(), "triton_fused": TritonFusedConfig(), "ep_all_to_all": EPConfig(),
+BACKENDS = {"reference": ReferenceConfig(), "triton_fused": TritonFusedConfig(), "ep_all_to_all": EPConfig(),
             "ep_all_reduce": EPConfig(dispatch="all_reduce")}
 TINY = dict(experts=8, top_k=2, hidden=128, inter=64, n_group=4, topk_group=2)
 

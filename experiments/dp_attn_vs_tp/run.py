@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--sizings", nargs="+")
     ap.add_argument("--tiny", action="store_true", help="a few short requests: the smoke test")
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "dp_attn_vs_tp",
+                    help="where each run writes its own results.json + config.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plan = OmegaConf.to_container(OmegaConf.load(HERE / "config.yaml"))
@@ -59,7 +61,7 @@ def main() -> None:
     repeats = args.repeats or tiny.get("repeats") or plan["repeats"]
     schemes = {k: v for k, v in plan["schemes"].items() if k in tiny.get("schemes", plan["schemes"])}
     sizings = {k: v for k, v in plan["sizings"].items() if k in (args.sizings or plan["sizings"])}
-    runs, work = [], ROOT / "outputs" / "dp_attn_vs_tp"   # each run's own results.json + config.json
+    runs, work = [], args.work
     for rep in range(repeats):            # interleaved, so slow phases of the shared machine hit every config
         for sizing, sizing_overrides in sizings.items():
             for size in sizes:

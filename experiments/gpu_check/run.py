@@ -14,6 +14,10 @@ rewritten after each part, so even a killed run keeps what finished):
   decode_step    decode step time at batch 1/8/32/64/256 (moe=triton_fused), eager and replaying CUDA graphs
                  (engine.cuda_graph_max_bs=256 so that batch 256 has a graph too; SGLang's default 160 would run it
                  eagerly); the verify parts run with graphs on (the engine's default), against the reference
+  kernels        achieved bandwidth and FLOP rate of the kernels the simulator prices (kernels_bench.py): SGLang
+                 v0.4's two-stage grouped MLA decode, the absorbed MLA extend, the fused MoE at DeepSeek-V2/V3's
+                 per-GPU expert shapes in bf16 and fp8, each beside the roofline's prediction
+                 (kernel_efficiency.py turns the JSON into data/gpu-profiles/kernel_efficiency_<gpu>.json)
   tune_*         the launch-config tuner on the default shapes (tiny model's, DeepSeek-V2-Lite's), time-bounded
   bench_moe      MoE layer steps by backend, and the fused kernel's own weight bandwidth against 4.8 TB/s
 Without a GPU (and without --cpu-smoke) it says so in one line and exits 0, running nothing.
@@ -49,8 +53,12 @@ PEAK_GBS = 4800.0             # H200 HBM3e
 BF16_VERIFY_ATOL = 0.5
 NEEDED_MODULES = ("hydra", "omegaconf", "yaml", "pydantic", "msgpack")   # not in the device image (run.py, the plugins)
 GPU_TEST_PATHS = ("tests/gpu", "tests/kernels", "tests/dist/test_dist_nccl.py")
-TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=10, timeout_s=20),
-               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=28, timeout_s=45)}
+# The tuned tables of both shapes are shipped (the 2026-11-30 run): the searches are short re-checks now, which
+# frees time for the kernels part
+TUNE_SHAPES = {"tune_tiny": dict(experts=8, intermediate=64, hidden=128, top_k=2, search_s=3, timeout_s=13),
+               "tune_v2lite": dict(experts=64, intermediate=1408, hidden=2048, top_k=6, search_s=18, timeout_s=30)}
+KERNELS_TIMEOUT_S = 50
+KERNELS_BUDGET_S = 38         # no new kernels row after this: the last one, the predictions and the JSON fit after
 TAIL_CHARS = 3000
 
 
@@ -108,6 +116,41 @@ def bandwidth_headline(figures: dict) -> str:
     return ", ".join(f"{r['shape']} B={r['batch_tokens']} {r['peak_bw_frac']:.0%}" for r in big) + " of peak"
 
 
+def kernels_headline(figures: dict) -> str:
+    """Rows measured, and each kernel's median time over the roofline's prediction."""
+    records = figures.get("records", [])
+    measured = [r for r in records if "time_s" in r]
+    ratios: dict[str, list[float]] = {}
+    for r in measured:
+        if "measured_over_predicted" in r:
+            ratios.setdefault(f"{r['kind']}{' ' + r['dtype'] if 'dtype' in r else ''}", []).append(
+                r["measured_over_predicted"])
+    medians = ", ".join(f"{k} x{sorted(v)[len(v) // 2]:.2g}" for k, v in ratios.items())
+    return f"{len(measured)}/{len(records)} rows" + (f"; measured/roofline (median): {medians}" if medians else "")
+
+
+def kernels_table(results: dict) -> str:
+    """Every measured kernels row: time, achieved GB/s and TFLOP/s with their fractions of peak, the roofline's
+    time and measured / predicted."""
+    rows = [r for r in results["parts"].get("kernels", {}).get("figures", {}).get("records", []) if "time_s" in r]
+    if not rows:
+        return ""
+    lines = [f"{'kernel':<40}{'us':>10}{'GB/s':>8}{'HBM':>6}{'TFLOP/s':>9}{'peak':>6}{'roofline us':>13}{'x':>6}"]
+    for r in rows:
+        if r["kind"] == "mla_decode":
+            what = f"mla_decode H={r['heads']} B={r['batch']} ctx={r['context']}"
+        elif r["kind"] == "mla_extend":
+            what = f"mla_extend H={r['heads']} {r['prompts']}x{r['extend_len']}"
+        else:
+            what = f"{r['kind']} {r['shape']} {r['dtype']} T={r['batch']}"
+        line = f"{what:<40}{r['time_s'] * 1e6:>10.1f}"
+        if "predicted_s" in r:
+            line += (f"{r['achieved_gb_s']:>8.0f}{r['hbm_frac']:>6.0%}{r['achieved_tflops']:>9.1f}"
+                     f"{r['flops_frac']:>6.0%}{r['predicted_s'] * 1e6:>13.1f}{r['measured_over_predicted']:>6.2f}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def parts(gpu: bool, write_configs: bool) -> list[Part]:
     """Every part's command: the GPU run, or (gpu=False) the same code paths at tiny size on the CPU."""
     py, device = sys.executable, "cuda" if gpu else "cpu"
@@ -124,7 +167,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                          f"moe.kernel={'triton' if gpu else 'torch'}", f"engine.device={device}",
                          f"model.dtype={dtype}", f"verify.atol={atol}", "logger.mode=disabled", "logger.plots=false",
                          *([] if gpu else ["verify.max_new_tokens=2"])]
-            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 30,
+            out.append(Part(f"verify_{par}_{'fp32' if dtype == 'float32' else 'bf16'}", 26,
                             lambda d, o=overrides: [py, "run.py", *o, f"hydra.run.dir={d}"],
                             lambda d: {k: v for k, v in read_json(d / "results.json").items()
                                        if k.startswith("verify_") or k.endswith("max_abs_err")},
@@ -132,10 +175,15 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
     decode = (["--batches", "1", "8", "32", "64", "256", "--contexts", "256", "--steps", "20", "--repeats", "2",
                "--cuda-graph-max-bs", "256"] if gpu
               else ["--batches", "1", "2", "--contexts", "8", "--steps", "2", "--repeats", "1"])
-    out.append(Part("decode_step", 60,
+    out.append(Part("decode_step", 55,
                     lambda d: [py, "experiments/decode_step/bench.py", "--device", device, "--moe", "triton_fused",
                                "--cuda-graph", "both", *decode, "--out", str(d / "decode_step.json")],
                     lambda d: read_json(d / "decode_step.json"), decode_headline))
+    kernels = ["--budget-s", str(KERNELS_BUDGET_S)] if gpu else ["--tiny"]
+    out.append(Part("kernels", KERNELS_TIMEOUT_S,
+                    lambda d: [py, "experiments/gpu_check/kernels_bench.py", "--device", device, *kernels,
+                               "--out", str(d / "kernels.json")],
+                    lambda d: read_json(d / "kernels.json"), kernels_headline))
     for name, s in TUNE_SHAPES.items():
         shape = [s["experts"], s["intermediate"], s["hidden"], s["top_k"]] if gpu else [4, 16, 32, 2]
         search = (["--batch-sizes", "1", "2", "4", "8", "16", "32", "64", "128", "256", "--budget-s",
@@ -153,7 +201,7 @@ def parts(gpu: bool, write_configs: bool) -> list[Part]:
                                             for m, t in f["timings"].items())))
     bench = (["--shapes", "tiny,v2lite", "--v2lite-scale", "1", "--batch-sizes", "1,8,32,64,256", "--budget-s", "0.1"]
              if gpu else ["--shapes", "tiny", "--batch-sizes", "1,4", "--budget-s", "0.001"])
-    out.append(Part("bench_moe", 50,
+    out.append(Part("bench_moe", 43,
                     lambda d: [py, "experiments/bench_moe/bench.py", "--sizes", "1", "--runs", "1", *bench,
                                "--peak-gbs", str(PEAK_GBS), "--out", str(d / "bench_moe.json")],
                     bench_moe_figures, bandwidth_headline))
@@ -280,6 +328,7 @@ def main() -> int:
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(summary_table(results))
     print(bandwidth_table(results))
+    print(kernels_table(results))
     print(f"results: {args.out} (every part's full output: {args.out.with_suffix('.log')})")
     return 0 if all(r["status"] == "ok" for r in results["parts"].values()) else 1
 

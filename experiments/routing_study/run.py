@@ -27,6 +27,7 @@ load per instance. SGLang's router cannot run there: its rows are servelab's sta
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -44,7 +45,7 @@ from plot import plot_workload  # noqa: E402
 
 from framework.config import compose  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
-from framework.core.registry import WORKLOAD  # noqa: E402
+from framework.core.registry import ROUTING, WORKLOAD  # noqa: E402
 from framework.cluster.cluster import Cluster  # noqa: E402
 from framework.cluster.figures import bench  # noqa: E402
 from framework.cluster.peer_router import installed_version  # noqa: E402
@@ -237,12 +238,18 @@ def median_row(trials: list[dict]) -> dict:
     return row
 
 
+@functools.cache
+def keeps_estimate(overrides: tuple[str, ...]) -> bool:
+    """Whether the policy these router overrides run declares an estimate of the cached prefix (`keeps_estimate`)."""
+    return ROUTING.get(compose(list(overrides)).router.name).keeps_estimate
+
+
 def estimates(row: dict) -> bool:
-    """Whether the row's router estimated the hit rate: SGLang's reports none (nan), round robin and the other
-    policies that keep no view of the caches report 0 (in simulation SGLang's rows are the stand-in's policy)."""
-    policy = row["stand_in"].split()[0].removeprefix("router=") if row.get("stand_in") else row["contender"]
+    """Whether the row's router estimated the hit rate: SGLang's reports none (nan); servelab's policies say whether
+    they keep one, the others report 0 (in simulation SGLang's rows are the stand-in's policy)."""
+    overrides = row["stand_in"].split() if row.get("stand_in") else CONTENDERS.get(row["contender"], [])
     est = row["router_estimated_hit_rate"]
-    return est == est and policy.startswith(("cache_aware", "precise_prefix", "kv_cost", "sticky_prefix"))
+    return est == est and bool(overrides) and keeps_estimate(tuple(overrides))
 
 
 def goal_check(rows: list[dict]) -> dict:

@@ -164,11 +164,13 @@ def main() -> None:
     ap.add_argument("--studies", nargs="+", default=["router_ablation", "dp_attn_vs_tp"],
                     choices=["router_ablation", "dp_attn_vs_tp"])
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "sim_fidelity",
+                    help="where the real runs write their own results")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
     t0 = time.time()
-    work = ROOT / "outputs" / "sim_fidelity"
+    work = args.work
     cases = (router_cases(args.quick, work) if "router_ablation" in args.studies else []) + \
         (scheme_cases(args.quick, work) if "dp_attn_vs_tp" in args.studies else [])
     for c in cases:

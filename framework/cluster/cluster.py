@@ -8,10 +8,9 @@ elsewhere (servelab, SGLang or vLLM; those not up yet join when they are). Every
 failure) signals each group, waits, then kills what is left, so no process outlives the cluster. While it runs, a
 `Supervisor` (cluster.restart_workers) restarts a worker or router that dies (see supervisor.py).
 
-`run_cluster_bench` drives the workload through the router with the HTTP load client and reports (see cluster_bench.py)
-the cache hit rate the *workers* measured, per-worker counts, load imbalance, the router's decision time, retries,
-restarts and its own estimate of the hit rate. `serve_cluster` keeps the cluster up until Ctrl-C or SIGTERM. The
-cluster's children die with the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that
+framework/runs/bench.py drives the workload through it (figures.py: the cache hit rate the *workers* measured,
+per-worker counts, load imbalance, the router's decision time, retries, restarts and its own estimate of the hit
+rate); framework/runs/serve.py keeps it up until Ctrl-C or SIGTERM. The cluster's children die with the thread that started them (PR_SET_PDEATHSIG): start a Cluster from a thread that
 outlives it (the main thread); restarted children are the supervisor thread's, which lives as long as the cluster.
 """
 from __future__ import annotations
@@ -20,7 +19,6 @@ import atexit
 import json
 import logging
 import signal
-import sys
 import threading
 import time
 import urllib.error
@@ -52,12 +50,13 @@ def _split(router_cfg):
 def kv_block_size(cc, policy_cfg) -> int:
     """The block size workers publish KV events in (0: none), from the cluster config ``cc``: on with cluster.kv_events,
     or for a policy that follows them (whose router.block_size must be the workers'). The simulator asks the same."""
-    follows = KV_EVENTS in getattr(ROUTING.get(policy_cfg.name), "subscriptions", ())
+    policy = ROUTING.get(policy_cfg.name)
+    follows = KV_EVENTS in policy.subscriptions
     if not (cc.kv_events or follows):
         return 0
     if cc.kv_block_size < 1:
         raise ClusterError(f"cluster.kv_block_size={cc.kv_block_size} must be >= 1")
-    policy_size = getattr(policy_cfg, "block_size", cc.kv_block_size)
+    policy_size = policy.kv_block_size(policy_cfg) or cc.kv_block_size
     if follows and policy_size != cc.kv_block_size:
         raise ClusterError(f"router.block_size={policy_size} but the workers publish blocks of "
                            f"cluster.kv_block_size={cc.kv_block_size} tokens: make them equal")
@@ -296,58 +295,3 @@ class Cluster:
                                            f"startup_timeout_s={self.cfg.cluster.startup_timeout_s:g}s "
                                            f"(last error: {e})") from None
                 time.sleep(0.1)
-
-
-# -- bench and serve ------------------------------------------------------------------------------------------------
-def _sessions(cfg):
-    from framework.core.registry import WORKLOAD
-    try:
-        return WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
-    except (ValueError, OSError) as e:
-        raise ClusterError(str(e)) from None
-
-
-def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
-    """mode=bench over HTTP: start the cluster, run the workload through the router, report, stop. Returns output
-    tok/s. Raises ClusterError when the cluster cannot start or any request failed."""
-    from framework.report.metrics import failure_summary, report
-    from framework.cluster.figures import bench
-    sessions = _sessions(cfg)
-    with Cluster(cfg) as cluster:
-        cluster.warm_up()
-        results, records = bench(cluster, cfg, sessions, progress=sys.stderr.isatty())
-        results.update(cluster.restarts())
-    where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
-        f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
-    report(results, out_dir, resolved, cfg.logger, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, "
-                                                  f"{where}", records)
-    if failure := failure_summary(records):
-        raise ClusterError(failure)
-    return results["output_throughput_tok_s"]
-
-
-def serve_cluster(cfg) -> float:
-    """mode=serve: start the cluster and keep it up until Ctrl-C (or SIGTERM). A worker or the router that dies is
-    restarted (cluster.restart_workers); the cluster ends by itself only when nothing is left to serve with."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
-    with Cluster(cfg) as cluster:
-        print(f"router: {cluster.router_url}  (router={cfg.router.name}; workers: {', '.join(cluster.worker_urls)})\n"
-              f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
-              flush=True)
-        try:
-            while not (fatal := _fatal(cluster)):
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            print("stopping the cluster", flush=True)
-            return 0.0
-    raise ClusterError(f"{fatal} (its stderr is above); the cluster was stopped")
-
-
-def _fatal(cluster: Cluster) -> str | None:
-    """Why the cluster cannot serve any more, or None. Unsupervised, any child that exited is fatal."""
-    if cluster.supervisor is not None:
-        return cluster.supervisor.fatal
-    children = cluster.workers + ([cluster.router] if cluster.router else [])
-    dead = [f"{c.name} exited with status {c.popen.returncode}" for c in children if c.popen.poll() is not None]
-    return "; ".join(dead) or None

@@ -2,24 +2,16 @@
 registry, `pip install -e '.[peers]'`, pinned at 0.3.2) in front of the same workers, with the same policy and
 thresholds, where servelab would start its own router process.
 
-servelab's router config maps onto its flags as follows; what it cannot express is refused with the reason:
+Each routing policy says how sglang-router runs it (`RoutingPolicy.sglang_args`: `--policy` and its thresholds, or
+the reason it cannot, which is refused with that reason); the service settings map here:
 
 | servelab                        | sglang-router 0.3.2                                                          |
 |---------------------------------|------------------------------------------------------------------------------|
-| router=round_robin / random     | --policy round_robin / random                                                |
-| router=power_of_two             | --policy power_of_two (router.load=worker_tokens: it polls GET /get_load)    |
-| router=cache_aware              | --policy cache_aware; its cache miss goes to the least-loaded worker, so      |
-|                                 | `router.miss_policy` must be least_loaded (router=cache_aware_v2); the v0.4   |
-|                                 | smallest-tree miss is refused. Ties among equal matches: SGLang's tree picks  |
-|                                 | (no flag), so `tie_break` is not passed                                       |
-| cache_threshold, balance_abs_threshold, balance_rel_threshold, max_tree_size (characters per worker),          |
-| eviction_interval_secs (whole seconds only)  -> the flags of the same names                                    |
+| router=<policy> and its fields  | the policy's `sglang_args` (fields it has no flag for: `sglang_ignores`)      |
 | router.host / router.port       | --host / --port; its Prometheus endpoint gets a free port of its own          |
 | router.max_retries              | --retry-max-retries (0: --disable-retries)                                   |
-| other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks)              |
-
-The miss behaviour was checked on the 0.3.2 binary: eight unrelated prompts sent one after another in front of two
-idle workers all went to the same worker, where a smallest-tree miss would alternate between them.
+| other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks); a run that   |
+|                                 | sets one is refused at start (framework/config.py, refuse_ignored_keys)       |
 
 SGLang's router reports through Prometheus (`smg_*` series on `--prometheus-port`): per-worker attempts
 (`smg_worker_cb_outcomes_total`), retries (`smg_worker_retries_total`) and requests in flight per worker
@@ -41,12 +33,14 @@ import sys
 import time
 import urllib.request
 
+from framework.contracts.routing import SGLANG_ROUTER_VERSION, NotExpressible, RoutingPolicy
 from framework.core.errors import ClusterError
+from framework.core.registry import ROUTING
 from framework.cluster.ports import free_ports
 
 log = logging.getLogger("servelab.peer_router")
-PINNED = "0.3.2"
-POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")   # servelab's policies that sglang-router has
+PINNED = SGLANG_ROUTER_VERSION
+SERVICE_FLAGS = ("impl", "host", "port", "max_retries")   # the router.* service settings sglang-router is given
 _SERIES = re.compile(r'^(smg_worker_cb_outcomes_total|smg_worker_retries_total)\{([^}]*)\}\s+(\S+)', re.M)
 
 
@@ -54,30 +48,22 @@ class PeerRouterError(ClusterError):
     """The config asks for something sglang-router cannot do, or it did not come up."""
 
 
+def expressible_policies() -> list[str]:
+    """The routing policies that say how sglang-router runs them (they implement `RoutingPolicy.sglang_args`)."""
+    base = RoutingPolicy.sglang_args.__func__
+    return [key for key in ROUTING.keys() if ROUTING.get(key).sglang_args.__func__ is not base]
+
+
 def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheus_port: int) -> list[str]:
     """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings."""
-    if rc.name not in POLICIES:
-        raise PeerRouterError(f"router.impl=sglang: sglang-router has no policy {rc.name!r}; it runs "
-                              f"{', '.join(POLICIES)}")
-    if rc.name == "power_of_two" and rc.load != "worker_tokens":
-        raise PeerRouterError("router.impl=sglang: sglang-router's power_of_two compares the loads its workers report "
-                              "(GET /get_load's num_tokens); set router.load=worker_tokens to run the same policy")
-    args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, "--policy", rc.name,
+    policy = ROUTING.get(rc.name)
+    try:
+        policy_args = policy.sglang_args(rc)
+    except NotExpressible as e:
+        runs = "" if rc.name in expressible_policies() else f"; it runs {', '.join(expressible_policies())}"
+        raise PeerRouterError(f"router.impl=sglang: {e}{runs}") from None
+    args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, *policy_args,
             "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
-    if rc.name == "cache_aware":
-        if rc.miss_policy != "least_loaded":
-            raise PeerRouterError(
-                f"router.impl=sglang: sglang-router {PINNED} sends a cache miss to the least-loaded worker; "
-                f"router.miss_policy={rc.miss_policy!r} (SGLang v0.4's smallest tree) cannot be expressed. Use "
-                f"router=cache_aware_v2, or router.miss_policy=least_loaded with the thresholds you want")
-        if rc.eviction_interval_secs != int(rc.eviction_interval_secs):
-            raise PeerRouterError(f"router.impl=sglang: sglang-router takes whole seconds; "
-                                  f"router.eviction_interval_secs={rc.eviction_interval_secs} is not")
-        args += ["--cache-threshold", repr(float(rc.cache_threshold)),
-                 "--balance-abs-threshold", str(int(rc.balance_abs_threshold)),
-                 "--balance-rel-threshold", repr(float(rc.balance_rel_threshold)),
-                 "--eviction-interval-secs", str(int(rc.eviction_interval_secs)),
-                 "--max-tree-size", str(int(rc.max_tree_size))]
     return args + (["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"])
 
 

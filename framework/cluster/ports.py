@@ -1,25 +1,15 @@
 """`router.port=0`: free ports for the router and the local workers, so several clusters share one node (the Hydra
-joblib, submitit and Ray launchers run several jobs per node). The kernel picks each port (bind to port 0); the
-sockets are closed again before the servers bind, so another process could take a port in between: rare, and the
-server's start then fails with "port in use", naming the port."""
+joblib, submitit and Ray launchers run several jobs per node). The router and the workers are child processes, so
+their ports are chosen here, before they bind: outside the kernel's ephemeral range (framework.core.ports), where no
+outgoing connection can take a port between the choice and the bind. Another server may still take one first (rare):
+the child's start then fails with "port in use", naming the port."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 
+from framework.core.ports import free_ports
 
-def free_ports(host: str, n: int) -> list[int]:
-    """n distinct ports that are free on `host` now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-            socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+__all__ = ["assign_free_ports", "free_ports", "with_free_port"]
 
 
 def assign_free_ports(cfg) -> None:

@@ -3,7 +3,7 @@ instance takes. Built once per instance with what does not change (`Instance`), 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from framework.model.config import ModelConfig
@@ -20,7 +20,7 @@ def itemsize(dtype: str) -> int:
 
 @dataclass
 class CostConfig:
-    name: str = "roofline"
+    name: str = ""          # the plugin's key: each plugin's Config names itself
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,15 @@ class CostModel(ABC):
 
     Config = CostConfig
     cuda_graphs = True          # the priced hardware replays captured decode graphs (engine.cuda_graph); a CPU: no
+    reads_hardware = True       # prices the GPU `hardware=` names; False: what it measured, wherever it ran
 
     def __init__(self, cfg, instance: Instance) -> None:
         self.cfg, self.instance = cfg, instance
+
+    def describe(self) -> dict[str, Any]:
+        """What results.json says about the cost model: its key, its config, and the hardware its times are for."""
+        return {"sim_cost_model": self.cfg.name, "sim_cost_config": asdict(self.cfg),
+                "sim_hardware": self.instance.hardware.name if self.reads_hardware else "this host"}
 
     @abstractmethod
     def step_time(self, step: Step) -> float:

@@ -7,11 +7,20 @@ requests it assigned since then, so a burst of arrivals within one step spreads 
 """
 from __future__ import annotations
 
-POLICIES = ("round_robin", "shortest_queue")
+import enum
+
+
+class DPBalance(enum.StrEnum):
+    """How the controller picks a DP group for a request (`parallel.dp_balance`); the values are the names."""
+    round_robin = enum.auto()       # each group in turn (SGLang's default)
+    shortest_queue = enum.auto()    # the group with the fewest requests waiting and running
+
+
+POLICIES = tuple(DPBalance)
 
 
 class DataParallelController:
-    def __init__(self, size: int, policy: str = "round_robin"):
+    def __init__(self, size: int, policy: DPBalance | str = DPBalance.round_robin):
         if policy not in POLICIES:
             raise ValueError(f"parallel.dp_balance={policy!r} is not one of {', '.join(POLICIES)}")
         if size < 1:
@@ -35,7 +44,7 @@ class DataParallelController:
             if not 0 <= pinned < self.size:
                 raise ValueError(f"dp_rank={pinned} is outside this instance's ranks 0..{self.size - 1}")
             rank = pinned
-        elif self.policy == "round_robin":
+        elif self.policy == DPBalance.round_robin:
             rank, self._next = self._next, (self._next + 1) % self.size
         else:   # shortest_queue; ties go to the lowest rank
             rank = min(range(self.size), key=lambda r: (self._loads[r] + self._since[r], r))

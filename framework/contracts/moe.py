@@ -14,7 +14,7 @@ TOKEN_LAYOUTS = ("all", "local")
 
 @dataclass
 class MoEConfig:
-    name: str = "reference"
+    name: str = ""          # the plugin's key: each plugin's Config names itself
 
 
 class MoEBackend(ABC):

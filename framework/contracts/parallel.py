@@ -9,7 +9,8 @@ plugin instead of branching on which one runs:
 - before any rank starts, from shapes alone (classmethods, so a simulator can size DeepSeek-V3 without building it):
   `check_fits`, `weight_bytes` (this rank's weights by part; the MoE backend adds its routed experts),
   `kv_bytes_per_token`, `layer_comm` / `edge_comm` (what each layer and the embedding/logits communicate);
-- per step, on each rank: `sync_step`, and around the model's parts `embed`, `attn_reduce`, `ffn`, `logits`;
+- per step, on each rank: `sync_step` (carries the DP groups' bids; the step itself is framework/engine/step.py),
+  and around the model's parts `embed`, `attn_reduce`, `ffn`, `logits`;
 - verify: `check_step_logs`, the per-step protocol checks of the scheme.
 
 A plugin gets two groups: `group` carries the tensors of the forward (NCCL on GPUs) and `control` the scheduling
@@ -19,19 +20,28 @@ collective with the others' FFN collective: the FFN collective times out, cleanl
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 
 from framework.contracts.dp_controller import DataParallelController
+from framework.contracts.step import StepBid
 from framework.model.layers import MoE
+
+
+class CommBackend(enum.StrEnum):
+    """torch.distributed's backend for a multi-rank instance's forward collectives (`parallel.backend`)."""
+    auto = "auto"     # nccl when the engine runs on CUDA, else gloo
+    gloo = "gloo"
+    nccl = "nccl"
 
 
 @dataclass
 class ParallelConfig:
-    name: str = "single"
+    name: str = ""                          # the plugin's key: each plugin's Config names itself
     size: int = 1
-    backend: str = "auto"                   # auto (nccl when the engine runs on CUDA, else gloo) | gloo | nccl
+    backend: CommBackend = CommBackend.auto
     timeout_s: float = 60.0                  # every forward collective; a rank that skipped one -> CollectiveTimeout
     master_port: int = 0                     # rendezvous port of a multi-rank instance; 0 picks a free one
 
@@ -58,8 +68,7 @@ class Parallelism:
     def __init__(self, cfg: ParallelConfig, group, control=None) -> None:
         self.cfg, self.group = cfg, group
         self.control = control if control is not None else group
-        self.stats = {"idle_steps": 0, "graph_eligible_steps": 0, "steps": 0, "skipped_idle_steps": 0}
-        self.step_log: list[dict] | None = None   # verify/tests set a list: one record per sync_step that ran
+        self.stats = {"skipped_idle_steps": 0}     # the plugin's own; the step counts steps (engine/step.py)
 
     @property
     def rank(self) -> int:
@@ -147,8 +156,9 @@ class Parallelism:
         return []
 
     @classmethod
-    def check_step_logs(cls, logs: list[list[dict]]) -> list[str]:
-        """verify: what is wrong in the ranks' sync_step logs (index i = the same step on every rank)."""
+    def check_step_logs(cls, logs: list[list]) -> list[str]:
+        """verify: what is wrong in the ranks' step logs (framework.engine.step.StepEntry; index i = the same step
+        on every rank)."""
         return []
 
     # -- on each rank ---------------------------------------------------------------------------------------
@@ -170,15 +180,11 @@ class Parallelism:
         reducing partial sums (`module.partial`)."""
         return module(h)
 
-    def sync_step(self, batch):
-        """Per-step agreement before the forward (DP attention: token counts, IDLE batches, graph eligibility).
-        Returns the batch to run, or None for no step. One rank (and TP, whose ranks share one batch): a decode
-        step could replay a captured graph."""
-        if batch is not None:
-            batch.can_run_graph = batch.mode.is_decode()
-            self.stats["steps"] += 1
-            self.stats["graph_eligible_steps"] += batch.can_run_graph
-        return batch
+    def sync_step(self, bid: StepBid) -> list[StepBid] | None:
+        """The per-step exchange before the forward: this rank's DP group's bid in, every DP group's out (in group
+        order), the same on every rank; None: this rank sits the step out. One DP group (one rank, or TP's ranks
+        sharing one batch): nothing to exchange."""
+        return [bid]
 
 
 # -- shared by the plugins ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ KV_EVENTS = "kv_events"  # subscription: the workers' KV cache events
 LOAD = "load"            # subscription: periodic load reports (LoadReport)
 USAGE = "usage"          # subscription: each request's usage in on_request_done (the router reads it from answers)
 SUBSCRIPTIONS = (KV_EVENTS, LOAD, USAGE)
+SGLANG_ROUTER_VERSION = "0.3.2"  # the sglang-router release the policies' ``sglang_args`` were checked against
 
 
 @dataclass
@@ -87,12 +88,20 @@ class NoWorkerAvailable(RuntimeError):
     """``select`` had no worker to choose from (none added, or every added worker is marked unhealthy)."""
 
 
+class NotExpressible(ValueError):
+    """SGLang's router cannot run this policy as configured (``RoutingPolicy.sglang_args``): the message says why and
+    what to do instead."""
+
+
 class RoutingPolicy(abc.ABC):
     """Base of every routing plugin. Workers are kept in the order they were added; every tie resolves in that order."""
 
     Config: ClassVar[type] = RoutingConfig
     Reasons: ClassVar[tuple[str, ...]] = ()            # every ``RoutingDecision.reason`` this policy gives
     subscriptions: ClassVar[frozenset[str]] = frozenset()  # worker events it wants (KV_EVENTS, LOAD)
+    keeps_estimate: ClassVar[bool] = False  # its decisions' matched_chars estimate the cached prefix (else always 0)
+    sglang_ignores: ClassVar[tuple[str, ...]] = ()  # Config fields SGLang's router has no flag for (sglang_args)
+    accuracy: dict[str, int] | None = None  # a policy's own account of its estimates beside what the workers reported
 
     def __init__(self, cfg: Any = None, seed: int = 0):
         self.cfg = cfg if cfg is not None else self.Config()
@@ -183,6 +192,26 @@ class RoutingPolicy(abc.ABC):
         """Seconds the router should hold the request of ``decision`` before sending it to its worker (0: send now).
         Asked at the decision and again after each batch of that worker's events, until it answers 0. Default: 0."""
         return 0.0
+
+    # -- what the policy declares to the router and the cluster ------------------------------------------------------
+    @classmethod
+    def sglang_args(cls, cfg: Any) -> list[str]:
+        """sglang-router's flags (``--policy`` first, then its thresholds) that run this policy with ``cfg`` under
+        ``router.impl=sglang`` (framework/cluster/peer_router.py). Raises ``NotExpressible`` with the reason when
+        SGLang's router cannot; the base: it has no such policy."""
+        raise NotExpressible(f"sglang-router {SGLANG_ROUTER_VERSION} has no policy like router={cfg.name}")
+
+    @classmethod
+    def ignored_keys(cls, cfg: Any) -> dict[str, str]:
+        """The ``router.*`` fields this policy ignores with ``cfg`` (a switch that turns them on is off), each with why
+        and what to do instead: a run that sets one is refused at start (framework/config.py). The base: none."""
+        return {}
+
+    @classmethod
+    def kv_block_size(cls, cfg: Any) -> int | None:
+        """Tokens per block of the KV events this policy reads (the workers must publish in that size); None: it reads
+        none, or takes the cluster's (cluster.kv_block_size)."""
+        return None
 
     # -- for plugins -------------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from framework.core.errors import UserError
 from framework.core.paths import REPO_ROOT
 
 
@@ -63,7 +64,7 @@ class SloConfig:
 
 @dataclass
 class WorkloadConfig:
-    name: str = "multi_turn"
+    name: str = ""                     # the plugin's key: each plugin's Config names itself
     num_requests: int = 0              # cap on requests (turns) in all; 0 = no cap
     request_rate: float = 0.0          # sessions per second; 0 = all at once (SGLang/vLLM: inf)
     burstiness: float = 1.0            # gamma shape of the gaps between arrivals: 1 = Poisson, < 1 burstier
@@ -88,15 +89,27 @@ def check_arrivals(cfg: WorkloadConfig) -> None:
 class Workload:
     Config = WorkloadConfig
     timed = False   # True: generate() sets arrival times itself (trace replay); else request_rate assigns them
+    sized_by: tuple[str, ...] = ()   # the Config fields that set how many requests it makes (num_requests caps them)
 
     def __init__(self, cfg: WorkloadConfig, seed: int):
         self.cfg, self.seed = cfg, seed
         self.rng = random.Random(seed)
 
+    @classmethod
+    def ignored_keys(cls, cfg: WorkloadConfig) -> dict[str, str]:
+        """The `workload.*` fields this workload ignores with `cfg`, each with why and what to do instead: a run that
+        sets one is refused at start (framework/config.py). The base: burstiness without a request rate."""
+        if cfg.request_rate > 0:
+            return {}
+        return {"burstiness": "workload.request_rate=0 sends every session at once, and burstiness shapes the gaps "
+                              "between arrivals; set workload.request_rate too, or drop workload.burstiness"}
+
     def sessions(self) -> list[Session]:
-        """All sessions, in arrival order, capped at cfg.num_requests turns."""
+        """All sessions, in arrival order, capped at cfg.num_requests turns (a cap above what the workload makes is
+        refused: it would run fewer requests than asked without a word)."""
         check_arrivals(self.cfg)
         sessions = self.generate()
+        self.check_cap(sum(len(s.turns) for s in sessions))
         if not self.timed:
             rate, shape = self.cfg.request_rate, self.cfg.burstiness
             t = 0.0
@@ -109,6 +122,16 @@ class Workload:
     def generate(self) -> list[Session]:
         """The generator's sessions, in the order they arrive."""
         return []
+
+    def check_cap(self, made: int) -> None:
+        """Refuse a workload.num_requests above the `made` requests this workload's settings make."""
+        cap = self.cfg.num_requests
+        if cap <= made:
+            return
+        raise_size = " or ".join(f"workload.{k}" for k in self.sized_by)
+        raise UserError(f"workload.num_requests={cap} asks for more requests than workload={self.cfg.name} makes with "
+                        f"these settings ({made}); {f'raise {raise_size}, or ' if raise_size else ''}set "
+                        f"workload.num_requests to at most {made} (0: all of them)")
 
 
 def cap_requests(sessions: list[Session], cap: int) -> list[Session]:

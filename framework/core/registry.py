@@ -12,12 +12,16 @@ import pkgutil
 from importlib.metadata import entry_points
 from typing import Any, Callable, Generic, TypeVar
 
+from framework.core.errors import UserError
+
 T = TypeVar("T")
 ENTRY_POINT_GROUP = "servelab.plugins"
 _entry_points_loaded = False
 
 
-class RegistryError(KeyError):
+class RegistryError(UserError, KeyError):
+    """An unknown or clashing plugin key: a UserError (one sentence) that callers may still catch as a KeyError."""
+
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
@@ -42,6 +46,10 @@ class Registry(Generic[T]):
 
     def register(self, key: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
+            builtin = f"{self.package}.{key}"      # another class under a built-in's key would shadow it
+            if self.package and getattr(obj, "__module__", builtin) != builtin and key in self._builtin_names():
+                raise RegistryError(f"{self.kind} plugin {key!r} is a built-in's key ({builtin}); "
+                                    f"{_qualname(obj)} must take another")
             old = self._items.get(key)
             if old is not None and old is not obj and _qualname(old) != _qualname(obj):
                 raise RegistryError(

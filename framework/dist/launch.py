@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from framework.core.ports import free_ports
 from framework.dist.group import DEFAULT_TIMEOUT_S
 from framework.dist.rank import (
     PortInUse,
@@ -256,12 +257,6 @@ def _death_report(rank: int, exitcode: int | None) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _check_port_free(port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is not "in use"
@@ -295,8 +290,8 @@ def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, s
             RuntimeWarning,
             stacklevel=3,
         )
-    if master_port is None:
-        master_port = _free_port()
+    if master_port is None:  # chosen outside the ephemeral range: no outgoing connection takes it before rank 0 binds
+        master_port = free_ports("127.0.0.1", 1)[0]
     else:
         _check_port_free(master_port)
     url = f"tcp://127.0.0.1:{master_port}"

@@ -1,9 +1,25 @@
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+class SchedulePolicy(enum.StrEnum):
+    """The order a prefill batch takes waiting requests in (`engine.schedule_policy`, SGLang's)."""
+    fcfs = "fcfs"   # arrival order
+    lpm = "lpm"     # longest prefix match first (fcfs beyond 128 waiting)
+
+
+class Device(enum.StrEnum):
+    """Where the engine runs (`engine.device`)."""
+    auto = "auto"   # cuda when a GPU is visible, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+SCHEDULE_POLICIES = tuple(p.value for p in SchedulePolicy)
+DEVICES = tuple(d.value for d in Device)
 
 
 @dataclass
@@ -13,7 +29,7 @@ class EngineConfig:
     chunked_prefill_tokens: int = 512      # extend tokens per step; a longer prompt is prefilled in chunks
     max_prefill_tokens: int = 16384        # SGLang's max_prefill_tokens: input tokens one prefill batch admits
     max_running_requests: Optional[int] = 256   # None: SGLang's, from the KV pool (sglang_max_running_requests)
-    schedule_policy: str = "lpm"          # fcfs | lpm (longest prefix match first; fcfs beyond 128 waiting)
+    schedule_policy: SchedulePolicy = SchedulePolicy.lpm
     radix_cache: bool = True
     # SGLang's new-token ratio (global_config.py): admission reserves running requests' future tokens times the
     # ratio; it starts at init x schedule_conservativeness, decays to factor x that over decay_steps decode steps,
@@ -24,7 +40,7 @@ class EngineConfig:
     # servelab's variant (off = SGLang): after an EXTEND step a DECODE step follows whenever requests are decoding,
     # so a burst of prefills never stalls running decodes for more than one step
     alternate_extend_decode: bool = False
-    device: str = "auto"                  # auto | cpu | cuda
+    device: Device = Device.auto
     # CUDA graphs for decode (SGLang's CudaGraphRunner, framework/engine/cuda_graph.py): a graph per batch-size
     # bucket captured at start, a decode step padded to its bucket and replayed; on a CUDA device only
     cuda_graph: bool = True               # false: SGLang's --disable-cuda-graph
@@ -58,8 +74,8 @@ class EngineConfig:
                             f"got {list(self.cuda_graph_bs)}")
         if self.cuda_graph_max_context < 1:
             problems.append(f"engine.cuda_graph_max_context must be >= 1, got {self.cuda_graph_max_context}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            problems.append(f"engine.device={self.device!r} is not one of auto, cpu, cuda")
+        if self.device not in DEVICES:
+            problems.append(f"engine.device={self.device!r} is not one of {', '.join(DEVICES)}")
         if problems:
             raise ValueError("; ".join(problems))
 

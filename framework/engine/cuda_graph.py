@@ -12,9 +12,9 @@ first rows of the logits. SGLang v0.4's rules, and where servelab differs (docs/
 - which steps replay (`ModelRunner.forward`: `forward_mode.is_cuda_graph()` and `CudaGraphRunner.can_run`): DECODE
   and IDLE batches of at most the largest bucket. Under DP attention the size is the largest of every rank's token
   count (`max(global_num_tokens)`), so every rank pads to the SAME bucket and the FFN's collectives match, and the
-  step replays only when every rank is in decode or idle (`can_run_dp_cuda_graph`, the all-reduce MIN of the
-  parallelism plugin's `sync_step`); an IDLE rank replays a batch of padding only. A graph is captured as if every
-  rank held the bucket's rows (`global_num_tokens = [bs] * size`).
+  step replays only when every rank is in decode or idle (`can_run_dp_cuda_graph`: every DP group's bid, exchanged
+  by the instance step, framework/engine/step.py); an IDLE rank replays a batch of padding only. A graph is captured
+  as if every rank held the bucket's rows (`global_num_tokens = [bs] * size`).
 - padding (`replay`): seq_lens of padded rows = 1 (the triton backend's `get_cuda_graph_seq_len_fill_value`),
   out_cache_loc = 0 (the KV pool's padding sink). servelab also points padded rows at the req_to_token padding row
   and token 0 (SGLang leaves the previous batch's values there) and zeroes their hidden state (`row_mask`): with no
@@ -26,7 +26,8 @@ first rows of the logits. SGLang v0.4's rules, and where servelab differs (docs/
   makes host syncs (checked with torch's sync debug mode before capture: moe=reference, the torch twin of the fused
   kernel, ep's all-to-all) cannot be captured: one warning, eager.
 
-Every forward step is counted once: replayed, or eager for the first reason that held, in this order: `mode`
+Every forward step is decided and counted once, by the instance step (`GraphPolicy.decide` and `count`; the
+simulator decides with a GraphPolicy alone): replayed, or eager for the first reason that held, in this order: `mode`
 (EXTEND), `disagree` (DP attention: another rank's batch is not decode or idle), `size` (more rows than the largest
 bucket), `off` (graphs off, for any of the reasons above), `context`. The capture is a small injectable piece
 (`CudaGraphCapture` on CUDA; tests on a CPU pass `EagerCapture`), so the whole runner runs on a CPU.
@@ -35,8 +36,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -49,7 +49,8 @@ SGLANG_MAX_BS = 160            # server_args.cuda_graph_max_bs on a GPU with >= 
 SGLANG_DP_ATTENTION_MAX_BS = 96
 SEQ_LEN_FILL = 1               # a padded row attends to one slot, the padding sink (its own zero latent)
 REASONS = ("mode", "disagree", "size", "off", "context")
-GRAPH_COUNTERS = ("graph_replayed_steps", "graph_eager_steps", *(f"graph_eager_{r}_steps" for r in REASONS))
+EAGER_COUNTERS = {r: f"graph_eager_{r}_steps" for r in REASONS}
+GRAPH_COUNTERS = ("graph_replayed_steps", "graph_eager_steps", *EAGER_COUNTERS.values())
 
 Replay = Callable[[], torch.Tensor]
 
@@ -106,28 +107,67 @@ class EagerCapture:
         return replay
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):     # a tuple: made for every DP group at every step, the simulator's too
     bucket: int | None      # the captured batch size this step pads to (None: too big, or an EXTEND step)
     reason: str | None      # why the step runs eagerly (one of REASONS); None: it replays
 
 
-class GraphRunner:
-    """One rank's decode graphs: decides per step, pads, replays (or runs eagerly) and counts."""
+class GraphPolicy:
+    """Which steps may replay a decode graph, and the count of what each step did: the rule of GraphRunner below,
+    without the model (the simulator decides with it alone). `captured`: graphs exist to replay (the runner: it
+    captured some; the simulator: the priced hardware has them and engine.cuda_graph is on)."""
 
-    def __init__(self, cfg, model, pool, par, table: torch.Tensor, max_running: int, device: torch.device):
-        self.model, self.pool, self.par, self.table = model, pool, par, table
-        dp_attention = type(par).dp_size(par.cfg) > 1
+    def __init__(self, cfg, dp_attention: bool, max_running: int, context_width: int, captured: bool = False):
         max_bs = cfg.cuda_graph_max_bs or (SGLANG_DP_ATTENTION_MAX_BS if dp_attention else SGLANG_MAX_BS)
         self.sizes = capture_sizes(max_bs, list(cfg.cuda_graph_bs), max_running)
-        self.width = min(cfg.cuda_graph_max_context, table.shape[1])
-        self.graphs: dict[int, Replay] = {}
+        self.width = min(cfg.cuda_graph_max_context, context_width)
         self.stats = dict.fromkeys(GRAPH_COUNTERS, 0)
+        self._captured = captured
+
+    @property
+    def captured(self) -> bool:
+        return self._captured
+
+    def decide(self, batch: ForwardBatch) -> Decision:
+        if not (batch.mode.is_decode() or batch.mode.is_idle()):
+            return Decision(None, "mode")
+        if not batch.can_run_graph:
+            return Decision(None, "disagree")
+        rows = max(batch.global_num_tokens) if batch.global_num_tokens else len(batch.reqs)
+        if rows > self.sizes[-1]:
+            return Decision(None, "size")
+        bucket = self.sizes[bisect.bisect_left(self.sizes, rows)]
+        if not self.captured:
+            return Decision(bucket, "off")
+        if batch.seq_lens_cpu and max(batch.seq_lens_cpu) > self.width:
+            return Decision(bucket, "context")
+        return Decision(bucket, None)
+
+    def count(self, decision: Decision, steps: int = 1) -> None:
+        """`steps` forward steps ran as `decision` says: replayed, or eager for its reason."""
+        if decision.reason is None:
+            self.stats["graph_replayed_steps"] += steps
+        else:
+            self.stats["graph_eager_steps"] += steps
+            self.stats[EAGER_COUNTERS[decision.reason]] += steps
+
+
+class GraphRunner(GraphPolicy):
+    """One rank's decode graphs: pads, replays (or runs eagerly) as the step's decision says."""
+
+    def __init__(self, cfg, model, pool, par, table: torch.Tensor, max_running: int, device: torch.device):
+        super().__init__(cfg, type(par).dp_size(par.cfg) > 1, max_running, table.shape[1])
+        self.model, self.pool, self.par, self.table = model, pool, par, table
+        self.graphs: dict[int, Replay] = {}
         n, long = max(self.sizes), dict(dtype=torch.long, device=device)
         self.input_ids, self.positions = torch.zeros(n, **long), torch.zeros(n, **long)
         self.out_cache_loc, self.req_pool_indices = torch.zeros(n, **long), torch.zeros(n, **long)
         self.seq_lens = torch.full((n,), SEQ_LEN_FILL, **long)
         self.row_mask = torch.zeros(n, dtype=model.embed.dtype, device=device)
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
 
     def capture(self, capture: Callable[[Callable[[], torch.Tensor]], Replay]) -> None:
         """One graph per bucket, largest first (the smaller ones then fit in the pool's memory). Nothing is counted
@@ -148,27 +188,10 @@ class GraphRunner:
             for g, timeout_s in zip(groups, timeouts):
                 g.timeout_s = timeout_s
 
-    def decide(self, batch: ForwardBatch) -> Decision:
-        if not (batch.mode.is_decode() or batch.mode.is_idle()):
-            return Decision(None, "mode")
-        if not batch.can_run_graph:
-            return Decision(None, "disagree")
-        rows = max(batch.global_num_tokens) if batch.global_num_tokens else len(batch.reqs)
-        if rows > self.sizes[-1]:
-            return Decision(None, "size")
-        bucket = self.sizes[bisect.bisect_left(self.sizes, rows)]
-        if not self.graphs:
-            return Decision(bucket, "off")
-        if batch.seq_lens_cpu and max(batch.seq_lens_cpu) > self.width:
-            return Decision(bucket, "context")
-        return Decision(bucket, None)
-
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The logits of `batch` (on the device), through its bucket's graph when the step may replay one."""
-        decision = self.decide(batch)
-        self.stats["graph_replayed_steps" if decision.reason is None else "graph_eager_steps"] += 1
-        if decision.reason is not None:
-            self.stats[f"graph_eager_{decision.reason}_steps"] += 1
+    def forward(self, batch: ForwardBatch, decision: Decision | None = None) -> torch.Tensor:
+        """The logits of `batch` (on the device), through its bucket's graph when `decision` (the step's; default:
+        decided here) replays one."""
+        decision = decision if decision is not None else self.decide(batch)
         if decision.reason in (None, "context"):
             self._fill(batch)
             if decision.reason is None:

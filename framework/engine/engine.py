@@ -10,12 +10,13 @@ import torch
 
 from framework.contracts.batch import ForwardBatch
 from framework.engine.config import EngineConfig
-from framework.engine.cuda_graph import CudaGraphCapture, GraphRunner
+from framework.engine.cuda_graph import CudaGraphCapture, Decision, GraphRunner
 from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
 from framework.engine.sampling import sample
 from framework.engine.scheduler import Scheduler
 from framework.engine.stats import rank_snapshot
+from framework.engine.step import InstanceStep, StepPlan
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
 from framework.model.tokenizer import ByteTokenizer
@@ -101,6 +102,10 @@ class Engine:
             self.graphs.capture(CudaGraphCapture(self.device))
         elif engine_cfg.cuda_graph:
             log.info("no CUDA: CUDA graphs off (engine.cuda_graph=true on %s); decode runs eagerly", self.device)
+        # this rank's side of the instance step: its DP group; the others' bids come through the plugin's sync_step
+        self.instance_step = InstanceStep([self.scheduler], [par.dp_rank],
+                                          [type(par).dp_rank_of(par.cfg, r) for r in range(par.size)], [self.graphs],
+                                          exchange=lambda bids: par.sync_step(bids[0]))
 
     @property
     def capacity(self) -> int:
@@ -111,29 +116,36 @@ class Engine:
         self.requests += 1
 
     def step(self) -> list[Req] | None:
-        """Run one step. Returns the requests that got a token (None when no step ran)."""
+        """Run one instance step on this rank (framework/engine/step.py, with `execute` as its forward). Returns the
+        requests that got a token (None when no step ran)."""
         t0 = time.perf_counter()
-        batch = self.par.sync_step(self.scheduler.next_batch())
-        if batch is None:
+        plan = self.instance_step.start(self)
+        if plan is None:
             return None
-        t1 = time.perf_counter()
-        logits = self.forward(batch)
-        t2 = time.perf_counter()
+        out = self.instance_step.finish(plan, time.perf_counter())
+        self.timing["forward_s"] += plan.seconds
+        self.timing["schedule_s"] += time.perf_counter() - t0 - plan.seconds
+        return out
+
+    def execute(self, plan: StepPlan) -> None:
+        """The step's executor on a rank: the forward pass of its batch, then sampling (the simulator's executor is
+        a cost model)."""
+        batch = plan.batches[0]
+        t0 = time.perf_counter()
+        logits = self.forward(batch, plan.decisions[0])
+        plan.seconds = time.perf_counter() - t0
         rows = [i for i, s in enumerate(batch.sample) if s]
         reqs = [batch.reqs[i] for i in rows]
         tokens = sample(logits[rows], [r.params for r in reqs], self.generator) if rows else []
         if self.logit_hook is not None:
             for req, i in zip(reqs, rows):
                 self.logit_hook(req, logits[i])
-        out = self.scheduler.process(batch, tokens, time.perf_counter())
-        self.timing["schedule_s"] += (t1 - t0) + (time.perf_counter() - t2)
-        self.timing["forward_s"] += t2 - t1
-        return out
+        plan.tokens = [tokens]
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The one call the scheduler's step makes into the model (a simulator replaces it with a cost model):
-        through a captured graph when the step may replay one. A copy: a graph's next replay overwrites its output."""
-        return self.graphs.forward(batch.to(self.device)).to("cpu", torch.float32, copy=True)
+    def forward(self, batch: ForwardBatch, decision: Decision | None = None) -> torch.Tensor:
+        """The one call the step makes into the model: through a captured graph when the step's graph decision
+        replays one. A copy: a graph's next replay overwrites its output."""
+        return self.graphs.forward(batch.to(self.device), decision).to("cpu", torch.float32, copy=True)
 
     def server_info(self) -> dict:
         """This rank's snapshot: load, KV, memory, its scheme (`par.describe()`), step counters, timing and expert
@@ -141,4 +153,5 @@ class Engine:
         par = self.par
         counts, local = rank_expert_counts(self.model)
         return rank_snapshot(self.scheduler, par.describe(par.cfg), par.rank, par.dp_rank, par.leads, self.memory,
-                             self.requests, {**par.stats, **self.graphs.stats, **self.timing}, counts, local)
+                             self.requests, {**par.stats, **self.instance_step.counters[0], **self.graphs.stats,
+                                                  **self.timing}, counts, local)

@@ -15,7 +15,7 @@ from typing import Any
 from framework.engine.cuda_graph import GRAPH_COUNTERS
 from framework.model.moe_stats import combine_rank_counts, load_stats
 
-SCHEME_KEYS = ("parallel", "parallel_size", "dp_size", "ffn_comm", "tp_size")   # describe(): what ran
+SCHEME = "scheme_keys"   # the keys of the parallelism plugin's describe() (what ran), passed through whole
 STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
                "kv_capacity_tokens_instance")
 GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
@@ -33,7 +33,7 @@ def rank_snapshot(scheduler, scheme: dict, rank: int, dp_rank: int, leads: bool,
     """A rank's snapshot, from its scheduler and what the caller counts (`counters`: the parallelism plugin's step
     counters and the timing); the engine's ranks and the simulator's alike. `memory`: the rank's MemoryPlan."""
     s = scheduler
-    return {**scheme, "rank": rank, "dp_rank": dp_rank, "leads": leads,
+    return {**scheme, SCHEME: list(scheme), "rank": rank, "dp_rank": dp_rank, "leads": leads,
             "running_requests": s.num_running(), "queued_requests": len(s.waiting),
             "kv_capacity_tokens_per_rank": s.pool.capacity, "kv_used_tokens": s.pool.used(),
             "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": memory.kv_bytes_per_token,
@@ -48,8 +48,9 @@ def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[s
     leaders = [r for r in ranks if r["leads"]]
     first = ranks[0]
     per_rank = min(r["kv_capacity_tokens_per_rank"] for r in ranks)
-    out = {k: first[k] for k in SCHEME_KEYS if k in first}
+    out = {k: first[k] for k in first[SCHEME]}
     out.update({
+        SCHEME: first[SCHEME],
         "kv_sizing": first["kv_sizing"],
         "weight_bytes_per_rank": max(r["weight_bytes_per_rank"] for r in ranks),
         "kv_bytes_per_token_per_rank": first["kv_bytes_per_token_per_rank"],
@@ -75,7 +76,7 @@ def engine_figures(before: list[dict], after: list[dict]) -> dict[str, Any]:
 
     def delta(key: str) -> float:
         return sum(a[key] - b.get(key, 0) for b, a in pairs)
-    out = {k: first[k] for k in SCHEME_KEYS + STATIC_KEYS if k in first}
+    out = {k: first[k] for k in (*first.get(SCHEME, ()), *STATIC_KEYS) if k in first}
     out["max_running_requests"] = max(a["max_running_requests"] for _, a in pairs)
     out.update({k: delta(k) for k in RUN_COUNTERS if k not in ("schedule_s", "forward_s")})
     out["graph_eligible_frac"] = out["graph_eligible_steps"] / max(out["steps"], 1)

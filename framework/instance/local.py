@@ -45,6 +45,7 @@ class LocalInstance:
     terminate). An exception in the loop reaches the client through `recv`, after the outputs sent before it."""
 
     def __init__(self, engine: Engine):
+        self.engine = engine            # read by this process's worker (its radix cache publishes KV events)
         down, up = queue.Queue(), queue.Queue()
         self._channel, rank_side = _Pipe(up, down), _Pipe(down, up)
         self._result: dict | None = None

@@ -7,7 +7,8 @@ Each step of the instance:
 1. exchange (one all_gather_object on the control group): rank 0's new commands go down; every rank's snapshot and
    the outputs of each DP group's leader from its previous step come up.
 2. every rank applies the commands: each `Add` goes to the ranks of the DP group rank 0's dispatcher picked.
-3. `Engine.step()`: the parallelism plugin's sync_step, then the forward with its collectives.
+3. `Engine.step()`: the instance step (framework/engine/step.py: the DP groups' bids through the parallelism
+   plugin's sync_step, IDLE batches, graph decisions, the peak), then the forward with its collectives.
 
 Rank 0 forwards the step's outputs (its own at once, the other groups' one step later) to the parent, with the
 instance's stats (framework.engine.stats) every INFO_EVERY_S. When the whole instance is idle, rank 0 waits on the
@@ -147,8 +148,7 @@ class RankLoop:
         self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
         self.sent_adds = False               # ... and requests the snapshots may not show yet
         self.pending: list = []              # a leader's events for the next exchange (rank 0: for the parent)
-        self.added: list[Req] = []           # every request this rank took (verify reads them)
-        self.peak_running = 0                # rank 0: the most requests running at once over the DP groups
+        self.added: list[tuple[int, Req]] = []   # verify: every request this rank took, after how many step rounds
         self.steps = 0
         self._info_sent = 0.0
 
@@ -165,8 +165,6 @@ class RankLoop:
                 self.pending += [TokenOut.of(r) for r in reqs]
             if self.rank == 0:
                 self.snapshots[0] = self.engine.server_info()
-                if self.size == 1:           # more ranks: tracked at the exchange, every rank after one step
-                    self._track_peak()
                 self._flush_outbox()
         return self.engine.server_info()
 
@@ -212,7 +210,6 @@ class RankLoop:
             if self.rank == 0:
                 for report in reports[1:]:
                     self.pending += report.events
-                self._track_peak()
         self.sent_cmds = bool(cmds)
         self.sent_adds = any(isinstance(c, Add) for c in cmds)
         return cmds
@@ -236,7 +233,7 @@ class RankLoop:
     def _add(self, req: Req) -> None:
         try:
             self.engine.add(req)
-            self.added.append(req)
+            self.added.append((self.engine.instance_step.attempts, req))
         except ValueError as e:              # can never fit on this rank: the parent fails this request
             if self.par.leads:
                 self.pending.append(Rejected(req.rid, str(e)))
@@ -247,10 +244,10 @@ class RankLoop:
         leaders = [s for s in self.snapshots if s["leads"]]
         return [s["running_requests"] + s["queued_requests"] for s in leaders]
 
-    def _track_peak(self) -> None:
-        """The instance's peak of running requests: the sum over DP groups, every rank after the same step."""
-        running = sum(s["running_requests"] for s in self.snapshots if s["leads"])
-        self.peak_running = max(self.peak_running, running)
+    @property
+    def peak_running(self) -> int:
+        """The most requests running at once over the DP groups (the instance step counts it)."""
+        return self.engine.instance_step.peak_running
 
     def stats(self) -> dict:
         return instance_stats(self.snapshots, self.peak_running)
@@ -281,7 +278,8 @@ def serve_rank(group: Group, channel, spec: InstanceSpec) -> dict:
 
 def verify_rank(group: Group, channel, spec: InstanceSpec) -> dict:
     """verify mode: for each case a fresh engine serves the parent's requests until Stop; returns every sampled
-    token's logits of the requests this rank served, plus its sync_step log and final snapshot."""
+    token's logits of the requests this rank served, plus its step log, its arrivals (step round, request id,
+    prompt, sampling parameters: what a replay needs) and final snapshot."""
     torch.set_grad_enabled(False)
     control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
     results = {}
@@ -289,11 +287,12 @@ def verify_rank(group: Group, channel, spec: InstanceSpec) -> dict:
         engine = build_rank_engine(spec, group, control, engine_cfg, moe_cfg)
         logits: dict[str, list[torch.Tensor]] = {}
         engine.logit_hook = lambda req, row: logits.setdefault(req.rid, []).append(row.clone())
-        engine.par.step_log = []
+        engine.instance_step.log = []
         loop = RankLoop(engine, control, channel)
         snapshot = loop.run()
         results[name] = {"stats": {**snapshot, "instance_peak_running": loop.peak_running},
-                         "step_log": engine.par.step_log,
-                         "requests": {r.rid: (r.prompt_ids, r.output_ids) for r in loop.added},
+                         "step_log": engine.instance_step.log,
+                         "arrivals": [(at, r.rid, r.prompt_ids, r.params) for at, r in loop.added],
+                         "requests": {r.rid: (r.prompt_ids, r.output_ids) for _, r in loop.added},
                          "logits": {rid: torch.stack(rows) for rid, rows in logits.items()}}
     return results

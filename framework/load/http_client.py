@@ -31,6 +31,7 @@ from tqdm import tqdm
 from framework.core.records import RequestRecord
 from framework.contracts.workload import Api, Session
 from framework.load.load_sampler import LoadSampler
+from framework.load.sessions import not_sent
 
 WORKER_HEADER = "X-Servelab-Worker"    # set by servelab's router: which worker answered
 ROUTE_HEADER = "X-Servelab-Route"      # ... and why: "<reason>; estimate=<cached>; of=<size>"
@@ -132,10 +133,8 @@ class LoadClient:
             records.append(record)
             bar.update(1)
             if not record.ok:          # later turns need this answer: they are not sent
-                for j in range(k + 1, len(s.turns)):
-                    records.append(RequestRecord(ok=False, error=f"not sent: turn {k} of {s.sid} failed",
-                                                 send_s=sent, session=s.sid, turn=j))
-                    bar.update(1)
+                records += not_sent(s, k, sent)
+                bar.update(len(s.turns) - k - 1)
                 return
             answers.append(answer)
 

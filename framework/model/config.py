@@ -1,11 +1,32 @@
 """The model's shape: a DeepSeek-V2-style MLA + MoE transformer, small enough for a CPU."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
 
-WEIGHT_DTYPES = (None, "fp8")
+class Gating(enum.StrEnum):
+    """How the MoE router scores experts and groups (`model.gating`)."""
+    v2 = "v2"   # DeepSeek-V2: softmax, group score = max
+    v3 = "v3"   # DeepSeek-V3: sigmoid + correction bias, group score = top-2 sum
+
+
+class DType(enum.StrEnum):
+    """The torch dtype of the weights, activations and KV (`model.dtype`)."""
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class WeightDtype(enum.StrEnum):
+    """How a checkpoint stores the linear layers' weights, when not in `dtype` (`model.weight_dtype`)."""
+    fp8 = "fp8"
+
+
+WEIGHT_DTYPES = (None, *(d.value for d in WeightDtype))
+GATINGS = tuple(g.value for g in Gating)
+DTYPES = tuple(d.value for d in DType)
 
 
 @dataclass
@@ -29,17 +50,17 @@ class ModelConfig:
     topk_group: int = 2               # tokens may only pick experts of their topk_group best groups
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = False
-    gating: str = "v2"                # v2: softmax, group score = max; v3: sigmoid + bias, group score = top-2 sum
+    gating: Gating = Gating.v2
     first_k_dense_replace: int = 1
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 16384
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     # the linear layers' weights as the checkpoint stores them (attention projections, dense FFNs, shared and routed
     # experts); None: `dtype`. fp8: one byte each (DeepSeek-V3's own format, DeepSeek-Coder-V2-Instruct-FP8), the
     # embedding, lm_head, norms and MoE gate staying in `dtype`. mode=sim only: it sizes the KV pool and prices fp8
     # GEMMs at the fp8 peak; the CPU engine builds `dtype` weights
-    weight_dtype: Optional[str] = None
+    weight_dtype: Optional[WeightDtype] = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -59,7 +80,7 @@ class ModelConfig:
     @property
     def linear_itemsize(self) -> int:
         """Bytes of one linear-layer weight (`weight_dtype`, else `dtype`)."""
-        return 1 if self.weight_dtype == "fp8" else self.itemsize
+        return 1 if self.weight_dtype == WeightDtype.fp8 else self.itemsize
 
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * self.kv_cache_width * self.itemsize
@@ -74,14 +95,16 @@ class ModelConfig:
         if self.num_experts_per_tok > self.topk_group * per_group:
             problems.append(f"num_experts_per_tok={self.num_experts_per_tok} exceeds the experts in "
                             f"topk_group={self.topk_group} groups ({self.topk_group * per_group})")
-        if self.gating not in ("v2", "v3"):
-            problems.append(f"gating={self.gating!r} is not one of v2, v3")
-        if self.gating == "v3" and per_group < 2:
+        if self.gating not in GATINGS:
+            problems.append(f"gating={self.gating!r} is not one of {', '.join(GATINGS)}")
+        if self.gating == Gating.v3 and per_group < 2:
             problems.append("gating=v3 scores groups by their top-2 experts: each group needs at least 2 experts")
         if self.qk_rope_head_dim % 2:
             problems.append(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
         if not 0 <= self.first_k_dense_replace <= self.num_layers:
             problems.append(f"first_k_dense_replace={self.first_k_dense_replace} must be in 0..num_layers")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.weight_dtype not in WEIGHT_DTYPES:
             problems.append(f"weight_dtype={self.weight_dtype!r} is not one of {', '.join(map(str, WEIGHT_DTYPES))}")
         if problems:

@@ -20,12 +20,6 @@ def _moe_layers(model) -> list[tuple[int, MoE]]:
     return [(i, block.ffn) for i, block in enumerate(model.layers) if isinstance(block.ffn, MoE)]
 
 
-def reset_expert_load(model) -> None:
-    """Zero every layer's counts (e.g. after a warm-up)."""
-    for _, layer in _moe_layers(model):
-        layer.expert_counts.zero_()
-
-
 def rank_expert_counts(model) -> tuple[dict[int, list[int]], bool]:
     """This rank's counts per MoE layer, and whether they are a share to be summed over the instance's ranks
     (token layout "local") rather than the whole instance's (layout "all")."""

@@ -89,7 +89,7 @@ def report(results: dict[str, Any], out_dir: str | os.PathLike, config: dict, lo
     if records is not None:
         write_requests(records, out / REQUESTS_FILE)
     plots = []
-    if getattr(logger_cfg, "plots", True):
+    if logger_cfg.plots:
         from framework.report.plots import run_plots
         plots = run_plots(results, out)
     print(format_table(results, title))

@@ -73,7 +73,7 @@ def _table(wandb, columns: list[str], rows: list[list]):
 def log_run(results: dict, config: dict, logger_cfg, out: Path, plots: list[Path]) -> None:
     import wandb
     os.environ.setdefault("WANDB_SILENT", "true")
-    mode = getattr(logger_cfg.mode, "value", logger_cfg.mode)
+    mode = LogMode(logger_cfg.mode).value
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=mode, dir=str(out),
                      config=flatten(config), tags=list(logger_cfg.tags), group=logger_cfg.group,
                      name=logger_cfg.name, reinit="finish_previous")

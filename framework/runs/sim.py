@@ -9,16 +9,19 @@ import time
 from dataclasses import asdict
 
 from framework.engine.stats import engine_figures
-from framework.report.metrics import failure_summary, report, summarize
+from framework.core.errors import UserError
+from framework.report.metrics import summarize
 from framework.core.registry import COST, ROUTING, WORKLOAD
 from framework.cluster.cluster import kv_block_size
 from framework.cluster.figures import cluster_figures
-from framework.cluster.processes import ClusterError
+from framework.core.errors import ClusterError
 from framework.serving.router.config import split_router_config
 from framework.sim.cluster import Simulation
-from framework.contracts.cost import Instance
+from framework.contracts.cost import CostModel, Instance
 from framework.sim.instance import SimInstance
 from framework.sim.router import SimRouter
+from framework.runs.checks import check_instance
+from framework.runs.finish import finish
 
 
 def cost_instance(cfg) -> Instance:
@@ -27,8 +30,14 @@ def cost_instance(cfg) -> Instance:
                     parallel_cfg=cfg.parallel, moe_cfg=cfg.moe)
 
 
-def build(cfg, sessions, progress: bool = False) -> Simulation:
-    """The simulation of `cfg`'s cluster on `sessions` (ValueError for what cannot be simulated)."""
+def cost_model(cfg) -> CostModel:
+    """The run's cost model (`sim.cost`), built for its instances."""
+    return COST.build(cfg.sim.cost.name, cfg.sim.cost, cost_instance(cfg))
+
+
+def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) -> Simulation:
+    """The simulation of `cfg`'s cluster on `sessions`, priced by `cost` (default: the run's; ValueError for what
+    cannot be simulated)."""
     if cfg.cluster.workers or cfg.cluster.url:
         raise ValueError("mode=sim simulates local instances (cluster.instances); drop cluster.workers/cluster.url")
     if cfg.cluster.instances < 1:
@@ -36,7 +45,7 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
     if cfg.sim.host_cores < 0 or cfg.sim.host_background < 0:
         raise ValueError(f"sim.host_cores and sim.host_background must be >= 0, got {cfg.sim.host_cores} and "
                          f"{cfg.sim.host_background}")
-    cost = COST.build(cfg.sim.cost.name, cfg.sim.cost, cost_instance(cfg))
+    cost = cost or cost_model(cfg)
     http = cfg.cluster.http                 # cluster.http=false: one instance, the in-process driver (no router, HTTP)
     names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
     instances = {n: SimInstance(n, cfg, cost, cfg.seed) for n in names}
@@ -59,7 +68,8 @@ def build(cfg, sessions, progress: bool = False) -> Simulation:
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     """(results, records) of simulating `cfg`."""
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
-    sim = build(cfg, sessions, progress)
+    cost = cost_model(cfg)
+    sim = build(cfg, sessions, progress, cost)
     t0, cpu0 = time.perf_counter(), time.process_time()
     records, duration = sim.run()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -70,21 +80,20 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
         del figures[key]                            # the router's own speed is not simulated
     results.update(figures)
     results.update(engine_figures([{}] * len(stats), list(stats.values())))
-    results.update({"sim_cost_model": cfg.sim.cost.name, "sim_cost_config": asdict(cfg.sim.cost),
-                    "sim_hardware": cfg.hardware.name if cfg.sim.cost.name != "calibrated" else "this host",
-                    "sim_model": asdict(cfg.model), "sim_instances": len(stats),
+    results.update({**cost.describe(), "sim_model": asdict(cfg.model), "sim_instances": len(stats),
                     "sim_wall_s": wall, "sim_requests_per_wall_s": len(records) / wall if wall > 0 else float("nan"),
                     "sim_cpu_s": cpu})                # below sim_wall_s when other work shares the machine
     return results, records
 
 
-def run_sim(cfg, out_dir: str, resolved: dict) -> float:
+def run(cfg, out_dir: str, resolved: dict) -> float:
     """mode=sim: simulate, report like a bench. Returns output tok/s (simulated)."""
-    results, records = simulate(cfg, progress=sys.stderr.isatty())
-    report(results, out_dir, resolved, cfg.logger,
-           f"sim ({cfg.sim.cost.name}): {cfg.workload.name}, router={cfg.router.name}, {cfg.cluster.instances} "
-           f"instances, parallel={cfg.parallel.name}x{cfg.parallel.size}, moe={cfg.moe.name}, model={cfg.model.name}",
-           records)
-    if failure := failure_summary(records):
-        raise ValueError(failure)
-    return results["output_throughput_tok_s"]
+    check_instance(cfg)
+    try:
+        results, records = simulate(cfg, progress=sys.stderr.isatty())
+    except (KeyError, ValueError, OSError) as e:
+        raise UserError(str(e)) from None
+    return finish(cfg, out_dir, resolved,
+                  f"sim ({cfg.sim.cost.name}): {cfg.workload.name}, router={cfg.router.name}, {cfg.cluster.instances} "
+                  f"instances, parallel={cfg.parallel.name}x{cfg.parallel.size}, moe={cfg.moe.name}, "
+                  f"model={cfg.model.name}", results, records)

@@ -1,4 +1,4 @@
-"""Client-only mode: `python run.py cluster.url=http://host:port` drives a server started elsewhere (an SGLang or
+"""Client-only mode (mode=bench with cluster.url): `python run.py cluster.url=http://host:port` drives a server started elsewhere (an SGLang or
 vLLM server, servelab's or SGLang's router, any OpenAI-compatible endpoint) with the workload, starting nothing, and
 reports the same client-side figures. Worker-side figures come only where the server gives them: per-worker counts
 when a servelab router names the answering worker, its /router_stats, and per-worker load over time from its
@@ -12,8 +12,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from framework.core.registry import WORKLOAD
+from framework.cluster.figures import cluster_figures
+from framework.core.errors import UserError
 from framework.load.http_client import LoadClient
+from framework.report.metrics import summarize
+from framework.runs.checks import build_sessions
+from framework.runs.finish import finish
 
 
 def _reachable(url: str) -> str | None:
@@ -34,21 +38,18 @@ def _router_stats(url: str) -> dict:
         return {}
 
 
-def run_url_bench(cfg, out_dir: str, resolved: dict) -> float:
-    """mode=bench against cluster.url: play the workload, report, return output tok/s; UserError on failure."""
-    from framework.core.errors import UserError
-    from framework.report.metrics import failure_summary, report, summarize
-    from framework.cluster.figures import cluster_figures
+def run(cfg, out_dir: str, resolved: dict) -> float:
+    """mode=bench against cluster.url: play the workload, report, return output tok/s."""
     url = cfg.cluster.url.rstrip("/")
     if urllib.parse.urlsplit(url).scheme not in ("http", "https") or not urllib.parse.urlsplit(url).hostname:
         raise UserError(f"cluster.url={cfg.cluster.url!r} is not an http:// or https:// URL with a host")
     if (why := _reachable(url)) is not None:
         raise UserError(f"cluster.url={url}: nothing accepts connections there ({why}); start the server first")
+    sessions = build_sessions(cfg)
     try:
-        sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
         client = LoadClient(url, cfg.workload, request_timeout_s=cfg.cluster.request_timeout_s,
                             retries=cfg.cluster.client_retries, progress=sys.stderr.isatty())
-    except (KeyError, ValueError, OSError) as e:
+    except ValueError as e:
         raise UserError(str(e)) from None
     _router_stats_reset(url)
     records, duration = client.play(sessions)
@@ -59,11 +60,8 @@ def run_url_bench(cfg, out_dir: str, resolved: dict) -> float:
         results.update(cluster_figures(records, workers, _router_stats(url), {}))
     if client.load_timeline:
         results["worker_load_timeline"] = client.load_timeline
-    report(results, out_dir, resolved, cfg.logger, f"client bench: {cfg.workload.name} -> {url} "
-                                                      f"(api={client.api.value})", records)
-    if failure := failure_summary(records):
-        raise UserError(failure)
-    return results["output_throughput_tok_s"]
+    return finish(cfg, out_dir, resolved, f"client bench: {cfg.workload.name} -> {url} (api={client.api.value})",
+                  results, records)
 
 
 def _router_stats_reset(url: str) -> None:

@@ -18,6 +18,7 @@ from framework.engine.engine import Engine
 from framework.instance.handle import SyncFace
 from framework.engine.request import Req, SamplingParams
 from framework.engine.stats import instance_stats
+from framework.engine.step import instance_log
 from framework.model.model import build_model
 from framework.model.reference import reference_forward
 from framework.core.registry import PARALLELISM
@@ -119,10 +120,11 @@ def dp_pin(case: str, i: int, dp_size: int) -> int | None:
     return 0 if i % 2 else (i // 2) % (dp_size - 1)
 
 
-def verify_instance(cfg, cases: dict | None = None) -> dict[str, dict] | None:
+def verify_instance(cfg, cases: dict | None = None, traces: dict | None = None) -> dict[str, dict] | None:
     """The cases on one `parallel.size`-rank instance (spawned once; a fresh engine per case on every rank).
-    `cases`: name -> (EngineConfig, MoE config), default: `engine_cases` with cfg.moe. Under torchrun, ranks > 0
-    serve and return None; rank 0 checks every rank's logits."""
+    `cases`: name -> (EngineConfig, MoE config), default: `engine_cases` with cfg.moe. `traces`: filled with each
+    case's `step_trace` when given. Under torchrun, ranks > 0 serve and return None; rank 0 checks every rank's
+    logits."""
     from framework.instance.rank_loop import InstanceSpec, verify_rank
     from framework.instance.client import open_engine
     if cases is None:
@@ -154,8 +156,23 @@ def verify_instance(cfg, cases: dict | None = None) -> dict[str, dict] | None:
         client.terminate()
     reference = reference_model(cfg)
     groups = [plugin.dp_rank_of(cfg.parallel, r) for r in range(cfg.parallel.size)]
+    if traces is not None:
+        traces.update({name: step_trace([r[name] for r in per_rank], groups) for name in cases})
     return {name: _check_case(name, [r[name] for r in per_rank], sent[name], reference, plugin, groups)
             for name in cases}
+
+
+def step_trace(ranks: list[dict], groups: list[int]) -> dict:
+    """What a replay of one case needs (tests/sim/test_step_oracle.py): the instance's step log (each DP group's part
+    from its first rank), its arrivals, (step round, DP group, request id, prompt ids, sampling parameters) in the
+    order they were added, and each request's output ids. ranks[r]: rank r's results of the case; groups[r]: its DP
+    group."""
+    leaders = [r for r in range(len(ranks)) if r == 0 or groups[r - 1] != groups[r]]
+    arrivals = sorted(((at, groups[r], rid, prompt, params) for r in leaders
+                       for at, rid, prompt, params in ranks[r]["arrivals"]), key=lambda a: a[0])
+    outputs = {rid: output_ids for r in leaders for rid, (_, output_ids) in ranks[r]["requests"].items()}
+    return {"log": instance_log([res["step_log"] for res in ranks], leaders), "arrivals": arrivals,
+            "outputs": outputs}
 
 
 def _check_case(name: str, ranks: list[dict], sent: list[Req], reference, plugin, groups: list[int]) -> dict:
@@ -188,3 +205,31 @@ def _check_case(name: str, ranks: list[dict], sent: list[Req], reference, plugin
             "kv_capacity_tokens_instance")
     return {"max_abs_err": err, "requests": len(sent), "cached_tokens": sum(r.cached_tokens for r in sent),
             **{k: stats[k] for k in keep}, "requests_per_rank": [len(o) for o in outputs], "problems": problems}
+
+
+def run(cfg, out_dir: str, resolved: dict) -> float:
+    """mode=verify: every case's logits against the reference; fails above verify.atol or on a protocol problem.
+    Returns the worst logit error."""
+    from framework.dist.group import Group
+    from framework.runs.checks import check_instance, instance_errors, parallelism
+    from framework.runs.finish import finish
+    check_instance(cfg)
+    if cfg.parallel.size == 1:
+        cases = verify_single(cfg, parallelism(cfg)(cfg.parallel, Group()))
+    else:
+        with instance_errors(f"verify on the {cfg.parallel.size}-rank instance"):
+            cases = verify_instance(cfg)
+        if cases is None:                       # torchrun, rank > 0: rank 0 reports
+            return 0.0
+    worst = max(c["max_abs_err"] for c in cases.values())
+    problems = [f"{name}: {p}" for name, c in cases.items() for p in c.get("problems", [])]
+    results = {"verify_max_abs_err": worst, "verify_atol": cfg.verify.atol,
+               "verify_passed": worst <= cfg.verify.atol and not problems, **parallelism(cfg).describe(cfg.parallel)}
+    for name, c in cases.items():
+        results.update({f"{name}_{k}": v for k, v in c.items() if k not in ("problems", "requests")})
+    failure = (f"verify failed: max abs logit error {worst:.3g} > verify.atol {cfg.verify.atol:g}"
+               if worst > cfg.verify.atol else "verify failed: " + "; ".join(problems) if problems else None)
+    finish(cfg, out_dir, resolved, f"verify: parallel={cfg.parallel.name} x{cfg.parallel.size} moe={cfg.moe.name}",
+           results, failure=failure, headline="verify_max_abs_err")
+    print(f"verify passed: max abs logit error {worst:.3g} <= verify.atol {cfg.verify.atol:g}")
+    return worst

@@ -25,18 +25,21 @@ from tqdm import tqdm
 from framework.engine.request import Req, SamplingParams
 from framework.core.records import RequestRecord
 from framework.contracts.workload import Session
+from framework.load.sessions import DueTurns, not_sent
+from framework.routing.core import Attempt, route_fields
+from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
 MAX_RUN = 64                                  # decode steps one event advances at most
 
 
-@dataclass(eq=False)  # a flight is itself: found by identity (held lists)
+@dataclass(eq=False)  # a flight is itself: found by identity
 class _Flight:
     session: Session
     turn: int
     req: Req
     worker: str
-    decision: object
+    attempt: Attempt                                    # the router's: its decision, held or not
     send_s: float
     times: list[float] = field(default_factory=list)    # when each token was produced (ITL)
 
@@ -66,9 +69,8 @@ class Simulation:
         self.seq = 0
         self.busy_ranks = 0
         self.flights: dict[str, _Flight] = {}
-        self.held: dict[str, list[_Flight]] = {}   # worker -> requests the router holds for it (the policy's hold_s)
         self.now = 0.0                              # the time of the event being handled
-        router.on_events = self._release
+        router.on_release = self._release
         self.records: list[RequestRecord] = []
         self.end = 0.0
 
@@ -79,8 +81,7 @@ class Simulation:
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> tuple[list[RequestRecord], float]:
         self.answers: dict[str, list[str]] = {s.sid: [] for s in self.sessions}
-        self.pending: list = []              # (due, seq, session, turn) ready to send once concurrency allows
-        self.limit = self.wl.max_concurrency
+        self.pending = DueTurns([], self.wl.max_concurrency)   # due turns, sent once concurrency allows
         for s in self.sessions:
             self.push(s.arrival_s, CLIENT, "due", s, 0)
         self.ticks = 0                        # periodic events in the heap: they recur while anything else is there
@@ -118,14 +119,11 @@ class Simulation:
     # -- the client ---------------------------------------------------------------------------------------------
     def _client(self, now: float, what: str, *args) -> None:
         if what == "due":
-            session, turn = args
-            heapq.heappush(self.pending, (now, self.seq, session, turn))
-            self.seq += 1
+            self.pending.add(now, *args)
         elif what == "done":
             self._receive(now, args[0])
-        while self.pending and (self.limit <= 0 or len(self.flights) < self.limit):
-            _, _, session, turn = heapq.heappop(self.pending)
-            self._send(now, session, turn)
+        while (due := self.pending.pop(now, len(self.flights))) is not None:
+            self._send(now, *due)
 
     def _send(self, now: float, s: Session, k: int) -> None:
         turn = s.turns[k]
@@ -134,33 +132,27 @@ class Simulation:
                                 ignore_eos=self.wl.ignore_eos)
         at_router = now + self.net
         ids = self.tokenizer.encode(text)
-        worker, decision = self.router.route(text, ids, at_router)
+        att, hold = self.router.send(text, ids, at_router)
         req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
-        flight = _Flight(s, k, req, worker, decision, now)
+        flight = att.ref = _Flight(s, k, req, att.worker.url, att, now)
         self.flights[req.rid] = flight
-        hold = self.router.hold_s(decision)
         if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
-            self.held.setdefault(worker, []).append(flight)
-            self.push(at_router + hold, HOLD, worker, flight)
+            self.push(at_router + hold, HOLD, flight)
             return
-        self.push(req.arrival_time, ARRIVE, worker, flight)
+        self.push(req.arrival_time, ARRIVE, flight.worker, flight)
 
-    def _release(self, worker: str) -> None:
-        """After a KV event of `worker`: send the requests held for it that the policy lets go."""
-        held = self.held.get(worker)
-        if held:
-            go = [f for f in held if self.router.hold_s(f.decision) <= 0]
-            for flight in go:
-                self._unhold(worker, flight)
+    def _release(self, released: list[Attempt]) -> None:
+        """A KV event let these held requests go: send them."""
+        for att in released:
+            self._unhold(att.ref)
 
-    def _hold_over(self, now: float, worker: str, flight: _Flight) -> None:
-        if flight in self.held.get(worker, ()):    # not released by an event before
-            self._unhold(worker, flight)
+    def _hold_over(self, now: float, flight: _Flight) -> None:
+        if self.router.hold_over(flight.attempt, now):    # not released by an event before
+            self._unhold(flight)
 
-    def _unhold(self, worker: str, flight: _Flight) -> None:
-        self.held[worker].remove(flight)
+    def _unhold(self, flight: _Flight) -> None:
         flight.req.arrival_time = self.now + self.router_s + self.net
-        self.push(flight.req.arrival_time, ARRIVE, worker, flight)
+        self.push(flight.req.arrival_time, ARRIVE, flight.worker, flight)
 
     def _receive(self, now: float, flight: _Flight) -> None:
         """The finished request's last token reached the client."""
@@ -171,7 +163,7 @@ class Simulation:
             ok=True, prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, ttft_s=req.first_token_time + 2 * self.net - flight.send_s,
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
-            itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.decision)))
+            itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.attempt.decision)))
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):
@@ -182,11 +174,12 @@ class Simulation:
 
     def _fail(self, now: float, flight: _Flight, error: str) -> None:
         del self.flights[flight.req.rid]
-        self.router.done(flight.worker, flight.decision, now + self.net, ok=False)
+        self.router.done(flight.attempt, now + self.net, ok=False)
         s, k = flight.session, flight.turn
         self.records.append(RequestRecord(ok=False, prompt_tokens=len(flight.req.prompt_ids), error=error,
                                           worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k))
-        self.bar.update(len(s.turns) - k)                 # its session ends (as the in-process client's)
+        self.records += not_sent(s, k, flight.send_s)      # its session ends: framework/load/sessions.py's rule
+        self.bar.update(len(s.turns) - k)
         self.answers.pop(s.sid, None)
         self.push(now + 2 * self.net, CLIENT, "fail")
 
@@ -247,14 +240,9 @@ class Simulation:
             if self.itl:
                 flight.times += ends                       # a step gives each request one token, a run one per step
             if req.finished:
-                self.router.done(worker, flight.decision, now + self.net, req=req)
+                self.router.done(flight.attempt, now + self.net, usage=usage_of(req))
                 self.push(now + 2 * self.net, CLIENT, "done", flight)
         held, st.held = st.held, []
         for flight in held:
             self._queue(now, worker, flight)
         self._start(now, worker)
-
-
-def route_fields(decision) -> dict:
-    """A record's route_reason and estimated_cached from the router's decision (as the HTTP router's header says)."""
-    return {"route_reason": decision.reason, "estimated_cached": decision.matched_chars}

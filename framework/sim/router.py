@@ -1,21 +1,30 @@
-"""The one place the simulator talks to a routing policy: the same policy object as the router service
-(framework/serving/router/service.py), on the simulated clock, with `maintain(now)` at the service's interval. Requests go in
-as a RequestView with their token ids and come back with the worker's usage. The worker events the policy subscribed
-to (framework/serving/router/events.py makes the same calls over sockets and HTTP):
+"""The simulator's router: the router core (framework/routing/core.py) that the HTTP router service drives over
+sockets, driven here on the simulated clock, with the same routing policy object and `maintain(now)` at the service's
+interval. Requests go in as a RequestView with their token ids (`send`: the decision and the hold) and come back with
+the worker's usage (`done`). The worker events the policy subscribed to (framework/serving/router/events.py makes
+the same calls over sockets and HTTP):
 
 - KV_EVENTS: each simulated radix cache's `observer` is a CacheEventEmitter in the workers' block size
-  (`cluster.kv_block_size`), whose events reach `on_worker_event` at once, as the cache changes (the real path's
-  ~1 ms of latency and its batching are not simulated). An instance with several DP groups sends every group's events
-  as one worker's, as one publisher per instance would.
+  (`cluster.kv_block_size`), whose events reach the core at once, each as a batch of its own (the real path's ~1 ms
+  of latency and its batching are not simulated). An instance with several DP groups sends every group's events as
+  one worker's, as one publisher per instance would.
 - LOAD: a LoadReport per instance every `router.load_poll_interval_s` of simulated time (GET /get_load's figures).
-A request the policy holds (`hold_s`) waits at the router until the policy lets it go after one of its worker's
-events, or its hold runs out (framework/sim/cluster.py).
+A request the policy holds (`hold_s`) waits at the router until an event of its worker lets it go (`on_release`), or
+its hold runs out (`hold_over`, when the simulation's timer fires: framework/sim/cluster.py).
 
-A change of the policy interface is a change here only."""
+A change of the policy interface is a change of the core only."""
 from __future__ import annotations
 
+from typing import Callable
+
+from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView
 from framework.kv_events.emitter import CacheEventEmitter
-from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, RoutingDecision
+from framework.routing.core import OK, Attempt, RouterCore
+
+
+def usage_of(req) -> RequestUsage:
+    """What a worker reports of a finished request (an engine `Req`): prompt, cached and output tokens."""
+    return RequestUsage(len(req.prompt_ids), max(req.cached_tokens, 0), len(req.output_ids))
 
 
 class SimRouter:
@@ -28,60 +37,53 @@ class SimRouter:
         if KV_EVENTS in subs and block_size < 1:
             raise ValueError(f"router={type(policy).__name__} follows KV events: give the workers' block size (>= 1)")
         self.load_interval = load_poll_interval_s if LOAD in subs else 0.0
-        policy.clock = lambda: self.now
+        self.core = RouterCore(policy, clock=lambda: self.now)
         for w in workers:
-            policy.add_worker(w)
-        self.reasons: dict[str, int] = {}
-        self.matched = self.chars = 0
-        self.on_events = None  # called with the worker after each of its KV events (the cluster releases holds)
+            self.core.add_worker(w, healthy=True)  # no health checks: a simulated worker never goes down
+        self.on_release: Callable[[list[Attempt]], None] | None = None  # held attempts an event let go: send them
 
     def watch(self, worker: str, caches) -> None:
         """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them."""
         if self.block_size:
             for cache in caches:
-                cache.observer = CacheEventEmitter(self.block_size, lambda event: self._event(worker, event))
+                cache.observer = CacheEventEmitter(self.block_size, lambda event: self.worker_event(worker, event))
 
-    def _event(self, worker: str, event) -> None:
-        self.policy.on_worker_event(worker, event)
-        if self.on_events is not None:
-            self.on_events(worker)
+    def worker_event(self, worker: str, event) -> None:
+        """One KV event of `worker`, as it happens (the emitter's sink)."""
+        released = self.core.worker_events(worker, (event,))
+        if released and self.on_release is not None:
+            self.on_release(released)
 
     def report_loads(self, now: float, reports: dict) -> None:
         """The instances' LoadReports (worker -> report), as the service's poll of every worker gives them."""
         self.now = now
         for worker, report in reports.items():
-            self.policy.on_worker_event(worker, report)
+            self.core.load_report(worker, report)
 
-    def route(self, text: str, token_ids: list[int], now: float) -> tuple[str, RoutingDecision | None]:
-        """The worker for a request sent at `now`, and the policy's decision (given back with `done`)."""
+    def send(self, text: str, token_ids: list[int], now: float) -> tuple[Attempt, float]:
+        """A request reaching the router at `now`: its attempt (the worker and the decision; give it back with
+        `done`) and how long the router holds it before sending it (0: at once)."""
         self.now = now
-        worker = self.policy.select(RequestView(text, token_ids))
-        decision = self.policy.last_decision
-        if decision is not None:
-            self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
-        return worker, decision
+        att = self.core.dispatch(RequestView(text, token_ids))
+        return att, self.core.hold(att)
 
-    def hold_s(self, decision: RoutingDecision | None) -> float:
-        """How long the request of `decision` waits at the router before it is sent (the policy's `hold_s`)."""
-        return 0.0 if decision is None else self.policy.hold_s(decision)
-
-    def done(self, worker: str, decision: RoutingDecision | None, now: float, ok: bool = True, req=None) -> None:
-        """The request is over on `worker` (its usage, as the worker reports it, from `req` when it was served)."""
+    def hold_over(self, att: Attempt, now: float) -> bool:
+        """The hold of `att` ran out at `now`: True when it was still held (send it now)."""
         self.now = now
-        usage = None if req is None else RequestUsage(len(req.prompt_ids), max(req.cached_tokens, 0),
-                                                      len(req.output_ids))
-        self.policy.on_request_done(worker, decision, ok, usage)
-        if ok and decision is not None:  # as the real router: the estimate covers the requests that were answered
-            self.matched += decision.matched_chars
-            self.chars += decision.request_chars
+        return self.core.hold_over(att)
+
+    def done(self, att: Attempt, now: float, ok: bool = True, usage: RequestUsage | None = None) -> None:
+        """The request is over on its worker: answered (`ok`, with the `usage` the worker reports) or refused."""
+        self.now = now
+        att.verdict, att.served = OK, ok  # a refused request is the client's fault (a 4xx), not the worker's
+        if ok and self.core.wants_usage:  # as the service: read for a policy subscribed to USAGE
+            att.usage = usage
+        self.core.release(att)
 
     def maintain(self, now: float) -> None:
         self.now = now
-        self.policy.maintain(now)
+        self.core.maintain(now)
 
     def stats(self) -> dict:
-        """What a real router's /router_stats says of its decisions (the keys cluster_figures reads)."""
-        accuracy = getattr(self.policy, "accuracy", None)  # a policy's own account of its estimates, when it keeps one
-        return {"estimated_hit_rate": self.matched / self.chars if self.chars else float("nan"),
-                "reasons": dict(sorted(self.reasons.items())),
-                **({"policy_accuracy": dict(accuracy)} if accuracy else {})}
+        """A real router's /router_stats (the keys cluster_figures reads)."""
+        return self.core.snapshot()

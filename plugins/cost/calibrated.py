@@ -86,6 +86,7 @@ def load_profile(path: str, instance: Instance) -> dict:
 class CalibratedCost(CostModel):
     Config = CalibratedConfig
     cuda_graphs = False             # profiled on this CPU: the engine captures no graph there
+    reads_hardware = False          # this machine's engine, as profiled: `hardware=` prices nothing here
 
     def __init__(self, cfg: CalibratedConfig, instance: Instance) -> None:
         super().__init__(cfg, instance)

@@ -23,6 +23,7 @@ from functools import lru_cache
 from framework.core.registry import COST
 from framework.contracts.cost import BatchShape, CostConfig, CostModel, Instance, Step, itemsize
 from framework.gpu.roofline import Roofline
+from framework.model.config import WeightDtype
 from plugins.cost._layout import declared_collectives, layout_for
 
 
@@ -63,7 +64,7 @@ class RooflineCost(CostModel):
                              f"{self.lay.attn_tp}")
         self.heads = m.num_heads // self.lay.attn_tp
         self.act = itemsize(m.dtype)
-        self.wdtype, self.wbytes = ("fp8", 1) if m.weight_dtype == "fp8" else (m.dtype, self.act)
+        self.wdtype, self.wbytes = ("fp8", 1) if m.weight_dtype == WeightDtype.fp8 else (m.dtype, self.act)
         self.moe_layers = m.num_layers - m.first_k_dense_replace
         h, a, width = self.heads, self.act, m.kv_cache_width
         self._normal_flops = h * (m.qk_head_dim + m.v_head_dim)       # x n(n+1) per request: causal, half of n x n

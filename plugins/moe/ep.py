@@ -21,6 +21,7 @@ all_to_all_single takes split sizes as Python ints), so a step that uses it cann
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from math import comb
 
@@ -30,15 +31,23 @@ from framework.contracts.moe import MoEBackend, routed_expert_bytes
 from kernels import fused_moe_for
 from framework.contracts.parallel import Collective
 from framework.core.registry import MOE
+from plugins.moe.triton_fused import Kernel
 
-DISPATCHES = ("all_to_all", "all_reduce")
+
+class Dispatch(enum.StrEnum):
+    """How tokens reach their experts' ranks (`moe.dispatch`)."""
+    all_to_all = "all_to_all"   # each to the ranks owning its experts, and back
+    all_reduce = "all_reduce"   # SGLang v0.4: every rank sees every token, a sum over ranks combines
+
+
+DISPATCHES = tuple(d.value for d in Dispatch)
 
 
 @dataclass
 class EPConfig:
     name: str = "ep"
-    dispatch: str = "all_to_all"   # all_to_all | all_reduce (SGLang v0.4)
-    kernel: str = "auto"           # the grouped GEMM: auto | triton | torch (see kernels.fused_moe_for)
+    dispatch: Dispatch = Dispatch.all_to_all
+    kernel: Kernel = Kernel.auto     # the grouped GEMM on the local experts
 
 
 def expected_destinations(ranks: int, top_k: int, experts: int) -> float:
@@ -81,7 +90,7 @@ class EPMoE(MoEBackend):
     def layout(cls, cfg, size: int) -> tuple[str, bool]:
         if cfg.dispatch not in DISPATCHES:
             raise ValueError(f"moe.dispatch={cfg.dispatch!r} is not one of {', '.join(DISPATCHES)}")
-        return ("local", False) if cfg.dispatch == "all_to_all" else ("all", size > 1)
+        return ("local", False) if cfg.dispatch == Dispatch.all_to_all else ("all", size > 1)
 
     @classmethod
     def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
@@ -98,7 +107,7 @@ class EPMoE(MoEBackend):
         owning one of its experts: `expected_destinations` under uniform routing) and the combine (a row back per
         pair), sized for the rank that sends the most; all_reduce: none of its own."""
         size = len(tokens)
-        if cfg.dispatch != "all_to_all" or size == 1:
+        if cfg.dispatch != Dispatch.all_to_all or size == 1:
             return []
         m = model_cfg
         ranks, row = tuple(range(size)), m.hidden_size * m.itemsize
@@ -121,7 +130,7 @@ class EPMoE(MoEBackend):
                               device_name=self.device_name)
 
     def forward(self, hidden, topk_ids, topk_weights):
-        if self.cfg.dispatch == "all_reduce" or self.group.size == 1:
+        if self.cfg.dispatch == Dispatch.all_reduce or self.group.size == 1:
             return self._local_experts(hidden, topk_ids, topk_weights)
         return self._all_to_all(hidden, topk_ids, topk_weights)
 

@@ -1,6 +1,8 @@
 """moe=reference: a plain torch loop over every expert on every rank. The numerical oracle for the others."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from framework.model.reference import experts_reference
@@ -8,11 +10,16 @@ from framework.contracts.moe import MoEBackend, MoEConfig
 from framework.core.registry import MOE
 
 
+@dataclass
+class ReferenceConfig(MoEConfig):
+    name: str = "reference"
+
+
 @MOE.register("reference")
 class ReferenceMoE(MoEBackend):
     """Holds all experts whole and computes all of its tokens: no collective, output complete."""
 
-    Config = MoEConfig
+    Config = ReferenceConfig
     token_layout = "all"
     partial = False
 

@@ -6,6 +6,7 @@ FLOPs and reads 1/size of its weights, and the price is a reduction of the full 
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -15,10 +16,17 @@ from kernels import fused_moe_for
 from framework.core.registry import MOE
 
 
+class Kernel(enum.StrEnum):
+    """The fused MoE implementation a backend runs (`moe.kernel`, kernels.fused_moe_for)."""
+    auto = "auto"       # Triton on CUDA, the torch twin on a CPU
+    triton = "triton"
+    torch = "torch"     # the torch twin, also on a GPU
+
+
 @dataclass
 class TritonFusedConfig:
     name: str = "triton_fused"
-    kernel: str = "auto"     # auto: Triton on CUDA, torch twin on CPU | triton | torch (see kernels.fused_moe_for)
+    kernel: Kernel = Kernel.auto
 
 
 def slice_intermediate(w13: torch.Tensor, w2: torch.Tensor, rank: int, size: int) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,8 @@ stay shared across the ranks. Around each dense FFN / MoE layer, `parallel.ffn_c
 - `reduce_scatter` (servelab's switch): the same gather, then a reduce-scatter hands each rank only its rows' sums,
   half the bytes of the all-reduce.
 
-Every step starts with `sync_step`, SGLang's `prepare_dp_attn_batch`.
+Every step exchanges the DP groups' bids through `sync_step`, SGLang's `prepare_dp_attn_batch`; the step that
+decides from them (IDLE batches, graph eligibility) is framework/engine/step.py.
 """
 from __future__ import annotations
 
@@ -19,15 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.contracts.batch import ForwardBatch
-from framework.contracts.dp_controller import DataParallelController
+from framework.contracts.dp_controller import DataParallelController, DPBalance
 from framework.contracts.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, shard_ffns
+from framework.contracts.step import StepBid
 from framework.core.registry import PARALLELISM
-
-
-class DPBalance(enum.Enum):
-    round_robin = "round_robin"
-    shortest_queue = "shortest_queue"
 
 
 class FFNComm(enum.Enum):
@@ -63,7 +59,7 @@ class DPAttention(Parallelism):
 
     @classmethod
     def make_dispatcher(cls, cfg) -> DataParallelController:
-        return DataParallelController(cls.dp_size(cfg), cfg.dp_balance.value)
+        return DataParallelController(cls.dp_size(cfg), cfg.dp_balance)
 
     @classmethod
     def describe(cls, cfg) -> dict:
@@ -80,23 +76,24 @@ class DPAttention(Parallelism):
         return ffn_comm(cfg, tokens, model_cfg.hidden_size * model_cfg.itemsize, ffn_partial)
 
     @classmethod
-    def check_step_logs(cls, logs: list[list[dict]]) -> list[str]:
-        """Lockstep (every rank ran the same steps and saw the same counts), no step where every rank had 0 tokens,
-        IDLE exactly where a rank had none, can_run_graph exactly when every rank was in decode or idle."""
+    def check_step_logs(cls, logs: list[list]) -> list[str]:
+        """Lockstep (every rank ran the same steps and saw the same counts), no step where every group had 0 tokens,
+        IDLE exactly where a group had none, graph eligibility exactly when every group was in decode or idle."""
         if len({len(log) for log in logs}) != 1:
             return [f"DP ranks ran different numbers of steps: {[len(log) for log in logs]}"]
         for i, step in enumerate(zip(*logs)):
-            counts = step[0]["counts"]
-            if any(s["counts"] != counts for s in step):
+            counts = step[0].tokens
+            if any(s.tokens != counts for s in step):
                 return [f"step {i}: ranks saw different token counts"]
-            if counts == [0] * len(counts):
-                return [f"step {i}: a step ran although every rank had 0 tokens"]
+            if not any(counts):
+                return [f"step {i}: a step ran although every group had 0 tokens"]
             for rank, s in enumerate(step):
-                if (s["mode"] == "idle") != (counts[rank] == 0):
-                    return [f"step {i}: rank {rank} ran {s['mode']} with {counts[rank]} tokens"]
-            graph = all(s["mode"] in ("decode", "idle") for s in step)
-            if any(s["can_run_graph"] != graph for s in step):
-                return [f"step {i}: can_run_graph disagrees with the ranks' modes"]
+                for g in s.groups:
+                    if (g.mode == "idle") != (counts[g.group] == 0):
+                        return [f"step {i}: rank {rank} ran {g.mode} with {counts[g.group]} tokens"]
+            graph = all(g.mode in ("decode", "idle") for s in step for g in s.groups)
+            if any(s.graph_eligible != graph for s in step):
+                return [f"step {i}: graph eligibility disagrees with the groups' modes"]
         return []
 
     def shard(self, model) -> None:
@@ -117,36 +114,22 @@ class DPAttention(Parallelism):
             return self.group.reduce_scatter_uneven(out, counts)
         return self.group.all_reduce(out, "sum")[start:start + counts[self.rank]]
 
-    def sync_step(self, batch: ForwardBatch | None) -> ForwardBatch | None:
-        """All-gather the token counts (decode: batch size, extend: extend tokens, none: 0); all zero -> no step on
-        any rank; a rank without a batch runs an IDLE one; all-reduce MIN of "decode or idle" -> can_run_graph."""
+    def sync_step(self, bid: StepBid) -> list[StepBid] | None:
+        """SGLang's prepare_dp_attn_batch: every rank's bid (token count, decode or idle, running requests) to every
+        rank in one all-gather on the control group; the DP groups' bids, each from its first rank. With
+        parallel.idle_batches=false a rank without a batch sits out a step the others run (exercise 1)."""
         if self.size == 1:
-            return super().sync_step(batch)
-        if batch is None:
-            mine = 0
-        elif batch.mode.is_decode():
-            mine = len(batch.reqs)
-        else:
-            mine = batch.num_tokens
-        counts = self.control.all_gather_counts(mine)
-        if max(counts) == 0:
-            return None                           # every rank saw the same counts: every rank skips
-        decode_or_idle = batch is None or batch.mode.is_decode() or batch.mode.is_idle()
-        flag = self.control.all_reduce(torch.tensor([int(decode_or_idle)], dtype=torch.int32), "min")
-        if batch is None:
-            if not self.cfg.idle_batches:         # exercise 1: skip the step; the others' FFN collective times out
-                self.stats["skipped_idle_steps"] += 1
-                return None
-            batch = ForwardBatch.idle()
-            self.stats["idle_steps"] += 1
-        batch.global_num_tokens = counts
-        batch.can_run_graph = bool(flag.item() == 1)
-        self.stats["steps"] += 1
-        self.stats["graph_eligible_steps"] += batch.can_run_graph
-        if self.step_log is not None:
-            self.step_log.append({"mode": batch.mode.value, "counts": counts, "can_run_graph": batch.can_run_graph})
-        return batch
-
+            return [bid]
+        mine = torch.tensor([[bid.tokens, int(bid.graphable), bid.running]], dtype=torch.int64)
+        rows = self.control.all_gather_uneven(mine, [1] * self.size).tolist()
+        firsts: dict[int, list[int]] = {}
+        for rank, row in enumerate(rows):
+            firsts.setdefault(self.dp_rank_of(self.cfg, rank), row)
+        bids = [StepBid(tokens, bool(graphable), running) for tokens, graphable, running in firsts.values()]
+        if not self.cfg.idle_batches and bid.tokens == 0 and any(b.tokens for b in bids):
+            self.stats["skipped_idle_steps"] += 1
+            return None
+        return bids
 
 def ffn_comm(cfg, counts: list[int], row_bytes: int, partial: bool) -> list[Collective]:
     """`ffn_over`'s collectives when rank r holds counts[r] rows of `row_bytes`."""

@@ -2,13 +2,20 @@
 exactly this behaviour; the plugin only refuses a size other than 1."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from framework.contracts.parallel import Parallelism, ParallelConfig
 from framework.core.registry import PARALLELISM
 
 
+@dataclass
+class SingleConfig(ParallelConfig):
+    name: str = "single"
+
+
 @PARALLELISM.register("single")
 class Single(Parallelism):
-    Config = ParallelConfig
+    Config = SingleConfig
 
     @classmethod
     def check_fits(cls, cfg, model_cfg, moe_partial: bool) -> list[str]:

@@ -21,17 +21,32 @@ see _radix_tree.py), not only by the periodic pass, so memory holds at any reque
 """
 from __future__ import annotations
 
+import enum
 import zlib
 from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
-from framework.contracts.routing import RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.contracts.routing import (SGLANG_ROUTER_VERSION, NotExpressible, RequestView, RoutingConfig,
+                                         RoutingDecision, RoutingPolicy)
 from plugins.routing.lib.radix_tree import RadixTree, mix64
 
-TIE_BREAKS = ("node_hash", "least_loaded", "most_recent", "first")
+
+class TieBreak(enum.StrEnum):
+    """Which of the workers holding the longest match a cache hit goes to (``router.tie_break``)."""
+    node_hash = "node_hash"        # the first in a stable order per tree node, fixed by the seed (sgl-router 0.1.0)
+    least_loaded = "least_loaded"
+    most_recent = "most_recent"    # the one that touched the matched node last
+    first = "first"                # insertion order
 
 
-MISS_POLICIES = ("smallest_tree", "least_loaded")
+class MissPolicy(enum.StrEnum):
+    """Where a cache miss goes (``router.miss_policy``)."""
+    smallest_tree = "smallest_tree"  # the worker with the smallest tree (v0.4)
+    least_loaded = "least_loaded"    # the least-loaded worker (later versions)
+
+
+TIE_BREAKS = tuple(t.value for t in TieBreak)
+MISS_POLICIES = tuple(m.value for m in MissPolicy)
 
 
 @dataclass
@@ -42,8 +57,8 @@ class CacheAwareConfig(RoutingConfig):
     balance_rel_threshold: float = 1.0001
     eviction_interval_secs: float = 60.0
     max_tree_size: int = 2 ** 24  # characters per worker
-    tie_break: str = "node_hash"  # among workers holding the longest match: node_hash | least_loaded | most_recent | first
-    miss_policy: str = "smallest_tree"  # smallest_tree (v0.4) | least_loaded (later versions)
+    tie_break: TieBreak = TieBreak.node_hash  # among workers holding the longest match
+    miss_policy: MissPolicy = MissPolicy.smallest_tree
 
 
 def _check_config(cfg: CacheAwareConfig) -> None:
@@ -70,12 +85,14 @@ def _check_config(cfg: CacheAwareConfig) -> None:
 class CacheAwareRouting(RoutingPolicy):
     Config = CacheAwareConfig
     Reasons = ("balance", "cache_hit", "cache_miss")
+    keeps_estimate = True
+    sglang_ignores = ("tie_break",)   # SGLang's tree picks among equal matches itself (no flag)
 
     def __init__(self, cfg: CacheAwareConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         _check_config(self.cfg)
         # bounded at every insert, besides the periodic pass; most_recent reads the last access of inner nodes
-        self.tree = RadixTree(self.cfg.max_tree_size, stamp_path=self.cfg.tie_break == "most_recent")
+        self.tree = RadixTree(self.cfg.max_tree_size, stamp_path=self.cfg.tie_break == TieBreak.most_recent)
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
         self._seed_key = mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
@@ -94,24 +111,45 @@ class CacheAwareRouting(RoutingPolicy):
             best, holders, at = self._holders(matched, node, candidates)
             if n and best / n > cfg.cache_threshold:
                 reason = "cache_hit"
-                if len(holders) == 1 or cfg.tie_break == "first":
+                if len(holders) == 1 or cfg.tie_break == TieBreak.first:
                     worker = holders[0]
-                elif cfg.tie_break == "node_hash":
+                elif cfg.tie_break == TieBreak.node_hash:
                     node_key = mix64(self._seed_key ^ at.serial)
                     worker = min(holders, key=lambda w: mix64(node_key ^ self._tenant_key(w)))
-                elif cfg.tie_break == "least_loaded":
+                elif cfg.tie_break == TieBreak.least_loaded:
                     worker = min(holders, key=loads.__getitem__)
                 else:  # most_recent: the holder that touched the matched node last
                     worker = max(holders, key=at.tenants.__getitem__)
             else:
                 reason = "cache_miss"
-                if cfg.miss_policy == "smallest_tree":
+                if cfg.miss_policy == MissPolicy.smallest_tree:
                     worker = min(candidates, key=tree.tenant_size)
                 else:
                     worker = min(candidates, key=loads.__getitem__)
         now = self.clock()
         held = tree.insert_at(request_text, matched, node, worker, now)
         return RoutingDecision(worker, held, n, reason, request_text, now)
+
+    @classmethod
+    def sglang_args(cls, cfg: CacheAwareConfig) -> list[str]:
+        """sglang-router's cache_aware with the same thresholds. Its cache miss goes to the least-loaded worker, so
+        ``miss_policy`` must be least_loaded (router=cache_aware_v2); it takes whole seconds between evictions; its
+        max_tree_size counts characters per worker, as ours. Ties among equal matches are its tree's (no flag). The
+        miss was checked on the 0.3.2 binary: eight unrelated prompts sent one after another in front of two idle
+        workers all went to the same worker, where a smallest-tree miss would alternate between them."""
+        if cfg.miss_policy != MissPolicy.least_loaded:
+            raise NotExpressible(
+                f"sglang-router {SGLANG_ROUTER_VERSION} sends a cache miss to the least-loaded worker; "
+                f"router.miss_policy={str(cfg.miss_policy)!r} (SGLang v0.4's smallest tree) cannot be expressed. Use "
+                f"router=cache_aware_v2, or router.miss_policy=least_loaded with the thresholds you want")
+        if cfg.eviction_interval_secs != int(cfg.eviction_interval_secs):
+            raise NotExpressible(f"sglang-router takes whole seconds; router.eviction_interval_secs="
+                                 f"{cfg.eviction_interval_secs} is not")
+        return ["--policy", "cache_aware", "--cache-threshold", repr(float(cfg.cache_threshold)),
+                "--balance-abs-threshold", str(int(cfg.balance_abs_threshold)),
+                "--balance-rel-threshold", repr(float(cfg.balance_rel_threshold)),
+                "--eviction-interval-secs", str(int(cfg.eviction_interval_secs)),
+                "--max-tree-size", str(int(cfg.max_tree_size))]
 
     def _tenant_key(self, worker: str) -> int:
         key = self._tenant_keys.get(worker)

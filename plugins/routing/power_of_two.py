@@ -8,19 +8,28 @@ the in-flight count for a worker that has not reported yet.
 """
 from __future__ import annotations
 
+import enum
 import random
 from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
-from framework.contracts.routing import LOAD, LoadReport, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.contracts.routing import (LOAD, LoadReport, NotExpressible, RequestView, RoutingConfig, RoutingDecision,
+                                         RoutingPolicy)
 
-LOADS = ("in_flight", "worker_tokens")
+
+class Load(enum.StrEnum):
+    """What the two candidates are compared on (``router.load``)."""
+    in_flight = "in_flight"          # the requests this router has in flight on each
+    worker_tokens = "worker_tokens"  # the KV tokens each reports (GET /get_load), as sglang-router 0.3.2
+
+
+LOADS = tuple(Load)
 
 
 @dataclass
 class PowerOfTwoConfig(RoutingConfig):
     name: str = "power_of_two"
-    load: str = "in_flight"  # in_flight | worker_tokens
+    load: Load = Load.in_flight
 
 
 @ROUTING.register("power_of_two")
@@ -31,11 +40,19 @@ class PowerOfTwoRouting(RoutingPolicy):
     def __init__(self, cfg: PowerOfTwoConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
         if self.cfg.load not in LOADS:
-            raise ValueError(f"router=power_of_two: load={self.cfg.load!r} is not one of {LOADS}")
+            raise ValueError(f"router=power_of_two: load={self.cfg.load!r} is not one of {', '.join(LOADS)}")
         self._rng = random.Random(seed)
         self._reported: dict[str, int] = {}
-        if self.cfg.load == "worker_tokens":
+        if self.cfg.load == Load.worker_tokens:
             self.subscriptions = frozenset({LOAD})
+
+    @classmethod
+    def sglang_args(cls, cfg: PowerOfTwoConfig) -> list[str]:
+        """sglang-router's power_of_two compares the loads its workers report: ``load=worker_tokens`` only."""
+        if cfg.load != Load.worker_tokens:
+            raise NotExpressible("sglang-router's power_of_two compares the loads its workers report (GET /get_load's "
+                                 "num_tokens); set router.load=worker_tokens to run the same policy")
+        return ["--policy", "power_of_two"]
 
     def _observe(self, worker: str, event) -> None:
         if isinstance(event, LoadReport):
@@ -45,7 +62,7 @@ class PowerOfTwoRouting(RoutingPolicy):
         self._reported.pop(worker, None)
 
     def _load(self, worker: str) -> int:
-        if self.cfg.load == "worker_tokens":
+        if self.cfg.load == Load.worker_tokens:
             return self._reported.get(worker, self.loads[worker])
         return self.loads[worker]
 

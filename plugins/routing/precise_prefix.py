@@ -40,6 +40,7 @@ but its last token, which an engine always computes.
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -47,7 +48,16 @@ from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
 from plugins.routing.lib.kv_policy import Credit, KvViewConfig, KvViewPolicy
 
-MISS_POLICIES = ("least_loaded", "smallest_cache", "least_prefill")
+
+
+class MissPolicy(enum.StrEnum):
+    """Where a cache miss goes (``router.miss_policy``)."""
+    least_loaded = "least_loaded"
+    smallest_cache = "smallest_cache"  # the one holding the fewest blocks (v0.4's smallest tree, exactly)
+    least_prefill = "least_prefill"    # the least prefill ahead of the request and in it (servelab's)
+
+
+MISS_POLICIES = tuple(m.value for m in MissPolicy)
 
 
 @dataclass
@@ -56,7 +66,7 @@ class PrecisePrefixConfig(KvViewConfig):
     cache_threshold: float = 0.5  # match rate must exceed this for a cache hit
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
-    miss_policy: str = "least_loaded"  # least_loaded | smallest_cache | least_prefill (servelab's)
+    miss_policy: MissPolicy = MissPolicy.least_loaded
     load_factor: float = 0.0  # > 0: no worker past load_factor x the mean in-flight count (+1) takes more (servelab's)
     session_affinity: bool = False  # a continuation goes where the request it continues went (servelab's)
     affinity_size: int = 1 << 20    # requests remembered for session_affinity
@@ -75,6 +85,17 @@ class PrecisePrefixRouting(KvViewPolicy):
         super().__init__(cfg, seed)
         self._last_worker: dict[int, str] = {}  # a request's last block key -> its worker (LRU order)
         self._hot: dict[tuple[str, int], int] = {}  # (worker, first block key) -> its requests in flight
+
+    @classmethod
+    def ignored_keys(cls, cfg: PrecisePrefixConfig) -> dict[str, str]:
+        out = super().ignored_keys(cfg)
+        if not cfg.session_affinity:
+            out["affinity_size"] = ("it sizes session_affinity's memory, and router.session_affinity is off; set "
+                                    "router.session_affinity=true, or drop it")
+        if not cfg.spill_factor:
+            out["spill_pressure"] = ("it narrows spill_factor's hot-prefix spill, and router.spill_factor is 0 (off); "
+                                     "set router.spill_factor, or drop it")
+        return out
 
     @staticmethod
     def _check_config(cfg: PrecisePrefixConfig) -> list[str]:
@@ -95,9 +116,9 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append(f"miss_policy={cfg.miss_policy!r} is not one of {MISS_POLICIES}")
         if cfg.prefill_slack < 0:
             problems.append(f"prefill_slack={cfg.prefill_slack} must be >= 0")
-        elif cfg.prefill_slack and cfg.miss_policy != "least_prefill":
+        elif cfg.prefill_slack and cfg.miss_policy != MissPolicy.least_prefill:
             problems.append(f"prefill_slack={cfg.prefill_slack} widens miss_policy='least_prefill' only; "
-                            f"miss_policy is {cfg.miss_policy!r}")
+                            f"miss_policy is {str(cfg.miss_policy)!r}")
         return problems
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
@@ -123,7 +144,7 @@ class PrecisePrefixRouting(KvViewPolicy):
                 if cfg.spill_factor and req.keys:
                     worker, reason = self._spill(worker, req.keys[0], matched, candidates)
             else:
-                if cfg.miss_policy == "least_prefill":
+                if cfg.miss_policy == MissPolicy.least_prefill:
                     pending = self.prefill_tokens
                     ahead = {w: pending.get(w, 0) - self.estimate(matched[w], n) for w in candidates}
                     if cfg.prefill_slack:
@@ -133,7 +154,7 @@ class PrecisePrefixRouting(KvViewPolicy):
                     else:
                         by = lambda w: (ahead[w], loads[w])
                 else:
-                    by = loads.__getitem__ if cfg.miss_policy == "least_loaded" else self.view.cached_blocks
+                    by = loads.__getitem__ if cfg.miss_policy == MissPolicy.least_loaded else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
         credit = Credit(self.credit(worker, req, held), n - self.estimate(held, n))

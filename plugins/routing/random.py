@@ -22,5 +22,9 @@ class RandomRouting(RoutingPolicy):
         super().__init__(cfg, seed)
         self._rng = random.Random(seed)
 
+    @classmethod
+    def sglang_args(cls, cfg: RandomConfig) -> list[str]:
+        return ["--policy", "random"]
+
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         return RoutingDecision(self._rng.choice(candidates), 0, len(request.text), "random")

@@ -21,6 +21,10 @@ class RoundRobinRouting(RoutingPolicy):
         super().__init__(cfg, seed)
         self._next = 0
 
+    @classmethod
+    def sglang_args(cls, cfg: RoundRobinConfig) -> list[str]:
+        return ["--policy", "round_robin"]
+
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         worker = candidates[self._next % len(candidates)]
         self._next += 1

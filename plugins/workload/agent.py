@@ -33,6 +33,7 @@ class AgentConfig(WorkloadConfig):
 @WORKLOAD.register("agent")
 class Agent(Workload):
     Config = AgentConfig
+    sized_by = ("num_sessions", "steps")
 
     def generate(self) -> list[Session]:
         c, rng = self.cfg, self.rng

@@ -23,6 +23,7 @@ class MultiTurnConfig(WorkloadConfig):
 @WORKLOAD.register("multi_turn")
 class MultiTurn(Workload):
     Config = MultiTurnConfig
+    sized_by = ("num_conversations", "turns")
 
     def generate(self) -> list[Session]:
         c, rng = self.cfg, self.rng

@@ -24,6 +24,7 @@ class RandomConfig(WorkloadConfig):
 @WORKLOAD.register("random")
 class RandomWorkload(Workload):
     Config = RandomConfig
+    sized_by = ("num_prompts",)
 
     def generate(self) -> list[Session]:
         c, rng = self.cfg, self.rng

@@ -26,6 +26,7 @@ class SharedPrefixConfig(WorkloadConfig):
 @WORKLOAD.register("shared_prefix")
 class SharedPrefix(Workload):
     Config = SharedPrefixConfig
+    sized_by = ("num_groups", "prompts_per_group")
 
     def generate(self) -> list[Session]:
         c, rng = self.cfg, self.rng

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from framework.core.errors import UserError
 from framework.core.registry import WORKLOAD
 from framework.contracts.workload import Session, Turn, Workload, WorkloadConfig, open_text, resolve_data_path
 
@@ -63,6 +64,7 @@ def load_conversations(path: str) -> list[list[str]]:
 @WORKLOAD.register("sharegpt")
 class ShareGPT(Workload):
     Config = ShareGPTConfig
+    sized_by = ("num_prompts",)
 
     def output_len(self, reply: str) -> int:
         c = self.cfg
@@ -98,4 +100,8 @@ class ShareGPT(Workload):
             raise ValueError(f"workload.path={c.path!r}: no conversation passes the filters (>= {MIN_LEN} tokens a "
                              f"side, prompt <= max_prompt_len={c.max_prompt_len}, prompt + output <= "
                              f"max_total_len={c.max_total_len})")
+        if len(sessions) < c.num_prompts:   # SGLang samples fewer without a word; a run here says so
+            raise UserError(f"workload.num_prompts={c.num_prompts} asks for more conversations than "
+                            f"workload.path={c.path!r} has passing the filters ({len(sessions)}); set "
+                            f"workload.num_prompts to at most {len(sessions)} (0: all of them)")
         return sessions

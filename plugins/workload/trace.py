@@ -100,6 +100,16 @@ class Trace(Workload):
         self.timed = cfg.use_timestamps
         self._blocks: dict[int, str] = {}
 
+    @classmethod
+    def ignored_keys(cls, cfg: TraceConfig) -> dict[str, str]:
+        if not cfg.use_timestamps:
+            return {**super().ignored_keys(cfg), "time_scale": (
+                "workload.use_timestamps=false arrives by workload.request_rate, not by the trace's clock that "
+                "time_scale speeds up; drop workload.time_scale, or set workload.use_timestamps=true")}
+        why = ("workload=trace replays the trace's own arrival times (workload.use_timestamps=true; "
+               "workload.time_scale speeds them up); set workload.use_timestamps=false to arrive by request_rate")
+        return {"request_rate": why, "burstiness": why}
+
     def block(self, hash_id: int) -> str:
         """The fixed text of one hash id: the same id always gives the same block (for this seed)."""
         text = self._blocks.get(hash_id)

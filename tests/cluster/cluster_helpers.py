@@ -3,32 +3,18 @@ ports, and the process tree read from /proc."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 from pathlib import Path
+
+from framework.core import ports
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port_block(n: int) -> int:
-    """A base port with base .. base+n-1 all free (the router takes base, workers the next ones)."""
-    for _ in range(200):
-        base = random.randint(20000, 60000 - n)
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
+    """A base port with base .. base+n-1 all free (the router takes base, workers the next ones), chosen outside the
+    kernel's ephemeral range so that no outgoing connection takes one before the cluster's children bind them."""
+    return ports.free_port_block("127.0.0.1", n)
 
 
 def compose(*overrides: str):

@@ -3,6 +3,7 @@ cluster's router, or one of its workers directly) and starts nothing."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -29,6 +30,7 @@ def cluster():
         yield c
 
 
+@pytest.mark.long
 def test_drives_a_router_started_elsewhere(cluster, tmp_path):
     r = run(tmp_path, f"cluster.url={cluster.router_url}", "workload.api=completions", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -50,8 +52,10 @@ def test_drives_one_server_directly_and_refuses_what_it_cannot(cluster, tmp_path
     results = json.loads((tmp_path / "results.json").read_text())
     assert out == results["output_throughput_tok_s"] > 0
     assert results["requests_completed"] == 6 and "per_worker" not in results      # one server: no router figures
-    with pytest.raises(UserError, match="nothing accepts connections"):
-        run_app(tmp_path, "cluster.url=http://127.0.0.1:9")
+    with socket.socket() as bound_not_listening:  # holds a port on which every connection is refused
+        bound_not_listening.bind(("127.0.0.1", 0))
+        with pytest.raises(UserError, match="nothing accepts connections"):
+            run_app(tmp_path, f"cluster.url=http://127.0.0.1:{bound_not_listening.getsockname()[1]}")
     with pytest.raises(UserError, match="not an http"):
         run_app(tmp_path, "cluster.url=localhost:30000")
     with pytest.raises(UserError, match="drop cluster.url"):

@@ -14,7 +14,9 @@ import pytest
 
 from cluster_helpers import ROOT, cluster_cfg, compose, descendants, free_port_block, group_alive
 from framework.core.registry import WORKLOAD
-from framework.cluster.cluster import Cluster, ClusterError, run_cluster_bench
+from framework.cluster.cluster import Cluster
+from framework.core.errors import ClusterError
+from framework.runs.bench import run_cluster_bench
 from framework.cluster.figures import bench, cluster_figures
 from framework.load.http_client import LoadClient
 
@@ -86,6 +88,7 @@ def test_workload_through_router_and_two_workers(cluster, tmp_path):
     assert results["max_running_requests"] >= 1 and results["retractions"] == 0
 
 
+@pytest.mark.long
 def test_run_cluster_bench_fronting_external_worker_urls(cluster, tmp_path):
     """cluster.workers: no local instances, the router in front of servers given by URL (here the module's);
     run_cluster_bench writes results.json through framework.report.metrics.report."""
@@ -101,6 +104,7 @@ def test_run_cluster_bench_fronting_external_worker_urls(cluster, tmp_path):
     assert all(w.popen.poll() is None for w in c.workers)          # external workers are not stopped
 
 
+@pytest.mark.long
 def test_killed_worker_mid_run_every_request_completes_and_nothing_is_left(tmp_path):
     """Unsupervised (cluster.restart_workers=false): the dead worker stays down and the other serves the rest."""
     cfg = cluster_cfg(2, "router=cache_aware", "workload=multi_turn", "workload.num_conversations=8",
@@ -132,21 +136,22 @@ def test_killed_worker_mid_run_every_request_completes_and_nothing_is_left(tmp_p
 
 
 def test_port_in_use_is_one_clear_error():
-    cfg = cluster_cfg(1)
     before = cluster_processes()
     with socket.socket() as s:
-        s.bind(("127.0.0.1", cfg.router.port + 1))
+        s.bind(("127.0.0.1", 0))
         s.listen()
-        with pytest.raises(ClusterError, match=rf"port {cfg.router.port + 1} on 127.0.0.1 for worker 0"):
+        taken = s.getsockname()[1]
+        cfg = cluster_cfg(1, f"cluster.worker_ports=[{taken}]")
+        with pytest.raises(ClusterError, match=rf"port {taken} on 127.0.0.1 for worker 0"):
             Cluster(cfg).start()
     assert cluster_processes() == before
 
 
 def test_a_worker_that_cannot_start_is_named(tmp_path):
-    cfg = cluster_cfg(1, "engine.schedule_policy=bogus")
+    cfg = cluster_cfg(1, "engine.kv_budget_mb=0.0001")   # a valid setting whose KV pool holds no token: the worker fails
     before = cluster_processes()
     with pytest.raises(ClusterError, match=r"worker 0 \(http://127.0.0.1:\d+\) failed to start: ValueError: "
-                                           r"engine.schedule_policy='bogus'"):
+                                           r"the KV pool holds no token"):
         run_cluster_bench(cfg, str(tmp_path), {})
     assert cluster_processes() == before
 
@@ -164,11 +169,12 @@ SERVE = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from cluster_helpers import compose
-from framework.cluster.cluster import serve_cluster
+from framework.runs.serve import serve_cluster
 serve_cluster(compose("cluster.instances=1", "router.port={port}", "engine.kv_budget_mb=1"))
 """
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_serve_stops_everything_on_ctrl_c_or_when_killed(sig):
     """Ctrl-C stops the cluster cleanly; a parent killed outright takes its children with it (PR_SET_PDEATHSIG)."""
@@ -196,6 +202,7 @@ def test_serve_stops_everything_on_ctrl_c_or_when_killed(sig):
     assert not any(group_alive(c) for c in children)
 
 
+@pytest.mark.long
 def test_a_multi_rank_instance_serves_behind_the_router():
     """parallel.size=2: the worker fronts a two-rank DP-attention instance (its ranks join the worker's group)."""
     cfg = cluster_cfg(1, "parallel=dp_attn", "parallel.size=2", *SHARED_PREFIX, "workload.num_requests=4",

@@ -56,6 +56,7 @@ def worker_requests(url: str) -> float:
     return sum(float(line.split()[-1]) for line in lines if line.startswith("servelab_worker_requests_total"))
 
 
+@pytest.mark.long
 @needs_sglang
 def test_sglang_router_fronts_real_workers():
     """Round-robin through SGLang's router: every request completes, the workers' own counters (the oracle) split

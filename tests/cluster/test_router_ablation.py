@@ -3,10 +3,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from cluster_helpers import ROOT
 from framework.cluster.peer_router import installed_version
 
 
+@pytest.mark.long
 def test_router_ablation_quick(tmp_path):
     """servelab's router, and SGLang's beside it when installed (it cannot run v0.4's cache_aware: skipped)."""
     impls = ["servelab", "sglang"] if installed_version() else ["servelab"]

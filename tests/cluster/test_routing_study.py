@@ -67,6 +67,7 @@ def test_ceiling_is_the_longest_prefix_of_anything_held_before():
         assert abs(hit_rate_ceiling(sessions) - brute_ceiling(sessions)) < 1e-12
 
 
+@pytest.mark.long
 def test_routing_study_sim_quick(tmp_path):
     """--mode sim: the same rows per cluster size, SGLang's rows by their stand-ins, the exact view's estimate close."""
     r = subprocess.run([sys.executable, "experiments/routing_study/run.py", "--mode", "sim", "--quick", "--out",

@@ -128,6 +128,7 @@ def test_ctrl_c_in_the_parent_stops_every_rank(tmp_path):
     _assert_all_gone(_rank_pids(tmp_path, 2))
 
 
+@pytest.mark.long
 def test_a_rank_exits_when_its_launcher_is_killed(tmp_path):
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(HERE)!r})

@@ -17,7 +17,7 @@ from framework.engine.request import Req, SamplingParams
 from framework.engine.stats import engine_figures, instance_stats
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
-from framework.contracts.moe import MoEConfig
+from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.model.moe_stats import rank_expert_counts
 from framework.contracts.parallel import Parallelism, ParallelConfig
 from framework.runs.verify import logits_error
@@ -164,6 +164,7 @@ def test_bad_settings_name_the_key():
         EngineConfig(cuda_graph_max_context=0).validate()
 
 
+@pytest.mark.long
 def test_dp_attention_ranks_agree_on_one_bucket(reference):
     """parallel=dp_attn on 2 gloo ranks, moe=triton_fused: uneven decode batches (3 and 9 rows) and an IDLE rank
     pad to the bucket of the larger count on both ranks (a disagreement would break the padded all-gathers); a rank

@@ -11,7 +11,7 @@ from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
-from framework.contracts.moe import MoEConfig
+from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.contracts.parallel import Parallelism, ParallelConfig
 from framework.runs.verify import run_case, verify_prompts
 
@@ -147,7 +147,8 @@ def test_sampling_is_seeded():
     assert run(1) == run(1)
 
 
-@pytest.mark.parametrize("prompt_len", [84, 88, 94])
+@pytest.mark.parametrize("prompt_len", [pytest.param(84, marks=pytest.mark.long), 88,
+                                        pytest.param(94, marks=pytest.mark.long)])
 @pytest.mark.parametrize("alternate", [False, True])
 def test_chunked_prefill_holding_the_pool_finishes_and_loses_nothing(prompt_len, alternate):
     """A prefill in small chunks fills the pool while the only other request has decodes ahead. SGLang's order

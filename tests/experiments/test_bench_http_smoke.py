@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_router" / "bench_http.py"
 
 
+@pytest.mark.long
 def test_bench_http_smoke(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--reps", "1", "--c1-requests", "40", "--c256-requests", "400",

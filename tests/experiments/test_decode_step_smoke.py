@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_decode_step_bench_runs(tmp_path):
     out = tmp_path / "results.json"
     r = subprocess.run([sys.executable, "experiments/decode_step/bench.py", "--batches", "1", "4", "--contexts", "8",

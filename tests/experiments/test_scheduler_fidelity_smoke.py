@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_scheduler_fidelity_replay_runs(tmp_path):
     out = tmp_path / "results.json"
     r = subprocess.run([sys.executable, "experiments/scheduler_fidelity/run.py", "--tiny", "--out", str(out)],

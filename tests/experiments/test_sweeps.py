@@ -37,6 +37,7 @@ def test_there_are_sweeps():
     assert {p.stem for p in SWEEPS} >= {"router_policies", "parallel_moe", "request_rate"}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_point_composes(path):
     spec = yaml.safe_load(path.read_text())

@@ -12,15 +12,13 @@ from aiohttp import web
 from framework.cluster.cluster import http_json
 from framework.contracts.workload import Session, Turn, random_text
 from framework.load.http_client import LoadClient
-from serving_helpers import free_port
 
 
 class BackgroundApp:
-    """``app`` on a loopback port (a free one unless given), served by an event loop in a daemon thread."""
+    """``app`` on a loopback port (given, or port 0: the kernel's choice, read back), served by an event loop in a
+    daemon thread."""
 
     def __init__(self, app: web.Application, port: int | None = None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(app, handler_cancellation=True)
         ready = threading.Event()
@@ -28,13 +26,15 @@ class BackgroundApp:
         def run():
             asyncio.set_event_loop(self.loop)
             self.loop.run_until_complete(self.runner.setup())
-            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", port or 0).start())
             ready.set()
             self.loop.run_forever()
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         assert ready.wait(10)
+        self.port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)

@@ -30,6 +30,7 @@ from framework.cluster.cluster import Cluster, http_json
 from framework.testing.faults import FaultPlan, FaultProxy
 from framework.load.http_client import LoadClient
 
+pytestmark = pytest.mark.long   # a 4-worker cluster and five scenarios: CI's second command
 SILENCE_S = 2.0
 
 

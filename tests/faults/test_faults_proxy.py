@@ -17,7 +17,7 @@ from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from framework.load.http_client import LoadClient
 from plugins.workload.shared_prefix import SharedPrefixConfig
-from serving_helpers import engine_client, engine_requests, greedy_text, serve, url_of, wait_until
+from serving_helpers import engine_client, engine_requests, free_port, greedy_text, serve, url_of, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +35,7 @@ async def faulty_cluster(engines, plan: FaultPlan, **router_cfg):
     """Two real workers, the first behind a FaultProxy, and a cache-aware router over [proxy, worker 2]."""
     workers = [await serve(create_worker_app(c, model_name="tiny")) for c in engines]
     proxy = FaultProxy(url_of(workers[0]), plan)
-    front = await serve(proxy.app())
+    front = await serve(proxy.app(), port=free_port())  # outside the ephemeral range: a test reopens it
     cfg = RouterServiceConfig(**{**dict(health_check_interval_secs=0.1, health_check_timeout_secs=0.5,
                                         retry_backoff_base_s=0.001, retry_backoff_max_s=0.01), **router_cfg})
     app = create_router_app(ROUTING.get("cache_aware")(), [url_of(front), url_of(workers[1])], cfg)

@@ -19,7 +19,7 @@ SERVE = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from cluster_helpers import compose
-from framework.cluster.cluster import serve_cluster
+from framework.runs.serve import serve_cluster
 serve_cluster(compose("cluster.instances=1", "router.port={port}", "engine.kv_budget_mb=1",
                       "cluster.restart_backoff_s=0.1", "router.health_check_interval_secs=0.5"))
 """
@@ -39,6 +39,7 @@ def roles(pid: int) -> dict[str, int]:
     return found
 
 
+@pytest.mark.long
 def test_serve_restarts_what_dies_and_a_killed_parent_leaves_nothing():
     port = free_port_block(2)
     router = f"http://127.0.0.1:{port}"
@@ -78,6 +79,7 @@ def test_serve_restarts_what_dies_and_a_killed_parent_leaves_nothing():
     assert not any(group_alive(g) for g in groups)
 
 
+@pytest.mark.long
 def test_a_worker_that_keeps_dying_is_given_up_on_and_the_last_one_ends_the_cluster():
     cfg = cluster_cfg(2, "cluster.max_restarts=0", "router.health_check_interval_secs=0.5")
     with Cluster(cfg) as c:
@@ -93,6 +95,7 @@ def test_a_worker_that_keeps_dying_is_given_up_on_and_the_last_one_ends_the_clus
         assert c.restarts() == {"worker_restarts": 0, "router_restarts": 0, "workers_given_up": 2}
 
 
+@pytest.mark.long
 def test_external_workers_that_come_up_late_join_when_they_do():
     up = BackgroundApp(status_app(200, body={"text": "ok"}))
     late_port = free_port()

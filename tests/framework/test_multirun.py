@@ -25,6 +25,7 @@ def installed(module: str) -> bool:
         return False
 
 
+@pytest.mark.long
 def test_a_failed_point_is_recorded_and_the_multirun_goes_on(tmp_path):
     r = subprocess.run([sys.executable, "run.py", "-m", "cluster.http=false", "workload.num_requests=2",
                         "engine.kv_budget_mb=-1,1", "logger.mode=offline", f"hydra.sweep.dir={tmp_path}"],

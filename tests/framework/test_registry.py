@@ -86,3 +86,14 @@ def test_framework_imports_no_plugin_module():
                 names = [node.module]
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n == "plugins" or n.startswith("plugins.")]
     assert not offenders, offenders
+
+
+def test_a_plugin_cannot_take_a_built_in_key():
+    """An out-of-tree class registered under a built-in's key would replace it silently in every lookup."""
+    from framework.core.registry import PARALLELISM, RegistryError
+
+    class Impostor:
+        pass
+    with pytest.raises(RegistryError, match="'tp' is a built-in's key"):
+        PARALLELISM.register("tp")(Impostor)
+    assert PARALLELISM.get("tp").__module__ == "plugins.parallelism.tp"

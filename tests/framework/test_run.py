@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,6 +38,7 @@ def test_bench_writes_results_and_offline_wandb(tmp_path):
     assert {p.name for p in tmp_path.glob("*.png")} == {"worker_load.png", "expert_load.png"}
 
 
+@pytest.mark.long
 def test_verify_passes_and_num_requests_caps(tmp_path):
     r = run(tmp_path, "mode=verify", "logger.mode=disabled")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -45,11 +48,13 @@ def test_verify_passes_and_num_requests_caps(tmp_path):
     assert r.returncode == 0 and json.loads((tmp_path / "cap" / "results.json").read_text())["requests_completed"] == 3
 
 
+@pytest.mark.long
 def test_verify_fails_above_atol(tmp_path):
     r = run(tmp_path, "mode=verify", "verify.atol=1e-12", "logger.mode=disabled")
     assert r.returncode != 0 and "verify failed" in r.stderr
 
 
+@pytest.mark.long
 def test_mode_sim_with_the_cost_model_as_users_type_it(tmp_path):
     r = run(tmp_path, "mode=sim", "sim.cost=roofline", "model.weight_dtype=fp8", "logger.mode=disabled")
     assert r.returncode == 0, r.stderr[-3000:]

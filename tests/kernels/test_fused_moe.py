@@ -180,6 +180,7 @@ def test_select_fused_moe_falls_back_once(caplog, monkeypatch):
 
 
 
+@pytest.mark.long
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels compile for real in every test")
 def test_kernels_compile_for_hopper_without_a_gpu():
     """The interpreter never runs Triton's compiler: compile for sm_90 (ptxas ships with Triton) in a process

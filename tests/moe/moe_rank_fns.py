@@ -12,7 +12,7 @@ import torch
 from framework.dist import Group
 from framework.model.gating import select_experts
 from framework.model.reference import experts_reference
-from framework.contracts.moe import MoEConfig
+from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.core.registry import MOE
 from plugins.moe.ep import EPConfig
 from plugins.moe.triton_fused import TritonFusedConfig

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_bench_moe_runs_and_writes_results(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(ROOT / "experiments/bench_moe/bench.py"), "--shapes", "tiny",

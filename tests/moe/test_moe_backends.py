@@ -30,10 +30,12 @@ def test_every_backend_matches_reference_at_size_1():
     _check([run_all_cases(Group())], 1)
 
 
+@pytest.mark.long
 def test_every_backend_matches_reference_at_size_2(size2_results):
     _check(size2_results, 2)
 
 
+@pytest.mark.long
 def test_size_2_layouts_and_weight_shards(size2_results):
     for res in size2_results:
         lay = res["layouts"]
@@ -52,6 +54,7 @@ def test_size_1_outputs_are_never_partial():
         assert not backend.partial and (backend.token_layout, False) == MOE.get(cfg.name).layout(cfg, 1), key
 
 
+@pytest.mark.long
 def test_ep_rejects_an_expert_count_that_does_not_divide(size2_results):
     for res in size2_results:
         msg = res["bad_expert_count"]

@@ -57,7 +57,8 @@ def declared_collectives(par_cfg, moe_cfg, model_cfg, rank: int) -> list[tuple]:
     return sorted((c.kind, c.bytes, c.ranks) for c in out if rank in c.ranks)
 
 
-@pytest.mark.parametrize("size", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("size", [pytest.param(2, marks=pytest.mark.long),
+                                  pytest.param(4, marks=pytest.mark.slow)])
 def test_declared_weight_bytes_and_collectives_match_the_built_ranks(size):
     ranks = measured(size)
     for name, (par_cfg, moe_cfg, model_cfg) in cases(size).items():

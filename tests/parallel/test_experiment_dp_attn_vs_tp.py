@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from framework.engine.engine import plan_memory
 from framework.core.registry import MOE, PARALLELISM
 from parallel_helpers import make_cfg
@@ -13,9 +15,11 @@ from parallel_helpers import make_cfg
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_the_experiment_runs_tiny_and_its_kv_accounting_is_exact(tmp_path):
     out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, "experiments/dp_attn_vs_tp/run.py", "--tiny", "--out", str(out)],
+    done = subprocess.run([sys.executable, "experiments/dp_attn_vs_tp/run.py", "--tiny", "--out", str(out),
+                           "--work", str(tmp_path / "runs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dp_attn/tp" in done.stdout and "KV tok/instance" in done.stdout

@@ -30,7 +30,8 @@ def verified(parallel: str, size: int) -> dict:
     return verify_instance(cfg, cases)
 
 
-@pytest.mark.parametrize("parallel,size", [("tp", 2), ("dp_attn", 2), ("dp_attn_tp", 2),
+@pytest.mark.parametrize("parallel,size", [pytest.param("tp", 2, marks=pytest.mark.long), ("dp_attn", 2),
+                                           pytest.param("dp_attn_tp", 2, marks=pytest.mark.long),
                                            pytest.param("tp", 4, marks=pytest.mark.slow),
                                            pytest.param("dp_attn", 4, marks=pytest.mark.slow),
                                            pytest.param("dp_attn_tp", 4, marks=pytest.mark.slow)])
@@ -57,6 +58,7 @@ def test_dp_attention_runs_idle_batches_and_counts_graph_eligible_steps(parallel
     assert spread == [12 * tp // size] * size
 
 
+@pytest.mark.long
 def test_kv_accounting_under_both_sizings():
     """engine.mem_budget_mb (the default): the KV pool is what a rank's budget leaves after its weights, so DP
     attention, which keeps attention, embedding and lm_head whole, has fewer tokens per rank than TP. With
@@ -80,6 +82,7 @@ def test_kv_accounting_under_both_sizings():
     assert tight_dp["kv_capacity_tokens_instance"] == 2 * tight_tp["kv_capacity_tokens_instance"]
 
 
+@pytest.mark.long
 def test_dp_attention_reduce_scatter_switch_matches_the_reference():
     """parallel.ffn_comm=reduce_scatter (servelab's) against the reference, with every MoE layout's partiality."""
     cfg = make_cfg("parallel=dp_attn", "parallel.ffn_comm=reduce_scatter", "verify.max_new_tokens=3")

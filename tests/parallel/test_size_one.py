@@ -12,7 +12,8 @@ from framework.core.registry import PARALLELISM
 from parallel_helpers import assert_no_rank_left, make_cfg
 
 
-@pytest.mark.parametrize("parallel", ["single", "tp", "dp_attn"])
+@pytest.mark.parametrize("parallel", ["single", pytest.param("tp", marks=pytest.mark.long),
+                                      pytest.param("dp_attn", marks=pytest.mark.long)])
 def test_size_one_verify_passes_in_process(tmp_path, parallel):
     worst = run(make_cfg("mode=verify", f"parallel={parallel}", "parallel.size=1"), str(tmp_path), {})
     results = json.loads((tmp_path / "results.json").read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import socket
 from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -17,13 +16,14 @@ import torch
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from framework.core.ports import free_ports
 from framework.dist.group import Group
 from framework.instance.client import InstanceClient, local_client
 from framework.engine.config import EngineConfig
 from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
 from framework.model.config import ModelConfig
-from framework.contracts.moe import MoEConfig
+from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.contracts.parallel import ParallelConfig, Parallelism
 
 SEED = 0
@@ -79,9 +79,10 @@ def break_model(client: InstanceClient) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server that starts later, at a URL known before (a worker that comes up late): chosen outside the
+    kernel's ephemeral range, so the test's own connections cannot take it meanwhile. A server that starts now binds
+    port 0 instead (``serve(app)``)."""
+    return free_ports("127.0.0.1", 1)[0]
 
 
 async def serve(app: web.Application, port: int | None = None) -> TestServer:

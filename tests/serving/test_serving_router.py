@@ -271,6 +271,7 @@ async def test_load_is_released_on_disconnect_and_broken_stream(engines):
     await broken.close()
 
 
+@pytest.mark.long
 async def test_add_and_remove_under_load_drains(engines):
     async with workers_over(engines) as (_, urls), router_over(urls[:1]) as (router, http):
         n = 100  # ~1 s of decoding on this CPU: long enough to still be running when worker 0 is removed

@@ -18,6 +18,7 @@ def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedPro
     return r
 
 
+@pytest.mark.long
 def test_sim_scale_smoke(tmp_path):
     r = _run("sim_scale/run.py", "--requests", "400", "--profile", "100", "--out", str(tmp_path),
              "cluster.instances=8")
@@ -36,7 +37,7 @@ def test_calibrate_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_sim_fidelity_smoke(tmp_path):
-    _run("sim_fidelity/run.py", "--quick", "--out", str(tmp_path), timeout=900)
+    _run("sim_fidelity/run.py", "--quick", "--out", str(tmp_path), "--work", str(tmp_path / "runs"), timeout=900)
     out = json.loads((tmp_path / "results.json").read_text())
     assert {c["study"] for c in out["cases"]} == {"router_ablation", "dp_attn_vs_tp"}
     assert (tmp_path / "sim_vs_real.png").stat().st_size > 0
@@ -52,6 +53,7 @@ def test_a_larger_simulation_is_deterministic_with_and_without_decode_runs():
     assert a == b and len(a) == 6000
 
 
+@pytest.mark.long
 def test_two_level_smoke(tmp_path):
     _run("two_level/run.py", "--quick", "--out", str(tmp_path))
     out = json.loads((tmp_path / "results.json").read_text())

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
 
@@ -55,6 +57,7 @@ def test_tiny_shared_prefix_round_robin_stays_within_its_ceiling_and_cache_aware
     assert ca["total_throughput_tok_s"] > rr["total_throughput_tok_s"]
 
 
+@pytest.mark.long
 def test_script_and_threshold_multirun(tmp_path):
     r = subprocess.run([sys.executable, "experiments/sim_repro/run.py", "--quick", "--out", str(tmp_path / "repro")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)

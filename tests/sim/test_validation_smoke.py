@@ -4,11 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from framework.gpu.hardware import FIT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_roofline_validation_runs(tmp_path):
     out = tmp_path / "results.json"
     r = subprocess.run([sys.executable, "experiments/roofline_validation/run.py", "--out", str(out),

@@ -1,41 +1,48 @@
-"""The router's control plane: which workers it routes to (health checks, add, remove with a drain) and the
-control endpoints. A base of ``router.Router``, split off to keep files small: it works on the router's state
-(``workers``, ``policy``, ``cfg``, ``session``, ``stats``), set up by ``Router.__init__`` and ``Router.start``."""
+"""The HTTP router's control plane: which workers it routes to (health checks, add, remove with a drain) and the
+control endpoints. The state is the router core's (framework/routing/core.py: workers, policy, stats); this module
+holds the I/O around it. ``Membership`` and ``ControlEndpoints`` are given what they use, the router's client session
+(made when it starts) as a getter."""
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from framework.routing.core import RouterCore
+from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
-from framework.serving.router.health import CircuitBreaker, WorkerState, describe_error, normalize_worker_url
 from framework.serving.http.server_base import metrics_response
+from framework.serving.router.config import RouterServiceConfig
+from framework.serving.router.events import WorkerEvents
+from framework.serving.router.health import describe_error, normalize_worker_url
 
 log = logging.getLogger("framework.serving.router.service")
 
 
-class RouterControl:
-    # ------------------------------------------------------------------ workers
+class Membership:
+    """Which workers the core routes to: registered, checked every ``health_check_interval_secs``, drained out."""
 
-    def _register(self, url: str) -> WorkerState:
-        if url in self.workers:
+    def __init__(self, core: RouterCore, cfg: RouterServiceConfig, events: WorkerEvents,
+                 session: Callable[[], aiohttp.ClientSession]):
+        self.core, self.cfg, self.events, self.session = core, cfg, events, session
+        self.removals: dict[str, asyncio.Task] = {}  # url -> its drain, shared by every remove_worker caller
+        self._idle: dict[str, asyncio.Event] = {}  # url -> set when its drain has nothing left in flight
+        self._health_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs)
+        core.on_idle = self._now_idle
+
+    def register(self, url: str) -> WorkerState:
+        if url in self.core.workers:
             raise ApiError(409, f"url: worker {url} is already registered", param="url")
-        state = WorkerState(url, CircuitBreaker(self.cfg.breaker_failure_threshold, self.cfg.breaker_cooldown_secs))
-        self.workers[url] = state
-        if url in self.policy.loads:  # a policy handed over with workers: start this one afresh
-            self.policy.remove_worker(url)
-        self.policy.add_worker(url)
-        return state
+        return self.core.add_worker(url)
 
-    def _is_current(self, w: WorkerState) -> bool:
-        return self.workers.get(w.url) is w
-
-    async def _check(self, w: WorkerState) -> None:
+    async def check(self, w: WorkerState) -> None:
         unreachable = False
         try:
-            async with self.session.get(w.url + "/health", timeout=self._health_timeout) as resp:
+            async with self.session().get(w.url + "/health", timeout=self._health_timeout) as resp:
                 await resp.read()
                 ok, error = resp.status == 200, None if resp.status == 200 else f"/health answered {resp.status}"
         except (aiohttp.ClientError, OSError) as exc:
@@ -43,92 +50,123 @@ class RouterControl:
             unreachable = isinstance(exc, aiohttp.ClientConnectorError)
         if ok != w.healthy:
             log.info("worker %s is now %s%s", w.url, "healthy" if ok else "unhealthy", f" ({error})" if error else "")
-        if ok and w.unreachable and self._is_current(w):
-            self.policy.reset_worker(w.url)  # nothing listened there a moment ago: it may have restarted, cold
-        if ok and self._is_current(w):
+        current = self.core.is_current(w)
+        if ok and w.unreachable and current:
+            self.core.reset_worker(w.url)  # nothing listened there a moment ago: it may have restarted, cold
+        if ok and current:
             self.events.worker_up(w.url)  # subscribe to what the policy follows of it (once)
         w.healthy, w.last_health_error = ok, error
         w.unreachable = unreachable or (w.unreachable and not ok)
 
     async def check_health(self) -> None:
-        await asyncio.gather(*(self._check(w) for w in list(self.workers.values())))
+        await asyncio.gather(*(self.check(w) for w in list(self.core.workers.values())))
 
     async def add_worker(self, url: str) -> WorkerState:
         url = normalize_worker_url(url)
-        removal = self._removals.get(url)
+        removal = self.removals.get(url)
         if removal is not None:  # being removed: it comes back once that is done, afresh
             await asyncio.shield(removal)
-        state = self._register(url)
-        await self._check(state)
+        state = self.register(url)
+        await self.check(state)
         return state
 
     async def remove_worker(self, url: str) -> dict:
         url = normalize_worker_url(url)
-        removal = self._removals.get(url)
+        removal = self.removals.get(url)
         if removal is None:
-            w = self.workers.get(url)
+            w = self.core.workers.get(url)
             if w is None:
-                raise ApiError(404, f"url: unknown worker {url}; workers: {sorted(self.workers)}", param="url")
+                raise ApiError(404, f"url: unknown worker {url}; workers: {sorted(self.core.workers)}", param="url")
             w.draining = True  # no new requests from here on
-            removal = self._removals[url] = asyncio.create_task(self._drain(w))
+            removal = self.removals[url] = asyncio.create_task(self._drain(w))
         return await asyncio.shield(removal)  # a caller that leaves does not stop the drain
 
     async def _drain(self, w: WorkerState) -> dict:
         try:
             drained_from = w.in_flight
-            try:
-                await asyncio.wait_for(w.idle.wait(), self.cfg.drain_timeout_secs)
-            except TimeoutError:
-                log.warning("worker %s still had %d requests after %.0fs of draining", w.url, w.in_flight,
-                            self.cfg.drain_timeout_secs)
-            del self.workers[w.url]
-            self.policy.remove_worker(w.url)
+            if drained_from:
+                idle = self._idle[w.url] = asyncio.Event()
+                try:
+                    await asyncio.wait_for(idle.wait(), self.cfg.drain_timeout_secs)
+                except TimeoutError:
+                    log.warning("worker %s still had %d requests after %.0fs of draining", w.url, w.in_flight,
+                                self.cfg.drain_timeout_secs)
+            abandoned = w.in_flight
+            self.core.remove_worker(w.url)
             await self.events.stop(w.url)
-            return {"removed": w.url, "drained_requests": drained_from, "abandoned_requests": w.in_flight}
+            return {"removed": w.url, "drained_requests": drained_from, "abandoned_requests": abandoned}
         finally:
-            del self._removals[w.url]
+            self._idle.pop(w.url, None)
+            del self.removals[w.url]
 
-    # ------------------------------------------------------------------ control endpoints
+    def _now_idle(self, w: WorkerState) -> None:
+        idle = self._idle.get(w.url)
+        if idle is not None:
+            idle.set()
 
-    async def handle_add_worker(self, request: web.Request) -> web.Response:
-        w = await self.add_worker(request.query.get("url"))
-        return web.json_response({"added": w.url, "healthy": w.healthy, "workers": sorted(self.workers)})
 
-    async def handle_remove_worker(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.remove_worker(request.query.get("url")))
+class ControlEndpoints:
+    """The router's endpoints besides the generation routes."""
 
-    async def handle_list_workers(self, request: web.Request) -> web.Response:
-        return web.json_response({"urls": list(self.workers), "workers": [w.describe() for w in self.workers.values()],
-                                  "loads": dict(self.policy.loads)})  # the policy's in-flight counts
+    def __init__(self, core: RouterCore, membership: Membership, events: WorkerEvents, registry: CollectorRegistry,
+                 session: Callable[[], aiohttp.ClientSession]):
+        self.core, self.membership, self.events, self.registry = core, membership, events, registry
+        self.session = session
+        self._timeout = aiohttp.ClientTimeout(total=membership.cfg.health_check_timeout_secs * 5)
 
-    async def handle_health(self, request: web.Request) -> web.Response:
-        healthy = sum(w.healthy for w in self.workers.values())
-        return web.json_response({"status": "ok", "workers": len(self.workers), "healthy_workers": healthy})
+    def add_routes(self, app: web.Application) -> None:
+        add_get, add_post = app.router.add_get, app.router.add_post
+        add_post("/add_worker", self.add_worker)
+        add_post("/remove_worker", self.remove_worker)
+        add_get("/list_workers", self.list_workers)
+        add_get("/health", self.health)
+        add_get("/metrics", self.metrics)
+        add_get("/get_server_info", self.server_info)
+        add_get("/router_stats", self.router_stats)
+        add_post("/router_stats/reset", self.reset_router_stats)
+        add_post("/flush_cache", self.flush_cache)
+        add_get("/v1/models", self.models)
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
+    async def add_worker(self, request: web.Request) -> web.Response:
+        w = await self.membership.add_worker(request.query.get("url"))
+        return web.json_response({"added": w.url, "healthy": w.healthy, "workers": sorted(self.core.workers)})
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.membership.remove_worker(request.query.get("url")))
+
+    async def list_workers(self, request: web.Request) -> web.Response:
+        now, workers = self.core.clock(), self.core.workers
+        return web.json_response({"urls": list(workers), "workers": [w.describe(now) for w in workers.values()],
+                                  "loads": dict(self.core.policy.loads)})  # the in-flight counts
+
+    async def health(self, request: web.Request) -> web.Response:
+        healthy = sum(w.healthy for w in self.core.workers.values())
+        return web.json_response({"status": "ok", "workers": len(self.core.workers), "healthy_workers": healthy})
+
+    async def metrics(self, request: web.Request) -> web.Response:
         return metrics_response(self.registry)
 
-    async def handle_router_stats(self, request: web.Request) -> web.Response:
-        accuracy = getattr(self.policy, "accuracy", None)  # a policy's own account of its estimates, when it keeps one
-        return web.json_response({**self.stats.snapshot(self.workers.values()), "kv_events": self.events.stats(),
-                                  **({"policy_accuracy": dict(accuracy)} if accuracy else {})})
+    async def router_stats(self, request: web.Request) -> web.Response:
+        return web.json_response({**self.core.snapshot(), "kv_events": self.events.stats()})
 
-    async def handle_reset_router_stats(self, request: web.Request) -> web.Response:
-        self.stats.reset()
+    async def reset_router_stats(self, request: web.Request) -> web.Response:
+        self.core.stats.reset()
         return web.json_response({"reset": True})
 
     async def _fan_out(self, method: str, path: str) -> dict[str, tuple[int | None, object]]:
         """``method path`` on every healthy worker at once -> {url: (status or None, JSON body or error text)}."""
+        session = self.session()
+
         async def one(url: str):
             try:
-                async with self.session.request(method, url + path, timeout=self._control_timeout) as resp:
+                async with session.request(method, url + path, timeout=self._timeout) as resp:
                     return url, (resp.status, await resp.json(content_type=None))
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 return url, (None, describe_error(exc))
-        urls = [u for u, w in self.workers.items() if w.healthy and not w.draining]
+        urls = [u for u, w in self.core.workers.items() if w.healthy and not w.draining]
         return dict(await asyncio.gather(*(one(u) for u in urls)))
 
-    async def handle_server_info(self, request: web.Request) -> web.Response:
+    async def server_info(self, request: web.Request) -> web.Response:
         answers = await self._fan_out("GET", "/get_server_info")
         per_worker = {u: body if status == 200 else {"error": body} for u, (status, body) in answers.items()}
         totals: dict[str, float] = {}
@@ -136,20 +174,20 @@ class RouterControl:
             for k, v in info.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     totals[k] = totals.get(k, 0) + v
-        return web.json_response({"router": {"workers": len(self.workers), "healthy_workers": len(answers)},
+        return web.json_response({"router": {"workers": len(self.core.workers), "healthy_workers": len(answers)},
                                   "totals": totals, "workers": per_worker})
 
-    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+    async def flush_cache(self, request: web.Request) -> web.Response:
         answers = await self._fan_out("POST", "/flush_cache")
         for url, (status, _) in answers.items():
-            if status == 200 and url in self.workers:
-                self.policy.reset_worker(url)  # its cache is empty now: so is the estimate of it
+            if status == 200 and url in self.core.workers:
+                self.core.reset_worker(url)  # its cache is empty now: so is the estimate of it
         failed = {u: (status, body) for u, (status, body) in answers.items() if status != 200}
         if failed:
             raise ApiError(502, f"flush_cache failed on {len(failed)} of {len(answers)} workers: {failed}")
         return web.json_response({"success": True, "workers": sorted(answers)})
 
-    async def handle_models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         answers = await self._fan_out("GET", "/v1/models")
         cards = {c["id"]: c for status, body in answers.values() if status == 200 for c in body.get("data", [])}
         return web.json_response({"object": "list", "data": list(cards.values())})

@@ -1,6 +1,7 @@
 """What reaches the routing policy besides the requests: the workers' KV events, their load reports, and each
-request's usage. The router service owns the I/O; the policy gets plain calls (``on_worker_event``,
-``on_request_done(usage=...)``), so the simulator can make the same calls with its own events.
+request's usage. This module owns the I/O; what arrives goes to the router core (framework/routing/core.py:
+``worker_events``, ``load_report``, ``reset_worker``; the usage through ``release``), which the simulator drives with
+its own events alike.
 
 - KV events (a policy subscribed to ``KV_EVENTS``): one ``KvEventSubscriber`` (framework/kv_events/subscriber.py) per
   worker, started once the worker passes a health check. The endpoint is what the worker advertises in
@@ -19,12 +20,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from framework.contracts.routing import KV_EVENTS, LOAD, LoadReport, RequestUsage
 from framework.kv_events.subscriber import KvEventSubscriber
-from framework.contracts.routing import KV_EVENTS, LOAD, USAGE, LoadReport, RequestUsage
+from framework.routing.core import Attempt, RouterCore
+from framework.routing.workers import WorkerState
+from framework.serving.router.config import RouterServiceConfig
+from framework.serving.router.health import run_every
 
 log = logging.getLogger("framework.serving.router.service")
 USAGE_TAIL = 8192  # bytes of a stream kept to read its last event's usage
@@ -54,19 +60,23 @@ def parse_usage(body: bytes) -> RequestUsage | None:
 
 
 class WorkerEvents:
-    """The subscriptions of one router: started with it, told when a worker is up or gone."""
+    """The subscriptions of one router: started with it, told when a worker is up or gone. ``on_release`` gets the
+    held attempts a batch of KV events lets go (the router sends them)."""
 
-    def __init__(self, router):
-        self.router = router
-        subs = router.policy.subscriptions
-        self.kv, self.load, self.usage = KV_EVENTS in subs, LOAD in subs, USAGE in subs
+    def __init__(self, core: RouterCore, cfg: RouterServiceConfig, session: Callable[[], aiohttp.ClientSession],
+                 on_release: Callable[[list[Attempt]], None]):
+        self.core, self.cfg, self.session, self.on_release = core, cfg, session, on_release
+        subs = core.policy.subscriptions
+        self.kv, self.load = KV_EVENTS in subs, LOAD in subs  # (USAGE: the core's wants_usage, read by the service)
         self.subscribers: dict[str, tuple[KvEventSubscriber, asyncio.Task]] = {}
         self.problems: dict[str, str] = {}  # worker -> the last event its policy refused (logged once)
         self._pending: set[str] = set()
+        self._info_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs * 5)
+        self._poll_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs)
 
     def start(self) -> list[asyncio.Task]:
         if self.load:
-            return [asyncio.create_task(self.router._every(self.router.cfg.load_poll_interval_s, self.poll_loads))]
+            return [asyncio.create_task(run_every(self.cfg.load_poll_interval_s, self.poll_loads))]
         return []
 
     async def close(self) -> None:
@@ -93,7 +103,7 @@ class WorkerEvents:
                 log.warning("worker %s advertises no KV events and router.kv_events_port is not set: the policy "
                             "sees nothing of its cache", url)
                 return
-            w = self.router.workers.get(url)
+            w = self.core.workers.get(url)
             if w is None:
                 return
             sub = KvEventSubscriber(endpoint, replay, lambda batch: self._deliver(w, batch),
@@ -104,9 +114,9 @@ class WorkerEvents:
 
     async def _endpoints(self, url: str) -> tuple[str | None, str | None, int]:
         """(event endpoint, replay endpoint, the first batch the view needs) of a worker."""
-        cfg = self.router.cfg
+        cfg = self.cfg
         try:
-            async with self.router.session.get(url + "/get_server_info", timeout=self.router._control_timeout) as r:
+            async with self.session().get(url + "/get_server_info", timeout=self._info_timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError):
             info = {}
@@ -119,22 +129,21 @@ class WorkerEvents:
             return f"tcp://{host}:{cfg.kv_events_port}", replay, 0
         return None, None, 0
 
-    def _deliver(self, w, batch) -> None:
-        if not self.router._is_current(w):
-            return
-        policy = self.router.policy
-        for event in batch.events:
-            try:
-                policy.on_worker_event(w.url, event)
-            except ValueError as e:  # the policy cannot use it (e.g. another block size): say so once per worker
-                if self.problems.get(w.url) != str(e):
-                    log.error("KV events from %s: %s", w.url, e)
-                self.problems[w.url] = str(e)
-        self.router.release_held(w.url)
+    def _deliver(self, w: WorkerState, batch) -> None:
+        if self.core.is_current(w):
+            released = self.core.worker_events(w.url, batch.events, self._refused)
+            if released:
+                self.on_release(released)
 
-    def _resync(self, w) -> None:
-        if self.router._is_current(w):
-            self.router.policy.reset_worker(w.url)
+    def _refused(self, url: str, e: ValueError) -> None:
+        """The policy cannot use an event (e.g. another block size): say so once per worker."""
+        if self.problems.get(url) != str(e):
+            log.error("KV events from %s: %s", url, e)
+        self.problems[url] = str(e)
+
+    def _resync(self, w: WorkerState) -> None:
+        if self.core.is_current(w):
+            self.core.reset_worker(w.url)
 
     def stats(self) -> dict:
         return {url: {"endpoint": sub.endpoint, "last_seq": sub.last_seq, **sub.stats,
@@ -143,9 +152,9 @@ class WorkerEvents:
 
     # -- load reports ------------------------------------------------------------------------------------------------
     async def poll_loads(self) -> None:
-        async def one(w):
+        async def one(w: WorkerState):
             try:
-                async with self.router.session.get(w.url + "/get_load", timeout=self.router._health_timeout) as r:
+                async with self.session().get(w.url + "/get_load", timeout=self._poll_timeout) as r:
                     body = await r.json(content_type=None) if r.status == 200 else None
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return
@@ -156,6 +165,6 @@ class WorkerEvents:
                 tokens = sum(int(x.get("num_tokens", 0)) for x in ranks)
             except (AttributeError, TypeError, ValueError):
                 return
-            if ranks and self.router._is_current(w):
-                self.router.policy.on_worker_event(w.url, LoadReport(reqs - waiting, waiting, tokens))
-        await asyncio.gather(*(one(w) for w in list(self.router.workers.values()) if w.healthy))
+            if ranks and self.core.is_current(w):
+                self.core.load_report(w.url, LoadReport(reqs - waiting, waiting, tokens))
+        await asyncio.gather(*(one(w) for w in list(self.core.workers.values()) if w.healthy))

@@ -1,113 +1,19 @@
-"""Per-worker reliability state for the router: health, circuit breaker, Retry-After, in-flight count and
-draining; and the timer that gives up waits on a worker (silence, the client's deadlines).
-
-A worker receives new requests only when it is ``routable``: its last health check passed, it is not being drained,
-no Retry-After it sent is still running, and its circuit breaker lets traffic through. Health (a periodic
-``GET /health``) and the breaker (consecutive request failures) are separate signals: a worker can answer /health
-while its engine fails every request.
+"""The HTTP router's waits on workers: the timer that gives up a wait (silence, the client's deadlines), the
+periodic jobs, and the workers' URLs. What the router knows of each worker (health, breaker, Retry-After, draining,
+in-flight count) is the router core's (framework/routing/workers.py); the health checks that set it are control.py's.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from dataclasses import dataclass, field
 
 from yarl import URL
 
+from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-
-
-class CircuitBreaker:
-    """closed --(``threshold`` consecutive failures)--> open --(``cooldown_s``)--> half_open: one probe request goes
-    through; its success closes the breaker, its failure opens it again for another cool-down."""
-
-    def __init__(self, threshold: int, cooldown_s: float):
-        if threshold < 1:
-            raise ValueError(f"breaker_failure_threshold must be >= 1, got {threshold}")
-        self.threshold, self.cooldown_s = threshold, cooldown_s
-        self.state = CLOSED
-        self.consecutive_failures = 0
-        self.opened_at = 0.0
-        self.probe_in_flight = False
-        self.times_opened = 0
-
-    def available(self, now: float) -> bool:
-        """Whether a new request may go to this worker (does not change state; see ``on_dispatch``)."""
-        if self.state == CLOSED:
-            return True
-        if self.state == OPEN:
-            return now - self.opened_at >= self.cooldown_s
-        return not self.probe_in_flight
-
-    def on_dispatch(self, now: float) -> None:
-        if self.state == OPEN and now - self.opened_at >= self.cooldown_s:
-            self.state = HALF_OPEN
-        if self.state == HALF_OPEN:
-            self.probe_in_flight = True
-
-    def record_success(self) -> None:
-        self.state, self.consecutive_failures, self.probe_in_flight = CLOSED, 0, False
-
-    def record_failure(self, now: float) -> None:
-        self.consecutive_failures += 1
-        self.probe_in_flight = False
-        if self.state == HALF_OPEN or (self.state == CLOSED and self.consecutive_failures >= self.threshold):
-            self.state, self.opened_at = OPEN, now
-            self.times_opened += 1
-
-    def record_neutral(self) -> None:
-        """The request ended without telling anything about the worker (the client left): free the probe slot."""
-        self.probe_in_flight = False
-
-
-@dataclass(eq=False)  # compared by identity: a URL removed and added again is another worker
-class WorkerState:
-    url: str
-    breaker: CircuitBreaker
-    healthy: bool = False  # set by health checks; a new worker waits for its first passing check
-    unreachable: bool = False  # a connection to it was refused: it may come back restarted, with an empty cache
-    draining: bool = False
-    not_before: float = 0.0  # time.monotonic() until which its Retry-After asks for no new requests
-    in_flight: int = 0
-    requests: int = 0  # requests sent to it (attempts, retries included)
-    failures: int = 0  # breaker failures: connection errors, 5xx but 503/504
-    last_health_error: str | None = None
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-        self._endpoints: dict[str, URL] = {}
-
-    def endpoint(self, path: str) -> URL:
-        """``url + path`` as a parsed URL, built once per path (aiohttp would parse a string on every request)."""
-        u = self._endpoints.get(path)
-        if u is None:
-            u = self._endpoints[path] = URL(self.url + path)
-        return u
-
-    def routable(self, now: float) -> bool:
-        return self.healthy and not self.draining and now >= self.not_before and self.breaker.available(now)
-
-    def begin(self, now: float) -> None:
-        self.in_flight += 1
-        self.requests += 1
-        self.idle.clear()
-        self.breaker.on_dispatch(now)
-
-    def end(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self.idle.set()
-
-    def describe(self) -> dict:
-        now = time.monotonic()
-        return {"url": self.url, "routable": self.routable(now), "healthy": self.healthy, "draining": self.draining,
-                "in_flight": self.in_flight,
-                "requests": self.requests, "failures": self.failures, "breaker": self.breaker.state,
-                "retry_after_s": round(max(0.0, self.not_before - now), 3),
-                "last_health_error": self.last_health_error}
+log = logging.getLogger("framework.serving.router.service")
 
 
 class WorkerTimeout(TimeoutError):
@@ -188,3 +94,21 @@ def normalize_worker_url(url: str | None) -> str:
 def describe_error(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def endpoint(w: WorkerState, path: str) -> URL:
+    """``w.url + path`` as a parsed URL, built once per worker and path (aiohttp would parse a string every request)."""
+    u = w.endpoints.get(path)
+    if u is None:
+        u = w.endpoints[path] = URL(w.url + path)
+    return u
+
+
+async def run_every(period: float, fn) -> None:
+    """Await ``fn()`` every ``period`` seconds until cancelled; a failure is logged and the job goes on."""
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await fn()
+        except Exception:  # a periodic job must never die
+            log.exception("router periodic job %s failed", getattr(fn, "__name__", fn))

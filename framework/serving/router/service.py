@@ -1,4 +1,5 @@
 """The router service: one HTTP front for many workers, choosing each request's worker with a routing policy.
+An asyncio shell over the router core (framework/routing/core.py), which decides and counts: this module forwards.
 
 It speaks the workers' client APIs (native ``/generate``, OpenAI completions and chat, every prompt shape SGLang and
 vLLM take) and forwards with one pooled ``aiohttp.ClientSession``; headers pass through both ways (hop-by-hop ones
@@ -14,14 +15,15 @@ removed) and streams chunk by chunk. Reliability, beyond SGLang router 0.1.0 (do
   when it is sent, after an exponential backoff with jitter: on a worker not tried yet when there is one, else on
   the same worker for 429/503 only; a Retry-After is honoured (the worker gets no new request until it passes);
   other 4xx are the client's fault and pass straight back; the last failure goes back with its headers;
-- a per-worker circuit breaker (``health.CircuitBreaker``) counts consecutive connection errors and 5xx other than
-  503/504; timeouts, 408, 429 and 503 tell that a worker is busy, not broken;
-- the policy's in-flight count is released exactly once per attempt, in a ``finally``, on the worker state the
-  attempt went to (a URL removed and added again is a new worker); a failed attempt takes back the cache credit
-  the policy gave the worker, and ``/flush_cache`` drops the workers' cache estimates;
+- a per-worker circuit breaker (framework/routing/workers.py) counts consecutive connection errors and 5xx other
+  than 503/504; timeouts, 408, 429 and 503 tell that a worker is busy, not broken;
+- the in-flight count is released exactly once per attempt (``RouterCore.release``, in a ``finally``), on the worker
+  state the attempt went to (a URL removed and added again is a new worker); a failed attempt takes back the cache
+  credit the policy gave the worker, and ``/flush_cache`` drops the workers' cache estimates;
 - a stream that already sent bytes cannot be retried: it ends with an SSE error event;
-- ``remove_worker`` drains (no new requests, then waits for the worker's in-flight ones) in a task of its own, so
-  a caller that gives up does not leave the worker half-removed; removing again joins the same drain.
+- ``remove_worker`` drains (no new requests, then waits for the worker's in-flight ones) in a task of its own
+  (control.py), so a caller that gives up does not leave the worker half-removed; removing again joins the same
+  drain.
 """
 from __future__ import annotations
 
@@ -33,22 +35,26 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
+from framework.contracts.routing import RequestView
+from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
+from framework.routing.workers import WorkerState
 from framework.serving.http import protocol as P
 from framework.serving.http.errors import ApiError, json_bytes, parse_body
-from framework.serving.router.health import WaitTimer, WorkerState, WorkerTimeout, describe_error, normalize_worker_url
 from framework.serving.http.proxy import (NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, RETRY_SAME_WORKER, ROUTE_HEADER,
-                                     WORKER_HEADER, Failed, pass_headers, retry_after_s, route_header)
-from framework.serving.router.config import RouterServiceConfig
-from framework.serving.router.control import RouterControl
-from framework.serving.router.events import USAGE_TAIL, WorkerEvents, parse_usage
-from framework.serving.router.stats import RouterStats, router_registry
+                                          WORKER_HEADER, Failed, pass_headers, retry_after_s, route_header)
 from framework.serving.http.server_base import make_app, serve_forever, tune_gc_for_serving
+from framework.serving.router.config import RouterServiceConfig
+from framework.serving.router.control import ControlEndpoints, Membership
+from framework.serving.router.events import USAGE_TAIL, WorkerEvents, parse_usage
+from framework.serving.router.health import (WaitTimer, WorkerTimeout, describe_error, endpoint, normalize_worker_url,
+                                             run_every)
+from framework.serving.router.stats import router_registry
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +77,7 @@ class _Call:
     tried: list[WorkerState] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class _Attempt:
-    worker: WorkerState
-    decision: RoutingDecision
-    verdict: str | None = None  # for the breaker: "ok" | "fail" | None (tells nothing about the worker)
-    outcome: str | None = None  # for the stats, when a relayed stream ended badly: broken_stream | client_disconnect
-    served: bool = False  # the worker answered 2xx: it was sent the text (the policy's cache credit stands)
-    usage: RequestUsage | None = None  # what the worker reported, read for a policy subscribed to USAGE
-
-
-def answer_headers(up: aiohttp.ClientResponse, att: _Attempt) -> CIMultiDict:
+def answer_headers(up: aiohttp.ClientResponse, att: Attempt) -> CIMultiDict:
     """The worker's end-to-end headers, with which worker answered and the decision that sent the request there."""
     headers = pass_headers(up.headers, NOT_RETURNED)
     headers[WORKER_HEADER] = att.worker.url
@@ -89,20 +85,32 @@ def answer_headers(up: aiohttp.ClientResponse, att: _Attempt) -> CIMultiDict:
     return headers
 
 
-class Router(RouterControl):
-    def __init__(self, policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None, seed: int = 0):
+def _wake(released: list[Attempt]) -> None:
+    """Held attempts the core let go: their requests go on (``Router._hold``)."""
+    for att in released:
+        if not att.ref.done():
+            att.ref.set_result(None)
+
+
+class Router:
+    """``core`` decides and counts (its ``clock``: the policy's, time.monotonic unless given); the client's deadlines
+    and the waits on workers run on time.monotonic."""
+
+    def __init__(self, policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None, seed: int = 0,
+                 clock: Callable[[], float] | None = None):
         self.policy, self.cfg = policy, cfg or RouterServiceConfig()
-        self.cfg.validate()
-        self.workers: dict[str, WorkerState] = {}
-        self.stats = RouterStats()
-        self.registry = router_registry(self.stats, lambda: self.workers.values())
-        self.session: aiohttp.ClientSession | None = None
+        c = self.cfg
+        c.validate()
+        self.core = RouterCore(policy, clock, c.breaker_failure_threshold, c.breaker_cooldown_secs)
+        self.workers, self.stats = self.core.workers, self.core.stats
+        self.registry = router_registry(self.stats, self.workers.values)
+        self.session: aiohttp.ClientSession | None = None  # made at start: the others get it from _session
+        self.events = WorkerEvents(self.core, c, self._session, _wake)  # what the policy subscribed to
+        self.membership = Membership(self.core, c, self.events, self._session)
+        self.control = ControlEndpoints(self.core, self.membership, self.events, self.registry, self._session)
+        self._removals = self.membership.removals
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
-        self._removals: dict[str, asyncio.Task] = {}  # url -> its drain, shared by every remove_worker caller
-        self.events = WorkerEvents(self)  # KV events, load reports, usage: what the policy subscribed to
-        self._held: dict[str, list[asyncio.Future]] = {}  # worker url -> requests held for it (the policy's hold_s)
-        c = self.cfg
         # Built once. No total: a stream may run for as long as its worker keeps talking; waits on a worker are
         # bounded by self._timer (silence and the client's deadlines), not by aiohttp's per-request timers.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s)
@@ -110,11 +118,9 @@ class Router(RouterControl):
         self._timer = WaitTimer(c.request_timeout_s, tick)
         self._first_byte_name = f"router.first_byte_timeout_s={c.first_byte_timeout_s:g}"
         self._total_name = f"router.total_timeout_s={c.total_timeout_s:g}"
-        self._health_timeout = aiohttp.ClientTimeout(total=c.health_check_timeout_secs)
         self._abort_timeout = aiohttp.ClientTimeout(total=c.abort_timeout_s)
-        self._control_timeout = aiohttp.ClientTimeout(total=c.health_check_timeout_secs * 5)
         for url in worker_urls:
-            self._register(normalize_worker_url(url))
+            self.membership.register(normalize_worker_url(url))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,9 +132,9 @@ class Router(RouterControl):
                                              cookie_jar=aiohttp.DummyCookieJar(),
                                              skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
         await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
-        self._tasks = [asyncio.create_task(self._every(self.cfg.health_check_interval_secs, self.check_health)),
-                       asyncio.create_task(self._every(self.cfg.maintain_interval_secs, self._maintain)),
-                       asyncio.create_task(self._every(self._timer.tick_s, self._sweep)), *self.events.start()]
+        self._tasks = [asyncio.create_task(run_every(self.cfg.health_check_interval_secs, self.check_health)),
+                       asyncio.create_task(run_every(self.cfg.maintain_interval_secs, self._maintain)),
+                       asyncio.create_task(run_every(self._timer.tick_s, self._sweep)), *self.events.start()]
 
     async def close(self, app: web.Application | None = None) -> None:
         tasks = self._tasks + list(self._removals.values())
@@ -139,16 +145,20 @@ class Router(RouterControl):
         if self.session is not None:
             await self.session.close()
 
-    async def _every(self, period: float, fn) -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await fn()
-            except Exception:  # a periodic job must never die
-                log.exception("router periodic job %s failed", getattr(fn, "__name__", fn))
+    def _session(self) -> aiohttp.ClientSession:
+        return self.session
+
+    async def check_health(self) -> None:
+        await self.membership.check_health()
+
+    async def add_worker(self, url: str) -> WorkerState:
+        return await self.membership.add_worker(url)
+
+    async def remove_worker(self, url: str) -> dict:
+        return await self.membership.remove_worker(url)
 
     async def _maintain(self) -> None:
-        self.policy.maintain(time.monotonic())
+        self.core.maintain()
 
     async def _sweep(self) -> None:
         self._timer.sweep(time.monotonic())
@@ -160,17 +170,16 @@ class Router(RouterControl):
         return d / 2 + self._rng.random() * d / 2
 
     def _no_worker(self) -> ApiError:
-        now = time.monotonic()
+        now = self.core.clock()
         parked = [w.not_before - now for w in self.workers.values()
                   if w.healthy and not w.draining and w.not_before > now]
         return ApiError(503, f"no healthy worker available ({len(self.workers)} registered: "
-                             f"{[w.describe() for w in self.workers.values()]})",
+                             f"{[w.describe(now) for w in self.workers.values()]})",
                         headers={"Retry-After": str(math.ceil(min(parked)))} if parked else None)
 
     def _next(self, call: _Call, failed: Failed | None) -> tuple[list[WorkerState], float] | None:
         """Where the next attempt may go and how long to wait first; None when no attempt is left to make."""
-        now = time.monotonic()
-        routable = [w for w in self.workers.values() if w.routable(now)]
+        routable = self.core.routable(self.core.clock())
         if failed is None:
             if not routable:
                 raise self._no_worker()
@@ -182,7 +191,7 @@ class Router(RouterControl):
         if fresh:
             return fresh, backoff
         w = failed.worker
-        if failed.status in RETRY_SAME_WORKER and self._is_current(w):
+        if failed.status in RETRY_SAME_WORKER and self.core.is_current(w):
             return [w], max(backoff, failed.retry_after or 0.0)
         return None
 
@@ -207,21 +216,22 @@ class Router(RouterControl):
             outcome = "no_worker"
             failed = None
             while (plan := self._next(call, failed)) is not None:
-                outcome = "client_disconnect"  # until an answer is ready
+                outcome = CLIENT_DISCONNECT  # until an answer is ready
                 pool, delay = plan
                 if failed is not None:
                     if time.monotonic() + delay >= self._deadline(call)[0]:
                         break  # the client's deadline comes first: answer with the last failure
                     await asyncio.sleep(delay)
-                    now = time.monotonic()
-                    pool = [w for w in pool if self._is_current(w) and w.routable(max(now, w.not_before))]
+                    now = self.core.clock()
+                    pool = [w for w in pool if self.core.is_current(w) and w.routable(max(now, w.not_before))]
                     if not pool:
                         break
-                att = self._dispatch(call, pool)
+                att = self.core.dispatch(call.request, pool, retry=bool(call.tried))
+                call.tried.append(att.worker)
                 try:
                     await self._hold(att, self._deadline(call)[0])
                 except BaseException:  # the client went away while it was held: it was never sent
-                    self._release(att)
+                    self.core.release(att)
                     raise
                 result = await self._attempt(request, call, att)
                 if not isinstance(result, Failed):
@@ -233,65 +243,39 @@ class Router(RouterControl):
         finally:
             self.stats.outcomes[route, outcome] += 1
 
-    def _dispatch(self, call: _Call, pool: list[WorkerState]) -> _Attempt:
-        """Choose among ``pool`` with the policy and count the attempt (a retry when it is not the first)."""
-        t0 = time.perf_counter()
-        url = self.policy.select(call.request, [w.url for w in pool])
-        decision = self.policy.last_decision
-        self.stats.decision(decision, time.perf_counter() - t0)
-        w = self.workers[url]
-        w.begin(time.monotonic())
-        if call.tried:
-            self.stats.retries += 1
-        call.tried.append(w)
-        return _Attempt(w, decision)
-
-    async def _hold(self, att: _Attempt, deadline: float) -> None:
-        """Wait while the policy holds the request (its prefix is still being prefilled on the worker): until an event
-        batch of that worker lets it go, the hold runs out, or the client's ``deadline`` (monotonic) comes."""
-        left = min(self.policy.hold_s(att.decision), deadline - time.monotonic())
-        if left <= 0:
-            return
-        self.stats.holds += 1
-        while left > 0:
-            waiter = asyncio.get_running_loop().create_future()
-            held = self._held.setdefault(att.worker.url, [])
-            held[:] = [w for w in held if not w.done()]  # those that timed out (a worker whose events stopped)
-            held.append(waiter)
+    async def _hold(self, att: Attempt, deadline: float) -> None:
+        """Wait while the core holds the request (its prefix is still being prefilled on the worker): until a batch
+        of that worker's events lets it go (``_wake``), the hold runs out, or the client's ``deadline`` (monotonic)."""
+        left = self.core.hold(att, deadline - time.monotonic())
+        if left > 0:
+            att.ref = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(waiter, left)
+                await asyncio.wait_for(att.ref, left)
             except TimeoutError:
-                return
-            left = min(self.policy.hold_s(att.decision), deadline - time.monotonic())
+                self.core.hold_over(att)
 
-    def release_held(self, url: str) -> None:
-        """A batch of ``url``'s events arrived: wake the requests held for it (each asks the policy again)."""
-        for waiter in self._held.pop(url, ()):
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def _attempt(self, request: web.Request, call: _Call, att: _Attempt) -> web.StreamResponse | Failed:
+    async def _attempt(self, request: web.Request, call: _Call, att: Attempt) -> web.StreamResponse | Failed:
         """One try on one worker. Returns the final response, or ``Failed``."""
         w = att.worker
         up = None
         try:
             with self._timer(*self._deadline(call)):  # the response head, then the whole body unless it streams
-                up = await self.session.post(w.endpoint(call.route), data=call.raw, headers=call.headers)
+                up = await self.session.post(endpoint(w, call.route), data=call.raw, headers=call.headers)
                 status = up.status
                 retriable = status in (408, 429) or status >= 500
                 relay = not retriable and (up.content_type == "text/event-stream" or up.content_length is None)
                 body = b"" if relay else await up.read()  # buffered: a failure mid-body is still retriable
             if retriable:
-                att.verdict = "fail" if status >= 500 and status not in (503, 504) else None  # else busy, not broken
+                att.verdict = FAIL if status >= 500 and status not in (503, 504) else None  # else busy, not broken
                 wait = retry_after_s(up.headers.get("Retry-After")) if status in RETRY_SAME_WORKER else None
                 if wait:
-                    w.not_before = max(w.not_before, time.monotonic() + wait)
+                    w.not_before = max(w.not_before, self.core.clock() + wait)
                 return Failed(w, f"{w.url} answered {status}", status, body, pass_headers(up.headers, NOT_RETURNED),
                               retry_after=wait)
             if relay:
                 return await self._relay(request, call, up, att)
-            att.verdict, att.served = "ok", status < 400  # a 4xx is the client's fault: it counts for the worker
-            if att.served and self.events.usage:
+            att.verdict, att.served = OK, status < 400  # a 4xx is the client's fault: it counts for the worker
+            if att.served and self.core.wants_usage:
                 att.usage = parse_usage(body)
             return web.Response(status=status, body=body, headers=answer_headers(up, att))
         except WorkerTimeout as exc:  # busy or hung: not a breaker failure
@@ -304,29 +288,14 @@ class Router(RouterControl):
                           timeout=True, retriable=confirmed)
         except (aiohttp.ClientError, OSError) as exc:
             timeout = isinstance(exc, TimeoutError)  # a connection that did not open in connect_timeout_s
-            att.verdict = None if timeout else "fail"
+            att.verdict = None if timeout else FAIL
             if isinstance(exc, aiohttp.ClientConnectorError):
                 w.healthy, w.unreachable = False, True  # skip it until a health check passes again
             return Failed(w, f"{w.url}: {describe_error(exc)}", timeout=timeout)
         finally:
             if up is not None:
                 up.release()  # the connection goes back to the pool when the body was read to the end
-            self._release(att)
-
-    def _release(self, att: _Attempt) -> None:
-        w = att.worker
-        w.end()
-        if self._is_current(w):  # a worker removed and added again since is another worker: leave it alone
-            self.policy.on_request_done(w.url, att.decision, att.served, att.usage)
-        if att.served and att.outcome != "broken_stream":  # its estimated cache hit counts (RouterStats.served)
-            self.stats.served(att.decision, att.usage)
-        if att.verdict == "ok":
-            w.breaker.record_success()
-        elif att.verdict == "fail":
-            w.failures += 1
-            w.breaker.record_failure(time.monotonic())
-        else:
-            w.breaker.record_neutral()
+            self.core.release(att)
 
     async def _abort(self, w: WorkerState, rid: str) -> bool:
         """Ask a silent worker to drop request ``rid``; True when it confirms (SGLang-style ``/abort_request``
@@ -343,7 +312,7 @@ class Router(RouterControl):
             return False
 
     async def _relay(self, request: web.Request, call: _Call, up: aiohttp.ClientResponse,
-                     att: _Attempt) -> web.StreamResponse:
+                     att: Attempt) -> web.StreamResponse:
         """Pass a stream through as it arrives. Nothing is sent before the worker's first chunk, so a worker that
         fails before it is still retried; after it, a broken stream ends with an SSE error event. Only the waits on
         the worker count towards its silence: a slow client holding up ``resp.write`` does not."""
@@ -352,7 +321,7 @@ class Router(RouterControl):
             chunk = await up.content.readany()
         resp = web.StreamResponse(status=up.status, headers=answer_headers(up, att))
         att.served = up.status < 400
-        tail = b"" if self.events.usage else None  # the stream's end, for the usage in its last event
+        tail = b"" if self.core.wants_usage else None  # the stream's end, for the usage in its last event
         try:
             await resp.prepare(request)
             call.answered = True
@@ -364,16 +333,16 @@ class Router(RouterControl):
                     with self._timer(*self._deadline(call)):
                         chunk = await up.content.readany()
                 except (aiohttp.ClientError, OSError) as exc:
-                    att.verdict = None if isinstance(exc, TimeoutError) else "fail"
-                    att.outcome = "broken_stream"
+                    att.verdict = None if isinstance(exc, TimeoutError) else FAIL
+                    att.outcome = BROKEN_STREAM
                     msg = f"worker {w.url} broke the stream: {describe_error(exc)}"
                     await resp.write(P.sse(data=json_bytes(ApiError(502, msg).to_dict())))
                     await resp.write_eof()
                     return resp
-            att.verdict = "ok"
+            att.verdict = OK
             await resp.write_eof()
         except ConnectionResetError:
-            att.outcome = "client_disconnect"
+            att.outcome = CLIENT_DISCONNECT
             up.close()  # the client left: drop the worker connection so the worker aborts the generation
         except asyncio.CancelledError:
             up.close()
@@ -388,25 +357,17 @@ ROUTER_KEY = web.AppKey("router", Router)
 
 
 def create_router_app(policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None,
-                      seed: int = 0) -> web.Application:
-    """The router as an aiohttp app; ``app[ROUTER_KEY]`` is its ``Router`` (workers, stats, policy)."""
-    router = Router(policy, worker_urls, cfg, seed)
+                      seed: int = 0, clock: Callable[[], float] | None = None) -> web.Application:
+    """The router as an aiohttp app; ``app[ROUTER_KEY]`` is its ``Router`` (workers, stats, policy, core).
+    ``clock``: the router core's and the policy's time (default time.monotonic), e.g. a test's fake clock."""
+    router = Router(policy, worker_urls, cfg, seed, clock)
     app = make_app(router.cfg.client_max_size)
     app[ROUTER_KEY] = router
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.close)
     for path in ROUTES:
         app.router.add_post(path, partial(router.forward, route=path))
-    app.router.add_post("/add_worker", router.handle_add_worker)
-    app.router.add_post("/remove_worker", router.handle_remove_worker)
-    app.router.add_get("/list_workers", router.handle_list_workers)
-    app.router.add_get("/health", router.handle_health)
-    app.router.add_get("/metrics", router.handle_metrics)
-    app.router.add_get("/get_server_info", router.handle_server_info)
-    app.router.add_get("/router_stats", router.handle_router_stats)
-    app.router.add_post("/router_stats/reset", router.handle_reset_router_stats)
-    app.router.add_post("/flush_cache", router.handle_flush_cache)
-    app.router.add_get("/v1/models", router.handle_models)
+    router.control.add_routes(app)
     return app
 
 

@@ -14,20 +14,28 @@ workers with another tokenizer is given the token ids by its caller (``RequestVi
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from framework.contracts.routing import KV_EVENTS, USAGE, RequestUsage, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
 from plugins.routing.lib.kv_view import KvView
 
-TOKENIZERS = ("byte",)
+
+
+class Tokenizer(enum.StrEnum):
+    """How the router tokenizes a request sent as text (``router.tokenizer``)."""
+    byte = "byte"   # a token per UTF-8 byte: servelab's
+
+
+TOKENIZERS = tuple(t.value for t in Tokenizer)
 
 
 @dataclass
 class KvViewConfig(RoutingConfig):
     """The fields every KV-view policy has (each plugin's Config adds its own)."""
     block_size: int = 16          # tokens per block: the workers' (vLLM's default is 16; servelab's workers take it)
-    tokenizer: str = "byte"       # how the router tokenizes a request sent as text (byte: servelab's)
+    tokenizer: Tokenizer = Tokenizer.byte   # how the router tokenizes a request sent as text
     pending_credit: bool = True   # count a request's blocks on its worker before its events say so (servelab's)
     confirm_s: float = 2.0        # ...after it ended, for at most this long
     hold_s: float = 0.0           # > 0: hold a request whose prefix is still being prefilled, this long at most
@@ -55,6 +63,7 @@ class RequestBlocks:
 
 class KvViewPolicy(RoutingPolicy):
     subscriptions = frozenset({KV_EVENTS, USAGE})
+    keeps_estimate = True
 
     def __init__(self, cfg=None, seed: int = 0):
         super().__init__(cfg, seed)
@@ -67,6 +76,17 @@ class KvViewPolicy(RoutingPolicy):
         self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "confirmed_tokens": 0,
                          "cached_tokens": 0}
         self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
+
+    @classmethod
+    def kv_block_size(cls, cfg: KvViewConfig) -> int:
+        return cfg.block_size
+
+    @classmethod
+    def ignored_keys(cls, cfg: KvViewConfig) -> dict[str, str]:
+        if cfg.pending_credit:
+            return {}
+        return {"confirm_s": "it bounds how long an ended request's blocks stay credited, and router.pending_credit="
+                             "false credits none; set router.pending_credit=true, or drop it"}
 
     @staticmethod
     def _check_config(cfg: KvViewConfig) -> list[str]:

@@ -1,0 +1,202 @@
+"""The router core: everything a router decides and counts, with no I/O. The HTTP router service
+(framework/serving/router/service.py) drives it over sockets, the simulator (framework/sim/router.py) on its virtual
+clock; both make the same calls in the same order for a request:
+
+1. ``dispatch(request, pool)``: the policy picks a worker among ``pool`` (default: every routable worker); the
+   decision is timed and counted per worker and reason, the request counts in flight there (the policy's ``loads``:
+   the one in-flight count), and a retry counts as one;
+2. ``hold(attempt)``: how long the router holds it before sending it (the policy's ``hold_s``: its prefix is still
+   being prefilled on that worker). A held attempt is let go by ``worker_events`` (a batch of its worker's KV events
+   after which the policy no longer holds it), by ``hold_over`` (the hold ran out) or by ``release`` (its client left);
+3. ``release(attempt)``: the attempt ended. The policy hears of it (``on_request_done`` with the usage the worker
+   reported, for a policy subscribed to ``USAGE``), and so do the stats: an answered attempt's estimated cache hit
+   counts once -- not one whose worker broke its stream (the client retries it elsewhere, and the measured hit rate
+   counts each request once), but one whose client hung up (the load client leaves at [DONE]) -- and the worker's
+   circuit breaker learns the attempt's verdict.
+
+``snapshot`` is ``GET /router_stats``' shape, with the policy's own account of its estimates (``policy_accuracy``:
+estimated, confirmed and reported cached tokens) when it keeps one.
+"""
+from __future__ import annotations
+
+import math
+import time
+from types import MappingProxyType
+from typing import Any, Callable, Iterable
+
+from framework.contracts.routing import USAGE, LoadReport, RequestUsage, RequestView, RoutingDecision
+from framework.routing.stats import RouterStats
+from framework.routing.workers import CLOSED, CircuitBreaker, WorkerState
+
+OK, FAIL = "ok", "fail"  # an attempt's verdict on its worker, for the breaker (None: it tells nothing)
+BROKEN_STREAM, CLIENT_DISCONNECT = "broken_stream", "client_disconnect"  # how a relayed stream ended badly
+_REMOVED = MappingProxyType({})  # a removed worker's counts: none (WorkerState.in_flight reads 0)
+
+
+class Attempt:
+    """One try of a request on one worker, from its decision to its release."""
+    __slots__ = ("worker", "decision", "verdict", "outcome", "served", "usage", "held", "ref")
+
+    def __init__(self, worker: WorkerState, decision: RoutingDecision):
+        self.worker, self.decision = worker, decision
+        self.verdict: str | None = None  # for the breaker: OK | FAIL | None (tells nothing about the worker)
+        self.outcome: str | None = None  # BROKEN_STREAM | CLIENT_DISCONNECT when a relayed stream ended badly
+        self.served = False  # the worker answered 2xx: it was sent the request (the policy's cache credit stands)
+        self.usage: RequestUsage | None = None  # what the worker reported, for a policy subscribed to USAGE
+        self.held = False  # waiting at the router for its worker's KV events (hold)
+        self.ref: Any = None  # the driver's own handle on it (the HTTP router's waiter, the simulator's flight)
+
+
+def route_fields(decision: RoutingDecision) -> dict:
+    """What a request's record says of its route: the policy's reason and its estimate of the cached prompt (the HTTP
+    router's X-Servelab-Route header carries the same, framework/serving/http/proxy.py)."""
+    return {"route_reason": decision.reason, "estimated_cached": decision.matched_chars}
+
+
+class RouterCore:
+    def __init__(self, policy, clock: Callable[[], float] | None = None, breaker_threshold: int = 5,
+                 breaker_cooldown_s: float = 30.0):
+        """``clock``: the router's time in seconds (also the policy's); None keeps the policy's (time.monotonic)."""
+        self.policy = policy
+        if clock is not None:
+            policy.clock = clock
+        self.clock = policy.clock
+        self.breaker_threshold, self.breaker_cooldown_s = breaker_threshold, breaker_cooldown_s
+        self.workers: dict[str, WorkerState] = {}
+        self.stats = RouterStats()
+        self.wants_usage = USAGE in policy.subscriptions  # read the usage from the answers only then
+        self.on_idle: Callable[[WorkerState], None] | None = None  # a draining worker's last request ended
+        self._held: dict[str, list[Attempt]] = {}  # worker url -> attempts held for it, in the order they came
+
+    # -- workers -----------------------------------------------------------------------------------------------------
+    def add_worker(self, url: str, healthy: bool = False) -> WorkerState:
+        if url in self.workers:
+            raise ValueError(f"worker {url} is already registered")
+        policy = self.policy
+        if url in policy.loads:  # a policy handed over with workers: start this one afresh
+            policy.remove_worker(url)
+        policy.add_worker(url)
+        state = WorkerState(url, CircuitBreaker(self.breaker_threshold, self.breaker_cooldown_s), policy.loads,
+                            healthy=healthy, clock=self.clock)
+        self.workers[url] = state
+        return state
+
+    def remove_worker(self, url: str) -> WorkerState:
+        """Forget the worker (its requests still in flight end without reaching the policy)."""
+        state = self.workers.pop(url)
+        self.policy.remove_worker(url)
+        state.loads = _REMOVED
+        return state
+
+    def is_current(self, w: WorkerState) -> bool:
+        """Whether ``w`` is still registered (a URL removed and added again since is another worker)."""
+        return self.workers.get(w.url) is w
+
+    def routable(self, now: float) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.routable(now)]
+
+    def reset_worker(self, url: str) -> None:
+        """What the policy knew of the worker's cache is void (flushed, restarted, events lost)."""
+        self.policy.reset_worker(url)
+
+    # -- a request ---------------------------------------------------------------------------------------------------
+    def dispatch(self, request: str | RequestView, pool: Iterable[WorkerState] | None = None,
+                 retry: bool = False) -> Attempt:
+        """Choose the request's worker among ``pool`` (None: the policy's own candidates, every worker it was not told
+        is unhealthy) and count the attempt; ``retry``: the request's earlier attempt failed."""
+        t0 = time.perf_counter()
+        url = self.policy.select(request, None if pool is None else [w.url for w in pool])
+        decision = self.policy.last_decision
+        self.stats.decision(decision, time.perf_counter() - t0)
+        w = self.workers[url]
+        w.requests += 1
+        if w.breaker.state != CLOSED:  # a closed breaker has nothing to note
+            w.breaker.on_dispatch(self.clock())
+        if retry:
+            self.stats.retries += 1
+        return Attempt(w, decision)
+
+    def hold(self, att: Attempt, limit_s: float = math.inf) -> float:
+        """Seconds to hold ``att`` before sending it, at most ``limit_s`` (the client's deadline); 0: send it now.
+        A held attempt waits for ``worker_events``, ``hold_over`` or ``release``."""
+        left = self.policy.hold_s(att.decision)
+        if left <= 0 or limit_s <= 0:
+            return 0.0
+        self.stats.holds += 1
+        att.held = True
+        self._held.setdefault(att.worker.url, []).append(att)
+        return min(left, limit_s)
+
+    def hold_over(self, att: Attempt) -> bool:
+        """The hold of ``att`` ran out: True when it was still held (send it now), False when it was let go before."""
+        if not att.held:
+            return False
+        self._unhold(att)
+        return True
+
+    def held(self) -> list[Attempt]:
+        """The attempts held now, worker by worker."""
+        return [a for atts in self._held.values() for a in atts]
+
+    def release(self, att: Attempt) -> None:
+        """``att`` is over (answered, failed, or its client left, held or not): exactly once per attempt."""
+        w, decision = att.worker, att.decision
+        if att.held:  # the client left while it was held: it was never sent
+            self._unhold(att)
+        current = self.workers.get(w.url) is w
+        if current:
+            self.policy.on_request_done(w.url, decision, att.served, att.usage)
+        if att.served and att.outcome != BROKEN_STREAM:
+            self.stats.served(decision, att.usage)
+        if att.verdict == OK:
+            w.breaker.record_success()
+        elif att.verdict == FAIL:
+            w.failures += 1
+            w.breaker.record_failure(self.clock())
+        else:
+            w.breaker.record_neutral()
+        if w.draining and current and not w.in_flight and self.on_idle is not None:
+            self.on_idle(w)
+
+    # -- what the workers tell -----------------------------------------------------------------------------------------
+    def worker_events(self, url: str, events: Iterable, on_error: Callable[[str, ValueError], None] | None = None,
+                      ) -> list[Attempt]:
+        """A batch of ``url``'s KV events, for the policy; returns the held attempts the policy lets go after it.
+        ``on_error``: told of an event the policy cannot use (else its ValueError propagates)."""
+        policy = self.policy
+        for event in events:
+            try:
+                policy.on_worker_event(url, event)
+            except ValueError as e:
+                if on_error is None:
+                    raise
+                on_error(url, e)
+        held = self._held.get(url)
+        if not held:
+            return []
+        go = [a for a in held if policy.hold_s(a.decision) <= 0]
+        for a in go:
+            self._unhold(a)
+        return go
+
+    def load_report(self, url: str, report: LoadReport) -> None:
+        self.policy.on_worker_event(url, report)
+
+    def maintain(self, now: float | None = None) -> None:
+        """The policy's periodic work (cache eviction, expiry) at ``now`` (default: the clock's)."""
+        self.policy.maintain(self.clock() if now is None else now)
+
+    def snapshot(self) -> dict:
+        """``GET /router_stats``: the counters since the last ``stats.reset()``, the workers, the policy's accuracy."""
+        now = self.clock()
+        accuracy = self.policy.accuracy   # a policy's own account of its estimates, when it keeps one
+        return {**self.stats.snapshot([w.describe(now) for w in self.workers.values()]),
+                "keeps_estimate": self.policy.keeps_estimate,   # whether estimated_hit_rate estimates anything
+                **({"policy_accuracy": dict(accuracy)} if accuracy else {})}
+
+    def _unhold(self, att: Attempt) -> None:
+        att.held = False
+        held = self._held[att.worker.url]
+        held.remove(att)
+        if not held:
+            del self._held[att.worker.url]
