@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from framework.config import compose  # noqa: E402
 from framework.core.registry import COST  # noqa: E402
-from framework.contracts.cost import BatchShape, Instance, Step, itemsize  # noqa: E402
+from framework.contracts.cost import BatchShape, InstanceShape, Step, itemsize  # noqa: E402
 from framework.gpu.fit import PROFILED_HARDWARE, fit, fit_gemm, fit_memops, predict  # noqa: E402
 from framework.gpu.hardware import FIT_DIR  # noqa: E402
 from framework.gpu.profiles import PROFILES  # noqa: E402
@@ -137,7 +137,7 @@ def sanity() -> list[dict]:
         costs = {}
         model = replace(cfg.model, weight_dtype="fp8" if weights == "fp8" else None)
         for parallel in ("tp", "dp_attn"):
-            inst = Instance(model, cfg.hardware, parallel=parallel, size=8, moe="triton_fused")
+            inst = InstanceShape(model, cfg.hardware, parallel=parallel, size=8, moe="triton_fused")
             costs[parallel] = COST.build("roofline", COST.get("roofline").Config(), inst)
         kv_cell = cfg.model.num_layers * cfg.model.kv_cache_width * itemsize(cfg.model.dtype)
         for parallel, cost in costs.items():

@@ -1,5 +1,5 @@
 """What a simulator asks a cost model (a `sim/cost=` plugin, plugins/cost/): how long one engine step of one
-instance takes. Built once per instance with what does not change (`Instance`), then asked per step (`Step`)."""
+instance takes. Built once per instance with what does not change (`InstanceShape`), then asked per step (`Step`)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -57,7 +57,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Instance:
+class InstanceShape:
     """What an engine instance runs on and how it is split: fixed for the instance's life."""
     model: ModelConfig
     hardware: HardwareConfig
@@ -75,7 +75,7 @@ class CostModel(ABC):
     cuda_graphs = True          # the priced hardware replays captured decode graphs (engine.cuda_graph); a CPU: no
     reads_hardware = True       # prices the GPU `hardware=` names; False: what it measured, wherever it ran
 
-    def __init__(self, cfg, instance: Instance) -> None:
+    def __init__(self, cfg, instance: InstanceShape) -> None:
         self.cfg, self.instance = cfg, instance
 
     def describe(self) -> dict[str, Any]:

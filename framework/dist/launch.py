@@ -91,7 +91,7 @@ class Channel:
         self._conn.close()
 
 
-class Instance:
+class RankProcesses:
     """The running ranks of one instance. Use as a context manager, or call `join` / `terminate`."""
 
     def __init__(self, processes: list[Any], reports: list[Connection], channel: Channel | None, lifeline: Connection):
@@ -178,7 +178,7 @@ class Instance:
         for conn in self._reports:
             conn.close()
 
-    def __enter__(self) -> "Instance":
+    def __enter__(self) -> "RankProcesses":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -278,7 +278,7 @@ def _context(start_method: str | None) -> Any:
     return ctx
 
 
-def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, start_method, channel) -> Instance:
+def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, start_method, channel) -> RankProcesses:
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     backend = resolve_backend(backend, size)
@@ -303,7 +303,7 @@ def _spawn(fn, size, args, backend, master_port, timeout_s, startup_timeout_s, s
         parent_end, rank0_end = ctx.Pipe(duplex=True)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     processes, reports = [], []
-    instance = Instance(processes, reports, Channel(parent_end) if channel else None, lifeline_w)
+    instance = RankProcesses(processes, reports, Channel(parent_end) if channel else None, lifeline_w)
     try:
         for rank in range(size):
             reader, writer = ctx.Pipe(duplex=False)
@@ -373,9 +373,9 @@ def start(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     start_method: str | None = None,
-) -> Instance:
+) -> RankProcesses:
     """Start a long-lived instance: every rank runs `fn(group, channel, *args)`, where `channel` is a `Channel` to the
-    parent on rank 0 and None on the other ranks. The parent talks to rank 0 with `Instance.send` / `Instance.recv`.
+    parent on rank 0 and None on the other ranks. The parent talks to rank 0 with `RankProcesses.send` / `RankProcesses.recv`.
     """
     if torchrun_env() is not None:
         raise RuntimeError("start() spawns local ranks and cannot run under torchrun; use launch() there")

@@ -21,7 +21,7 @@ import torch
 from framework.dist import RankFailed, start
 from framework.engine.engine import pick_device
 from framework.instance.handle import Listener
-from framework.instance.local import LocalInstance
+from framework.instance.local import LocalRanks
 from framework.instance.rank_loop import (Abort, Add, Flush, Flushed, InstanceSpec, Outputs, Ready, Rejected, Stop,
                                        TokenOut, build_rank_engine, serve_rank)
 from framework.engine.request import Req
@@ -65,12 +65,12 @@ def open_engine(spec: InstanceSpec, fn=serve_rank) -> "InstanceClient | None":
     if group.rank != 0:
         tr.serve_other_rank(group, fn, spec)
         return None
-    return InstanceClient(tr.TorchrunInstance(group, fn, spec), ByteTokenizer(spec.model.vocab_size))
+    return InstanceClient(tr.TorchrunRanks(group, fn, spec), ByteTokenizer(spec.model.vocab_size))
 
 
 def local_client(engine) -> "InstanceClient":
     """A built engine as a one-rank instance in this process, behind the same seam as any other instance."""
-    return InstanceClient(LocalInstance(engine), engine.tokenizer)
+    return InstanceClient(LocalRanks(engine), engine.tokenizer)
 
 
 def failure_message(exc: BaseException) -> str:
@@ -81,14 +81,14 @@ def failure_message(exc: BaseException) -> str:
 
 
 class InstanceClient:
-    """`instance`: what runs the ranks (framework.dist's started Instance, a TorchrunInstance, a LocalInstance),
+    """`instance`: what runs the ranks (framework.dist's started RankProcesses, a TorchrunRanks, a LocalRanks),
     with send / recv / join / terminate; its rank 0 speaks framework.instance.rank_loop's messages."""
 
     @property
     def local_engine(self):
         """The engine when the instance is one rank in this process (its radix cache can publish KV events), else
         None: a multi-rank instance's engines live in its rank processes."""
-        return self.instance.engine if isinstance(self.instance, LocalInstance) else None
+        return self.instance.engine if isinstance(self.instance, LocalRanks) else None
 
     def __init__(self, instance, tokenizer, ready_timeout_s: float = STARTUP_TIMEOUT_S):
         self.instance, self.tokenizer = instance, tokenizer

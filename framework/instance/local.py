@@ -40,8 +40,8 @@ class _Pipe:
         return item
 
 
-class LocalInstance:
-    """The rank loop of one engine in a thread, with framework.dist's Instance interface (send / recv / join /
+class LocalRanks:
+    """The rank loop of one engine in a thread, with framework.dist's RankProcesses interface (send / recv / join /
     terminate). An exception in the loop reaches the client through `recv`, after the outputs sent before it."""
 
     def __init__(self, engine: Engine):

@@ -4,7 +4,7 @@ There is no parent process to spawn ranks: every torchrun process is one rank. R
 (framework.instance.rank_loop) in a thread and the bench / verify driver in its main thread; the two talk through a
 pipe with the launch channel's interface, so `InstanceClient` drives this exactly as it drives spawned ranks. The
 other ranks run the rank loop in their main thread and return once rank 0 says "stop". At the end every rank's
-statistics are all-gathered to rank 0, as `Instance.join` returns them.
+statistics are all-gathered to rank 0, as `RankProcesses.join` returns them.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def serve_other_rank(group, fn: Callable[..., Any], spec) -> None:
         shutdown(after_collective_failure=failed)
 
 
-class TorchrunInstance:
-    """Rank 0's stand-in for `framework.dist.Instance`: send / recv / join / terminate over its own rank loop."""
+class TorchrunRanks:
+    """Rank 0's stand-in for `framework.dist.RankProcesses`: send / recv / join / terminate over its own rank loop."""
 
     def __init__(self, group, fn: Callable[..., Any], spec):
         self.group = group

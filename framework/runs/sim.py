@@ -17,16 +17,16 @@ from framework.cluster.figures import cluster_figures
 from framework.core.errors import ClusterError
 from framework.serving.router.config import split_router_config
 from framework.sim.cluster import Simulation
-from framework.contracts.cost import CostModel, Instance
+from framework.contracts.cost import CostModel, InstanceShape
 from framework.sim.instance import SimInstance
 from framework.sim.router import SimRouter
 from framework.runs.checks import check_instance
 from framework.runs.finish import finish
 
 
-def cost_instance(cfg) -> Instance:
+def cost_instance(cfg) -> InstanceShape:
     """What the cost model prices: the run's model shapes on its hardware, split as its plugins split it."""
-    return Instance(cfg.model, cfg.hardware, cfg.parallel.name, cfg.parallel.size, cfg.moe.name,
+    return InstanceShape(cfg.model, cfg.hardware, cfg.parallel.name, cfg.parallel.size, cfg.moe.name,
                     parallel_cfg=cfg.parallel, moe_cfg=cfg.moe)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from framework.contracts.parallel import even_split
 from framework.core.registry import MOE, PARALLELISM
-from framework.contracts.cost import Collective, Instance
+from framework.contracts.cost import Collective, InstanceShape
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Layout:
         return self.size // self.attn_tp
 
 
-def plugin_configs(inst: Instance) -> tuple:
+def plugin_configs(inst: InstanceShape) -> tuple:
     """(parallelism class, its config, MoE class, its config): the instance's own, else each plugin's defaults
     (the parallelism's at the instance's size)."""
     par_cls, moe_cls = PARALLELISM.get(inst.parallel), MOE.get(inst.moe)
@@ -39,7 +39,7 @@ def plugin_configs(inst: Instance) -> tuple:
     return par_cls, par_cfg, moe_cls, moe_cfg
 
 
-def layout_for(inst: Instance) -> Layout:
+def layout_for(inst: InstanceShape) -> Layout:
     par_cls, par_cfg, moe_cls, moe_cfg = plugin_configs(inst)
     n, groups = inst.size, par_cls.dp_size(par_cfg)
     if groups < 1 or n % groups:
@@ -48,7 +48,7 @@ def layout_for(inst: Instance) -> Layout:
     return Layout(n, n // groups, moe_tokens, moe_partial, *moe_cls.expert_split(moe_cfg, n))
 
 
-def declared_collectives(inst: Instance, lay: Layout, group_tokens: tuple[int, ...],
+def declared_collectives(inst: InstanceShape, lay: Layout, group_tokens: tuple[int, ...],
                          group_reqs: tuple[int, ...]) -> tuple[Collective, ...]:
     """A step's collectives as the plugins declare them, when scheduler g runs group_tokens[g] tokens of
     group_reqs[g] requests, each layer's times the layers of its kind. Collectives over every rank run one after

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.core.registry import COST
-from framework.contracts.cost import CostConfig, CostModel, Instance, Step
+from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
 
 DEFAULT_PATH = "data/calibration/cpu.json"
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ class Fit:
         self.error = float(np.sqrt(np.mean((a @ coef - 1) ** 2)))     # RMS relative error on the grid
 
 
-def load_profile(path: str, instance: Instance) -> dict:
+def load_profile(path: str, instance: InstanceShape) -> dict:
     p = Path(path) if Path(path).is_absolute() else ROOT / path
     if not p.exists():
         raise ValueError(f"sim.cost.path={path}: no calibration there; run experiments/calibrate/run.py first")
@@ -88,7 +88,7 @@ class CalibratedCost(CostModel):
     cuda_graphs = False             # profiled on this CPU: the engine captures no graph there
     reads_hardware = False          # this machine's engine, as profiled: `hardware=` prices nothing here
 
-    def __init__(self, cfg: CalibratedConfig, instance: Instance) -> None:
+    def __init__(self, cfg: CalibratedConfig, instance: InstanceShape) -> None:
         super().__init__(cfg, instance)
         prof = load_profile(cfg.path, instance)
         pre, dec = prof["prefill"], prof["decode"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from framework.core.registry import COST
-from framework.contracts.cost import BatchShape, CostConfig, CostModel, Instance, Step, itemsize
+from framework.contracts.cost import BatchShape, CostConfig, CostModel, InstanceShape, Step, itemsize
 from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
 from plugins.cost._layout import declared_collectives, layout_for
@@ -52,7 +52,7 @@ def _total(*times: float) -> tuple[float, int]:
 class RooflineCost(CostModel):
     Config = RooflineConfig
 
-    def __init__(self, cfg: RooflineConfig, instance: Instance) -> None:
+    def __init__(self, cfg: RooflineConfig, instance: InstanceShape) -> None:
         super().__init__(cfg, instance)
         if cfg.decode_head_block < 0:
             raise ValueError(f"sim.cost.decode_head_block must be >= 0 (0: the latent read once), got "

@@ -11,7 +11,7 @@ from framework.engine.kv_pool import CountingKVPool
 from framework.engine.scheduler import Scheduler
 from framework.contracts.parallel import attention_params
 from framework.core.registry import COST, MOE, PARALLELISM
-from framework.contracts.cost import Instance, Step, decode_shape
+from framework.contracts.cost import InstanceShape, Step, decode_shape
 from framework.runs.sim import simulate
 
 
@@ -57,7 +57,7 @@ def test_the_engine_refuses_fp8_weights_it_would_not_build():
 
 def test_decode_kernel_reads_the_latent_once_per_16_heads(v2):
     def attention_s(parallel, block, batch=256, context=2048):
-        inst = Instance(v2.model, v2.hardware, parallel, 8, "triton_fused")
+        inst = InstanceShape(v2.model, v2.hardware, parallel, 8, "triton_fused")
         cost = COST.build("roofline", COST.get("roofline").Config(decode_head_block=block), inst)
         shapes = tuple(decode_shape(batch, batch * context) for _ in range(cost.lay.groups))
         return cost.step_breakdown(Step(shapes))["attention_s"]
@@ -65,7 +65,7 @@ def test_decode_kernel_reads_the_latent_once_per_16_heads(v2):
     assert attention_s("dp_attn", 16) > 3 * attention_s("dp_attn", 0)  # 128 heads: 8 reads of a long latent
     with pytest.raises(ValueError, match="sim.cost.decode_head_block must be >= 0"):
         COST.build("roofline", COST.get("roofline").Config(decode_head_block=-1),
-                   Instance(v2.model, v2.hardware, "tp", 8, "triton_fused"))
+                   InstanceShape(v2.model, v2.hardware, "tp", 8, "triton_fused"))
 
 
 def test_an_experiment_chooses_mode_sim_and_the_pr1970_setup_runs_small():

@@ -9,7 +9,7 @@ import pytest
 
 from framework.config import compose
 from framework.core.registry import COST, MOE, PARALLELISM, RegistryError
-from framework.contracts.cost import BatchShape, Collective, Instance, Step
+from framework.contracts.cost import BatchShape, Collective, InstanceShape, Step
 from framework.gpu.roofline import Roofline
 from plugins.cost.roofline import expected_touched
 from plugins.moe.ep import expected_destinations
@@ -27,7 +27,7 @@ def v2():
 
 def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weight_dtype=None):
     moe_cfg = MOE.get(moe).Config(dispatch=dispatch) if moe == "ep" else None
-    inst = Instance(replace(model, weight_dtype=weight_dtype), hw, parallel=parallel, size=size, moe=moe,
+    inst = InstanceShape(replace(model, weight_dtype=weight_dtype), hw, parallel=parallel, size=size, moe=moe,
                     moe_cfg=moe_cfg)
     return COST.build("roofline", COST.get("roofline").Config(), inst)
 
@@ -111,7 +111,7 @@ def test_mla_kv_reads_favour_dp_attention_at_long_context_with_one_read(v2, h100
     latent once for all heads, the longer the context, the more DP attention's attention time wins. SGLang v0.4's
     kernel reads it once per 16 heads: DP attention's 128 heads read it 8 times, and the win is gone."""
     def model(parallel):
-        inst = Instance(v2, h100, parallel=parallel, size=8, moe="triton_fused")
+        inst = InstanceShape(v2, h100, parallel=parallel, size=8, moe="triton_fused")
         return COST.build("roofline", COST.get("roofline").Config(decode_head_block=head_block), inst)
     tp, dp = model("tp"), model("dp_attn")
     ratios = []

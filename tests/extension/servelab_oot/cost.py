@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.contracts.cost import CostConfig, CostModel, Instance, Step
+from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
 from framework.core.registry import COST
 
 
@@ -20,7 +20,7 @@ class ConstantStep(CostModel):
     cuda_graphs = False          # a replayed graph would cost the same: no reason to model one
     reads_hardware = False       # prices no GPU: `hardware=` would change nothing, so a run that sets it is refused
 
-    def __init__(self, cfg: ConstantStepConfig, instance: Instance) -> None:
+    def __init__(self, cfg: ConstantStepConfig, instance: InstanceShape) -> None:
         if cfg.step_s <= 0:
             raise ValueError(f"sim.cost.step_s must be > 0, got {cfg.step_s}")
         super().__init__(cfg, instance)
