@@ -339,7 +339,7 @@ def main() -> None:
 
     from framework.config import compose
     from framework.cluster.peer_router import SglangRouter
-    from framework.cluster.ports import free_ports
+    from framework.core.ports import free_ports
 
     names = ["router", *(n for n in args.proxies if n != "router")]
     stub_ports, ports = free_ports("127.0.0.1", 2), dict(zip(names, free_ports("127.0.0.1", len(names))))

@@ -36,7 +36,7 @@ import urllib.request
 from framework.contracts.routing import SGLANG_ROUTER_VERSION, NotExpressible, RoutingPolicy
 from framework.core.errors import ClusterError
 from framework.core.registry import ROUTING
-from framework.cluster.ports import free_ports
+from framework.core.ports import free_ports
 
 log = logging.getLogger("servelab.peer_router")
 PINNED = SGLANG_ROUTER_VERSION

@@ -9,8 +9,6 @@ import dataclasses
 
 from framework.core.ports import free_ports
 
-__all__ = ["assign_free_ports", "free_ports", "with_free_port"]
-
 
 def assign_free_ports(cfg) -> None:
     """With router.port=0, set router.port and (local workers, no cluster.worker_ports given) cluster.worker_ports

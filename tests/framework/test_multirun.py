@@ -12,7 +12,8 @@ import pytest
 
 from framework.config import compose
 from framework.multirun import sweep_outcome
-from framework.cluster.ports import assign_free_ports, free_ports
+from framework.cluster.ports import assign_free_ports
+from framework.core.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 

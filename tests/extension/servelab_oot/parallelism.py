@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.contracts.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems,
-                                          model_weight_bytes, shard_ffns)
+from framework.contracts.parallel import Parallelism, ParallelConfig, model_weight_bytes, shard_ffns
 from framework.core.registry import PARALLELISM
+
+TensorParallel = PARALLELISM.get("tp")     # a third party builds on a built-in through the registry, by its key
 
 
 @dataclass
@@ -20,36 +21,20 @@ class ReplicatedVocabConfig(ParallelConfig):
 
 
 @PARALLELISM.register("tp_replicated_vocab")
-class ReplicatedVocabTP(Parallelism):
+class ReplicatedVocabTP(TensorParallel):
+    """The built-in tp's heads and FFN split; the vocabulary's hooks are the contract's own (whole on every rank)."""
     Config = ReplicatedVocabConfig
+    edge_comm = classmethod(Parallelism.edge_comm.__func__)
+    embed, logits = Parallelism.embed, Parallelism.logits
 
     @classmethod
     def describe(cls, cfg) -> dict:
         return {**super().describe(cfg), "vocab": "replicated"}
 
     @classmethod
-    def check_fits(cls, cfg, model_cfg, moe_partial: bool) -> list[str]:
-        problems = []
-        if model_cfg.num_heads % cfg.size:
-            problems.append(f"model.num_heads={model_cfg.num_heads} is not divisible by parallel.size={cfg.size}")
-        return problems + ffn_shard_problems(model_cfg, cfg.size, moe_partial)
-
-    @classmethod
     def weight_bytes(cls, cfg, model_cfg, rank: int, moe_partial: bool) -> dict[str, int]:
         return model_weight_bytes(model_cfg, heads=model_cfg.num_heads // cfg.size, vocab_rows=model_cfg.vocab_size,
                                   ffn_shards=cfg.size, shared_sharded=moe_partial)
-
-    @classmethod
-    def layer_comm(cls, cfg, model_cfg, tokens, ffn_layout, ffn_partial):
-        if cfg.size == 1:
-            return []
-        ranks, row = tuple(range(cfg.size)), model_cfg.hidden_size * model_cfg.itemsize
-        out = [Collective("all_reduce", tokens[0] * row, ranks)]           # attention: a partial sum per head
-        if ffn_layout == "local":
-            out.append(Collective("all_gather", cfg.size * max(even_split(tokens[0], cfg.size)) * row, ranks))
-        elif ffn_partial:
-            out.append(Collective("all_reduce", tokens[0] * row, ranks))
-        return out
 
     @classmethod
     def check_step_logs(cls, logs: list[list]) -> list[str]:
@@ -64,16 +49,3 @@ class ReplicatedVocabTP(Parallelism):
             for block in model.layers:
                 block.attn.shard_heads(self.rank, self.size)
         shard_ffns(model, self.rank, self.size)
-
-    def attn_reduce(self, x):
-        return self.group.all_reduce(x, "sum") if self.size > 1 else x
-
-    def ffn(self, h, module, batch):
-        if self.size == 1:
-            return module(h)
-        if module.token_layout == "local":       # every rank holds the same tokens: each runs a share, then all
-            counts = even_split(h.shape[0], self.size)
-            start = sum(counts[: self.rank])
-            return self.group.all_gather_uneven(module(h[start:start + counts[self.rank]]), counts)
-        out = module(h)
-        return self.group.all_reduce(out, "sum") if module.partial else out
