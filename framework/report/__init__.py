@@ -1,2 +1,3 @@
 """Reports over runs: plots (matplotlib PNG), the W&B mirror, and `python -m framework.report RUN_DIR...`, which
-aggregates runs or a multirun into one table and its plots (see aggregate.py)."""
+compares any runs (single runs, multiruns) in one table and a plot per metric, each run named by its overrides
+(see aggregate.py)."""

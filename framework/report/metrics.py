@@ -68,12 +68,55 @@ def failure_summary(records: list[RequestRecord]) -> str | None:
     return f"{len(failed)} request(s) failed; first error: {failed[0].error}" if failed else None
 
 
-def format_table(results: dict[str, Any], title: str = "results") -> str:
-    rows = [(k, f"{v:,.4g}" if isinstance(v, float) else str(v)) for k, v in results.items()
-            if not isinstance(v, (dict, list))]
-    width = max(len(k) for k, _ in rows)
-    line = "-" * (width + 24)
-    return "\n".join([line, title, line] + [f"{k:<{width}}  {v:>20}" for k, v in rows] + [line])
+# The console's headline, in this order; everything else stays in results.json. A figure shows when it has a value
+# (not NaN: no router estimate outside the router), WHEN_NONZERO ones only when something happened.
+HEADLINE = ("requests_completed", "requests_failed", "duration_s", "request_throughput_req_s",
+            "output_throughput_tok_s", "goodput_req_s", "slo_attainment", "cache_hit_rate",
+            "router_estimated_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
+            "e2e_p50_ms", "e2e_p99_ms", "load_imbalance", "expert_imbalance_max", "verify_max_abs_err", "verify_atol",
+            "verify_passed", "sim_wall_s")
+WHEN_NONZERO = ("router_retries", "retractions", "graph_replayed_steps", "worker_restarts", "router_restarts",
+                "workers_given_up")
+SLO_KEYS = ("goodput_req_s", "slo_attainment")        # without an SLO, goodput is the request throughput
+
+
+def _shown(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and not np.isfinite(v)) and not isinstance(v, (dict, list))
+
+
+def headline(results: dict[str, Any], slo_set: bool = True) -> dict[str, Any]:
+    """The figures the console shows: HEADLINE's with a value, a per-case logit error of mode=verify, the
+    WHEN_NONZERO counters that moved."""
+    out = {k: results[k] for k in HEADLINE if k in results and _shown(results[k]) and (slo_set or k not in SLO_KEYS)}
+    out.update({k: v for k, v in results.items() if k.endswith("_max_abs_err") and _shown(v)})
+    out.update({k: results[k] for k in WHEN_NONZERO if _shown(results.get(k)) and results[k]})
+    return out
+
+
+def describe(config: dict) -> str:
+    """The MoE backend with its settings, as the header names it: `moe=ep (dispatch=all_to_all, kernel=auto)`."""
+    moe = dict(config.get("moe") or {})
+    name = moe.pop("name", "?")
+    return f"moe={name}" + (f" ({', '.join(f'{k}={v}' for k, v in moe.items())})" if moe else "")
+
+
+def _slo_set(config: dict) -> bool:
+    slo = (config.get("workload") or {}).get("slo") or {}
+    return any(slo.values()) if isinstance(slo, dict) else bool(slo)
+
+
+def format_table(results: dict[str, Any], title: str = "results", config: dict | None = None) -> str:
+    """The headline figures under the run's title (with its MoE backend when the title names an instance's
+    parallelism but not its MoE), then how many more figures results.json holds."""
+    if config and "parallel=" in title and "moe=" not in title:
+        title = f"{title}, {describe(config)}"
+    rows = [(k, f"{v:,.4g}" if isinstance(v, float) else str(v))
+            for k, v in headline(results, True if config is None else _slo_set(config)).items()]
+    rest = len(results) - len(rows)
+    width = max([len(k) for k, _ in rows] + [20])
+    line = "-" * max(width + 22, min(len(title), 100))
+    return "\n".join([line, title, line] + [f"{k:<{width}}  {v:>20}" for k, v in rows] + [line]
+                     + ([f"(+ {rest} more in results.json)"] if rest > 0 else []))
 
 
 def report(results: dict[str, Any], out_dir: str | os.PathLike, config: dict, logger_cfg, title: str,
@@ -92,7 +135,7 @@ def report(results: dict[str, Any], out_dir: str | os.PathLike, config: dict, lo
     if logger_cfg.plots:
         from framework.report.plots import run_plots
         plots = run_plots(results, out)
-    print(format_table(results, title))
+    print(format_table(results, title, config))
     print(f"results: {path}" + (f"  plots: {', '.join(p.name for p in plots)}" if plots else ""))
     if LogMode(logger_cfg.mode) is not LogMode.disabled:
         from framework.report.wandb_log import log_run  # wandb imports slowly: only when it logs

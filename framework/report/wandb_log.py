@@ -24,7 +24,7 @@ class LoggerConfig:
     entity: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     group: Optional[str] = None       # None: the multirun's directory, or the W&B sweep's id (one group per study)
-    name: Optional[str] = None        # None: the run's overrides (Hydra's job.override_dirname)
+    name: Optional[str] = None        # None: the run's overrides (Hydra's job.override_dirname, else "defaults")
     plots: bool = True                # PNG plots beside results.json (and to W&B)
 
 
@@ -70,13 +70,22 @@ def _table(wandb, columns: list[str], rows: list[list]):
     return wandb.Table(columns=columns, data=rows)
 
 
+def run_name(logger_cfg, out: Path) -> str:
+    """`logger.name`, else the run's overrides as typed (.hydra/overrides.yaml, ports and logger settings left out),
+    else "defaults": never one of W&B's random names, which say nothing about what ran."""
+    if logger_cfg.name:
+        return logger_cfg.name
+    from framework.report.overrides import label, run_overrides
+    return label(run_overrides(out) or {}) or "defaults"
+
+
 def log_run(results: dict, config: dict, logger_cfg, out: Path, plots: list[Path]) -> None:
     import wandb
     os.environ.setdefault("WANDB_SILENT", "true")
     mode = LogMode(logger_cfg.mode).value
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=mode, dir=str(out),
                      config=flatten(config), tags=list(logger_cfg.tags), group=logger_cfg.group,
-                     name=logger_cfg.name, reinit="finish_previous")
+                     name=run_name(logger_cfg, out), reinit="finish_previous")
     scalars = {k: v for k, v in results.items() if isinstance(v, (int, float, str, bool))}
     run.summary.update(scalars)
     run.log({**{k: v for k, v in scalars.items() if isinstance(v, (int, float))}, **tables(results),

@@ -2,6 +2,7 @@
 force over hand-made records; requests.jsonl round trip."""
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -83,3 +84,73 @@ def test_requests_jsonl_round_trip(tmp_path):
     assert len(lines) == len(recs)
     back = read_requests(path)
     assert back == sorted(recs, key=lambda r: r.send_s)              # in the order they were sent
+
+
+def engine_and_router_figures() -> dict:
+    """What a cluster bench or mode=sim adds to the summary (keys as framework/engine/stats.py, the cluster's figures
+    and the simulator write them): counters of CUDA graphs that never ran, per-layer MoE rows, a NaN estimate."""
+    return {"workers": 2, "load_imbalance": 1.08, "router_retries": 0, "router_estimated_hit_rate": 0.66,
+            "router_confirmed_hit_rate": float("nan"), "parallel": "tp", "parallel_size": 2, "dp_size": 1,
+            "kv_sizing": "mem_budget", "kv_capacity_tokens_per_rank": 55533, "retractions": 0, "steps": 481,
+            "graph_eligible_steps": 430, "graph_replayed_steps": 0, "graph_eager_steps": 481,
+            "graph_eager_off_steps": 430, "graph_eligible_frac": 0.894,
+            **{f"moe_layer{i}_{k}": 1.5 for i in (1, 2, 3) for k in ("routed_slots", "expert_imbalance",
+                                                                      "ep_rank_imbalance")},
+            "expert_imbalance_max": 2.07, "expert_load": {"layer1": [3, 1]}, "requests_per_rank": [6, 6],
+            "sim_wall_s": 0.14}
+
+
+def test_console_table_is_the_headline(tmp_path, capsys):
+    """The printed table: the headline figures under a header naming the MoE backend with the parallelism and the
+    router; no counters of graphs that never ran, no per-layer rows, no NaN, no goodput without an SLO; the rest in
+    results.json, and the table says so."""
+    from framework.report.metrics import report
+    from framework.report.wandb_log import LoggerConfig, LogMode
+    recs = records()
+    results = {**summarize(recs, 7.5), **engine_and_router_figures()}
+    config = {"moe": {"name": "ep", "dispatch": "all_to_all"}, "workload": {"slo": {"ttft_ms": None}}}
+    title = "cluster bench: multi_turn, router=cache_aware, 2 instances, parallel=tpx2"
+    report(results, tmp_path, config, LoggerConfig(mode=LogMode.disabled, plots=False), title, recs)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1] == title + ", moe=ep (dispatch=all_to_all)"
+    assert len(lines) <= 24, out                                      # ~20 figures, rules, the results line
+    for hidden in ("graph_", "moe_layer", "nan", "router_confirmed", "goodput", "slo_attainment", "retractions",
+                   "steps", "kv_capacity"):
+        assert hidden not in out, hidden
+    for shown in ("ttft_p99_ms", "tpot_p50_ms", "output_throughput_tok_s", "router_estimated_hit_rate",
+                  "expert_imbalance_max", "requests_failed"):
+        assert shown in out, shown
+    assert "more in results.json" in out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) <= set(saved)                                 # everything stays on disk
+
+    results.update(graph_replayed_steps=400, retractions=3)           # what happened shows; so do SLOs that are set
+    report(results, tmp_path, {**config, "workload": {"slo": {"ttft_ms": 200}}},
+           LoggerConfig(mode=LogMode.disabled, plots=False), title, recs)
+    out = capsys.readouterr().out
+    assert "graph_replayed_steps" in out and "retractions" in out and "goodput_req_s" in out
+
+
+@pytest.mark.long
+def test_a_simulated_runs_table_as_printed(tmp_path):
+    """`python run.py mode=sim` as typed: its table is the headline (about 20 lines), the header names the router,
+    the parallelism and the MoE backend, and no counter of a CUDA graph that never ran, no per-layer row, no NaN."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "run.py", "mode=sim", "logger.mode=disabled", "logger.plots=false",
+                        f"hydra.run.dir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    last = next(i for i, line in enumerate(lines) if line.startswith("(+ ") and "more in results.json" in line)
+    table = "\n".join(lines[first:last + 1])
+    assert last - first <= 24, table
+    header = lines[first + 1]
+    assert "router=" in header and "parallel=" in header and "moe=" in header, header
+    for hidden in ("graph_", "moe_layer", "nan", "router_confirmed"):
+        assert hidden not in table, hidden
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert "graph_eligible_steps" in saved and "router_confirmed_hit_rate" in saved    # kept on disk
