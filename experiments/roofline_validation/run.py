@@ -35,7 +35,8 @@ MEASURED = PROFILES / "measured"
 SANITY_BATCHES = (64, 256, 1024, 2048, 4096)
 CONTEXT = 256                  # PR #1970: input 1, output 512 -> a request's mean context over its decode
 CUDA_GRAPH_MAX_BS = 160        # SGLang v0.4's default: larger decode batches run eagerly
-MEM_FRACTION_STATIC = 0.83     # SGLang v0.4 at tp 8
+MEM_FRACTION_STATIC = 0.81     # SGLang v0.4.1 at tp 8 (server_args.py)
+GPU_MEMORY_GIB = 81_559 / 1024  # nvidia-smi's total for an H100 SXM 80GB: the one memory basis of every experiment
 
 
 def kind_of(op) -> str:
@@ -130,7 +131,7 @@ def weight_bytes_per_rank(cost) -> float:
 
 def sanity() -> list[dict]:
     """DeepSeek-V2 decode on 8xH100 under tp=8 and dp_attn=8 (moe=triton_fused, SGLang v0.4's MoE): step time at a
-    few batch sizes, and the KV each scheme leaves with SGLang's mem_fraction_static 0.83."""
+    few batch sizes, and the KV each scheme leaves with SGLang's mem_fraction_static 0.81."""
     cfg = compose(["model=deepseek_v2", "hardware=h100_sxm"])
     rows = []
     for weights in ("model", "fp8"):
@@ -142,7 +143,7 @@ def sanity() -> list[dict]:
         kv_cell = cfg.model.num_layers * cfg.model.kv_cache_width * itemsize(cfg.model.dtype)
         for parallel, cost in costs.items():
             weights_gib = weight_bytes_per_rank(cost) / 2**30
-            kv_tokens = max(0.0, cfg.hardware.hbm_gb * MEM_FRACTION_STATIC - weights_gib) * 2**30 / kv_cell
+            kv_tokens = max(0.0, GPU_MEMORY_GIB * MEM_FRACTION_STATIC - weights_gib) * 2**30 / kv_cell
             per_instance = kv_tokens * cost.lay.groups
             row = {"weights": weights, "parallel": parallel, "weights_gib_per_gpu": weights_gib,
                    "kv_tokens_per_gpu": int(kv_tokens), "kv_tokens_instance": int(per_instance),

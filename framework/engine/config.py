@@ -18,7 +18,15 @@ class Device(enum.StrEnum):
     cuda = "cuda"
 
 
+class Role(enum.StrEnum):
+    """What an instance serves (`engine.role`; per worker: `cluster.roles`): SGLang's --disaggregation-mode."""
+    mixed = "mixed"      # prefill and decode on one instance (SGLang's "null")
+    prefill = "prefill"  # computes a prompt's KV, hands it to a decode instance, answers with the first token
+    decode = "decode"    # pre-allocates a request's KV slots, receives the KV and the first token, then decodes
+
+
 SCHEDULE_POLICIES = tuple(p.value for p in SchedulePolicy)
+ROLES = tuple(r.value for r in Role)
 DEVICES = tuple(d.value for d in Device)
 
 
@@ -44,9 +52,19 @@ class EngineConfig:
     # CUDA graphs for decode (SGLang's CudaGraphRunner, framework/engine/cuda_graph.py): a graph per batch-size
     # bucket captured at start, a decode step padded to its bucket and replayed; on a CUDA device only
     cuda_graph: bool = True               # false: SGLang's --disable-cuda-graph
-    cuda_graph_max_bs: Optional[int] = None   # the largest bucket; None: SGLang's 160 (96 under DP attention)
+    cuda_graph_max_bs: Optional[int] = None   # the largest bucket; None: SGLang's 160 (under DP attention: below)
     cuda_graph_bs: list[int] = field(default_factory=list)   # the buckets; empty: [1, 2, 4] + multiples of 8
+    # the default cap under DP attention: SGLang v0.4.1's 160 (PR #2484); 96: v0.4.0's min(cuda_graph_max_bs, 96)
+    cuda_graph_dp_attention_max_bs: int = 160
     cuda_graph_max_context: int = 2048    # slots a captured decode attends over; a longer context runs eagerly
+    # prefill/decode disaggregation (framework/instance/kv_connector.py; SGLang's --disaggregation-* flags)
+    role: Role = Role.mixed
+    disaggregation_transfer_backend: str = "auto"   # mooncake | tcp | auto (mooncake where it loads, else tcp)
+    disaggregation_bootstrap_port: int = 8998   # prefill: where decode instances send a room's destination
+    disaggregation_host: str = "127.0.0.1"      # the address this instance's transfer endpoints are reached at
+    disaggregation_layerwise: bool = False      # true: one transfer per layer; false: one per request
+    disaggregation_decode_prefix_reuse: bool = False   # decode: receive only what its radix cache lacks (servelab)
+    disaggregation_timeout_s: float = 60.0      # a room unpaired, or a transfer unanswered, this long fails
 
     def validate(self) -> None:
         problems = []
@@ -69,11 +87,21 @@ class EngineConfig:
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             problems.append(f"engine.cuda_graph_max_bs must be >= 1 (or null: SGLang's 160), got "
                             f"{self.cuda_graph_max_bs}")
+        if self.cuda_graph_dp_attention_max_bs < 1:
+            problems.append(f"engine.cuda_graph_dp_attention_max_bs must be >= 1 (160: SGLang v0.4.1, 96: v0.4.0), "
+                            f"got {self.cuda_graph_dp_attention_max_bs}")
         if any(b < 1 for b in self.cuda_graph_bs):
             problems.append(f"engine.cuda_graph_bs must hold batch sizes >= 1 (or be empty: SGLang's buckets), "
                             f"got {list(self.cuda_graph_bs)}")
         if self.cuda_graph_max_context < 1:
             problems.append(f"engine.cuda_graph_max_context must be >= 1, got {self.cuda_graph_max_context}")
+        if self.role not in ROLES:
+            problems.append(f"engine.role={self.role!r} is not one of {', '.join(ROLES)}")
+        if self.disaggregation_timeout_s <= 0:
+            problems.append(f"engine.disaggregation_timeout_s must be > 0, got {self.disaggregation_timeout_s}")
+        if not 0 <= self.disaggregation_bootstrap_port < 65536:
+            problems.append(f"engine.disaggregation_bootstrap_port must be a port (0-65535), got "
+                            f"{self.disaggregation_bootstrap_port}")
         if self.device not in DEVICES:
             problems.append(f"engine.device={self.device!r} is not one of {', '.join(DEVICES)}")
         if problems:

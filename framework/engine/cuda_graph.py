@@ -6,7 +6,8 @@ that may run a graph copies its batch into the buffers, pads the rest, replays i
 first rows of the logits. SGLang v0.4's rules, and where servelab differs (docs/fidelity.md, "CUDA graphs"):
 
 - buckets (`capture_bs`): [1, 2, 4] + multiples of 8 up to 160, kept when <= `cuda_graph_max_bs` (default 160;
-  `server_args.py`: min(., 96) under DP attention) and <= the req_to_token rows (`max_running_requests`).
+  v0.4.0's `server_args.py`: min(., 96) under DP attention, gone in v0.4.1: `engine.cuda_graph_dp_attention_max_bs`)
+  and <= the req_to_token rows (`max_running_requests`), plus that row count and one less when the list outgrows it.
   `engine.cuda_graph_bs` replaces the list; servelab continues the multiples of 8 past 160 when
   `engine.cuda_graph_max_bs` is raised above it (SGLang's list stops at 160 whatever the max says).
 - which steps replay (`ModelRunner.forward`: `forward_mode.is_cuda_graph()` and `CudaGraphRunner.can_run`): DECODE
@@ -46,7 +47,8 @@ from framework.contracts.batch import ForwardBatch, ForwardMode
 log = logging.getLogger(__name__)
 
 SGLANG_MAX_BS = 160            # server_args.cuda_graph_max_bs on a GPU with >= 25 GB
-SGLANG_DP_ATTENTION_MAX_BS = 96
+SGLANG_DP_ATTENTION_MAX_BS = 160   # v0.4.1 (PR #2484 removed v0.4.0's min(., 96) under DP attention)
+SGLANG_V040_DP_ATTENTION_MAX_BS = 96   # v0.4.0's: engine.cuda_graph_dp_attention_max_bs=96
 SEQ_LEN_FILL = 1               # a padded row attends to one slot, the padding sink (its own zero latent)
 REASONS = ("mode", "disagree", "size", "off", "context")
 EAGER_COUNTERS = {r: f"graph_eager_{r}_steps" for r in REASONS}
@@ -57,9 +59,12 @@ Replay = Callable[[], torch.Tensor]
 
 def capture_sizes(max_bs: int, buckets: list[int], max_running: int) -> list[int]:
     """The batch sizes to capture: `buckets` (default SGLang's [1, 2, 4, 8, 16, ...]) up to max_bs and the
-    req_to_token rows."""
+    req_to_token rows. SGLang v0.4.1 (`cuda_graph_runner.py`): when the default list outgrows the request pool, the
+    pool's size and that less one are captured too."""
     sizes = buckets or [1, 2, 4, *range(8, max_bs + 1, 8)]
-    return sorted({b for b in sizes if b <= min(max_bs, max_running)})
+    if not buckets and max(sizes) > max_running:
+        sizes = [*sizes, max_running - 1, max_running]
+    return sorted({b for b in sizes if 1 <= b <= min(max_bs, max_running)})
 
 
 class NotCapturable(RuntimeError):
@@ -118,7 +123,7 @@ class GraphPolicy:
     captured some; the simulator: the priced hardware has them and engine.cuda_graph is on)."""
 
     def __init__(self, cfg, dp_attention: bool, max_running: int, context_width: int, captured: bool = False):
-        max_bs = cfg.cuda_graph_max_bs or (SGLANG_DP_ATTENTION_MAX_BS if dp_attention else SGLANG_MAX_BS)
+        max_bs = cfg.cuda_graph_max_bs or (cfg.cuda_graph_dp_attention_max_bs if dp_attention else SGLANG_MAX_BS)
         self.sizes = capture_sizes(max_bs, list(cfg.cuda_graph_bs), max_running)
         self.width = min(cfg.cuda_graph_max_context, context_width)
         self.stats = dict.fromkeys(GRAPH_COUNTERS, 0)

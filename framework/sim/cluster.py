@@ -27,6 +27,7 @@ from framework.core.records import RequestRecord
 from framework.contracts.workload import Session
 from framework.load.sessions import DueTurns, not_sent
 from framework.routing.core import Attempt, route_fields
+from framework.sim.frontend import FrontEnd
 from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
@@ -64,6 +65,7 @@ class Simulation:
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
         self.side_procs, self.background = side_procs, background
         self.state = {name: _State() for name in instances}
+        self.frontends = {name: FrontEnd(getattr(inst.cost, "cfg", None)) for name, inst in instances.items()}
         self.progress = progress
         self.heap: list = []
         self.seq = 0
@@ -131,9 +133,11 @@ class Simulation:
         params = SamplingParams(max_new_tokens=turn.max_new_tokens, temperature=self.wl.temperature,
                                 ignore_eos=self.wl.ignore_eos)
         at_router = now + self.net
-        ids = self.tokenizer.encode(text)
+        ids = self.tokenizer.encode(text, add_bos=getattr(self.wl, "bos", False))   # workload.bos: the server's BOS
         att, hold = self.router.send(text, ids, at_router)
-        req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router + self.router_s + self.net)
+        at_server = at_router + self.router_s + self.net
+        req = Req(ids, params, rid=f"{s.sid}/{k}",
+                  arrival_time=self.frontends[att.worker.url].tokenize(at_server, len(ids)))
         flight = att.ref = _Flight(s, k, req, att.worker.url, att, now)
         self.flights[req.rid] = flight
         if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
@@ -235,13 +239,13 @@ class Simulation:
         else:
             out = inst.finish_step(now)
             ends = [now]
-        for req in out:
+        for req, written in zip(out, self.frontends[worker].stream(ends, out)):   # chunks out, one by one
             flight = self.flights[req.rid]
             if self.itl:
                 flight.times += ends                       # a step gives each request one token, a run one per step
             if req.finished:
-                self.router.done(flight.attempt, now + self.net, usage=usage_of(req))
-                self.push(now + 2 * self.net, CLIENT, "done", flight)
+                self.router.done(flight.attempt, written + self.net, usage=usage_of(req))
+                self.push(written + 2 * self.net, CLIENT, "done", flight)
         held, st.held = st.held, []
         for flight in held:
             self._queue(now, worker, flight)

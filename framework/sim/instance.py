@@ -50,6 +50,8 @@ class SimInstance:
                                  context_len=cfg.model.max_position_embeddings)
                        for _ in range(dp_size)]
         self.dispatcher = par_cls.make_dispatcher(cfg.parallel)
+        for rank, group in enumerate(self.groups):   # dp_balance=precise follows each group's KV events
+            self.dispatcher.watch(rank, group.cache)
         self.answers: dict[str, list[int]] = {}
         # CUDA graphs as the engine's GraphRunner decides them; captured only where the priced hardware has them
         graphs = cfg.engine.cuda_graph and cost_model.cuda_graphs
@@ -65,7 +67,7 @@ class SimInstance:
     def add(self, req: Req, dp_rank: int | None = None) -> None:
         """Queue a request on the DP group the dispatcher picks (`dp_rank`: a pin, as the engine's Add carries;
         ValueError when it can never run there)."""
-        group = self.groups[self.dispatcher.assign(dp_rank)]   # the loads it sees: the last step's, as the engine's
+        group = self.groups[self.dispatcher.assign(dp_rank, req.prompt_ids)]   # the loads it sees: the last step's, as the engine's
         group.add(req)
         self.answers[req.rid] = answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
 

@@ -24,6 +24,7 @@ from framework.core.registry import COST
 from framework.contracts.cost import BatchShape, CostConfig, CostModel, InstanceShape, Step, itemsize
 from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
+from plugins.cost._host import combine, eager_floor_s, overlapped, scheduler_s
 from plugins.cost._layout import declared_collectives, layout_for
 
 
@@ -35,6 +36,40 @@ class RooflineConfig(CostConfig):
     # h heads reads it ceil(h / 16) times (TP x8 of DeepSeek-V2: once; DP attention: 8 times). 0: once for all heads
     # (a FlashMLA-style kernel)
     decode_head_block: int = 16
+    # -- SGLang v0.4's kernels (issue 19, item 5; docs/fidelity.md "Cost model terms") -----------------------------
+    # the Triton MLA decode runs in two stages (decode_attention.py, num_kv_splits=8): stage 1 writes each split's
+    # fp32 partial output and log-sum-exp (B x H x splits x (kv_lora_rank + 1) x 4 bytes), stage 2 reads them and
+    # reduces. 0: one stage (no partials)
+    mla_decode_kv_splits: int = 8
+    # the fraction of the attention compute rate the absorbed-MLA extend kernel (extend_attention.py over the
+    # 576/512-wide latent) reaches; no public measurement of the 2024 kernel: 1.0 (the dense-GEMM fit)
+    absorbed_extend_eff: float = 1.0
+    # fp8 checkpoints: every fp8 GEMM's input is quantized per token first (vLLM's scaled_fp8_quant, which v0.4
+    # calls): one kernel reading the bf16 activations and writing fp8 + one scale per row
+    fp8_act_quant: bool = True
+    # the fraction of the fitted GEMM rates the fp8 Triton fused MoE (fused_moe_triton, default configs) reaches;
+    # no public measurement of the 2024 kernel: 1.0 (the dense-GEMM fit)
+    fused_moe_fp8_eff: float = 1.0
+    # -- the host (issue 19, item 4; plugins/cost/_host.py) ----------------------------------------------------------
+    overlap_schedule: str = "auto"    # auto: v0.4's choice (off under DP attention or on Triton attention) | on | off
+    attention_backend: str = "auto"   # auto: triton (v0.4 runs every MLA model on it) | triton | flashinfer
+    # servelab's scheduler on this repository's CPU (experiments/calibrate/host.py, results.json "fit")
+    host_step_us: float = 57.5
+    host_running_us: float = 0.84
+    host_new_req_us: float = 12.8
+    # the 2024 H100 host's single-thread time / this machine's (Geekbench 5 single thread: Xeon Platinum 8468,
+    # Sapphire Rapids as in a DGX H100, 1,257 vs EPYC 7763 at this machine's 2.45 GHz, 1,249)
+    host_speed_factor: float = 0.994
+    eager_floor: bool = True          # an eager forward costs at least the host's launches per layer (below)
+    # SGLang PR #1401 (bench_latency, batch 1, Triton, eager): Llama-3-8B 9.28 ms / 32 layers; DeepSeek-Coder-V2-Lite
+    # "4x" its graph's 6.22 ms = 24.9 ms, less one dense layer, over its 26 MLA + MoE layers
+    eager_dense_layer_us: float = 290.0
+    eager_moe_layer_us: float = 946.0
+    # -- the front end (issue 19, item 3; framework/sim/frontend.py): one TokenizerManager per server process ------
+    frontend: bool = True
+    tokenize_us_per_token: float = 0.0    # not measured (no HF tokenizer offline): 0
+    stream_us_per_chunk: float = 8.0      # experiments/calibrate/host.py: detokenize + one SSE event per request
+    stream_interval: int = 1              # SGLang's --stream-interval: a chunk every this many tokens
 
 
 def expected_touched(experts: int, top_k: int, tokens: float) -> float:
@@ -57,6 +92,17 @@ class RooflineCost(CostModel):
         if cfg.decode_head_block < 0:
             raise ValueError(f"sim.cost.decode_head_block must be >= 0 (0: the latent read once), got "
                              f"{cfg.decode_head_block}")
+        bad = [f"sim.cost.{k}={getattr(cfg, k)} must be > 0 and <= 1" for k in ("absorbed_extend_eff",
+                                                                              "fused_moe_fp8_eff")
+               if not 0 < getattr(cfg, k) <= 1]
+        bad += [f"sim.cost.{k}={getattr(cfg, k)} must be >= 0" for k in
+                ("mla_decode_kv_splits", "host_step_us", "host_running_us", "host_new_req_us", "host_speed_factor",
+                 "eager_dense_layer_us", "eager_moe_layer_us", "tokenize_us_per_token", "stream_us_per_chunk")
+                if getattr(cfg, k) < 0]
+        if cfg.stream_interval < 1:
+            bad.append(f"sim.cost.stream_interval={cfg.stream_interval} must be >= 1")
+        if bad:
+            raise ValueError("; ".join(bad))
         m = instance.model
         self.m, self.lay, self.rf = m, layout_for(instance), Roofline(instance.hardware)
         if m.num_heads % self.lay.attn_tp:
@@ -72,6 +118,12 @@ class RooflineCost(CostModel):
         self._absorbed_flops = 2 * h * (width + m.kv_lora_rank)          # per (query, key) pair: scores, values
         self._absorbed_bytes = h * (width + m.kv_lora_rank) * a          # per token: q in latent space, out
         self._latent_bytes = width * a                                  # per cached token
+        self.overlap = overlapped(cfg, self.lay.groups)
+        self.eager_floor = eager_floor_s(cfg, m.first_k_dense_replace, self.moe_layers)
+        # two-stage decode: per request and head, each split's fp32 partial output and log-sum-exp, written by
+        # stage 1 and read by stage 2
+        self._partials_bytes = h * cfg.mla_decode_kv_splits * (m.kv_lora_rank + 1) * 4
+        self._fp8_quant = cfg.fp8_act_quant and self.wdtype == "fp8"
         block = cfg.decode_head_block
         self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
@@ -112,8 +164,11 @@ class RooflineCost(CostModel):
         gpu = m.num_layers * attn + ffn + head + comm
         kernels += kf + kc
         launch = 0.0 if step.graph else kernels * self.instance.hardware.launch_overhead_us * 1e-6
+        sched = scheduler_s(self.cfg, step)
+        forward, total = combine(self.cfg, gpu, launch, step.graph, sched, self.overlap, self.eager_floor)
         return {"attention_s": m.num_layers * attn, "ffn_s": ffn, "head_s": head, "comm_s": comm,
-                "launch_s": launch, "kernels": kernels, "total_s": max(gpu, launch)}
+                "launch_s": launch, "kernels": kernels, "gpu_s": gpu, "forward_s": forward, "scheduler_s": sched,
+                "total_s": total}
 
     def _ffn(self, t_max: int, total: int) -> tuple[float, int]:
         """Every dense FFN and MoE layer of a step whose largest batch has `t_max` tokens, `total` in all."""
@@ -147,6 +202,12 @@ class RooflineCost(CostModel):
             flops = self._absorbed_flops * scored
             reads = self._decode_latent_reads if b.mode == "decode" else 1
             nbytes = seen * self._latent_bytes * reads + t * self._absorbed_bytes
+            if b.mode == "decode" and self._partials_bytes:      # stage 1 writes the partials, stage 2 reads them
+                partials = t * self._partials_bytes
+                return (proj + self.rf.attention(flops, nbytes + partials)
+                        + self.rf.attention(partials / 2, partials), kernels + 2)   # 2 FLOPs per fp32 read
+            if b.mode == "extend":
+                flops /= self.cfg.absorbed_extend_eff
         return proj + self.rf.attention(flops, nbytes), kernels + 1
 
     def _projections(self, t: int, normal: bool) -> tuple[float, int]:
@@ -170,12 +231,15 @@ class RooflineCost(CostModel):
                       *latent, gemm(t, m.hidden_size, h * m.v_head_dim))
 
     # -- FFN layers ------------------------------------------------------------------------------------------------
-    def _mlp(self, t: float, inter: float, batch: float = 1.0, assigned: float | None = None) -> tuple[float, int]:
-        """SiLU-gated MLP: gate_up, act, down. `batch` experts sharing `assigned` (token, expert) rows."""
+    def _mlp(self, t: float, inter: float, batch: float = 1.0, assigned: float | None = None,
+             tokens_in: float | None = None) -> tuple[float, int]:
+        """SiLU-gated MLP: gate_up, act, down. `batch` experts sharing `assigned` (token, expert) rows, gathered from
+        `tokens_in` tokens (the fused MoE quantizes those once for its first GEMM, the assigned rows for its second)."""
         rows = t if assigned is None else assigned
-        return _total(self._gemm(t, 2 * inter, self.m.hidden_size, batch=batch),
+        eff = self.cfg.fused_moe_fp8_eff if assigned is not None and self.wdtype == "fp8" else 1.0
+        return _total(self._gemm(t, 2 * inter, self.m.hidden_size, batch=batch, eff=eff, quant_rows=tokens_in),
                       self.rf.memop("act", rows * 3 * inter * self.act),
-                      self._gemm(t, self.m.hidden_size, inter, batch=batch))
+                      self._gemm(t, self.m.hidden_size, inter, batch=batch, eff=eff))
 
     def _dense(self, t: int) -> tuple[float, int]:
         return self._mlp(t, self.m.intermediate_size / self.lay.size)
@@ -190,7 +254,8 @@ class RooflineCost(CostModel):
         assigned = t_routed * k / lay.expert_split
         touched = expected_touched(e, k, t_routed) / lay.expert_split
         inter = m.moe_intermediate_size / lay.inter_split
-        routed = self._mlp(assigned / touched, inter, batch=touched, assigned=assigned) if touched else (0.0, 0)
+        routed = (self._mlp(assigned / touched, inter, batch=touched, assigned=assigned, tokens_in=t_routed)
+                  if touched else (0.0, 0))
         combine = _total(rf.memop("add", (assigned + t_in) * m.hidden_size * self.act))       # weighted sum
         shared = (0.0, 0)
         if m.n_shared_experts:
@@ -205,7 +270,15 @@ class RooflineCost(CostModel):
         return _total(rf.memop("emb", 2 * t * m.hidden_size * a), rf.memop("rmsnorm", 2 * t * m.hidden_size * a),
                       self._gemm(reqs, m.vocab_size / self.lay.attn_tp, m.hidden_size, quantized=False))
 
-    def _gemm(self, t: float, n: float, k: float, batch: float = 1.0, quantized: bool = True) -> float:
-        """A linear layer; fp8 checkpoints keep the router gate and lm_head in the model's dtype (quantized=False)."""
+    def _gemm(self, t: float, n: float, k: float, batch: float = 1.0, quantized: bool = True,
+              eff: float = 1.0, quant_rows: float | None = None) -> float:
+        """A linear layer; fp8 checkpoints keep the router gate and lm_head in the model's dtype (quantized=False).
+        `eff`: the kernel's fraction of the fitted GEMM rates. An fp8 GEMM's input is quantized first
+        (`fp8_act_quant`: one elementwise kernel reading `quant_rows` (default t x batch) x k bf16 and writing them
+        in fp8)."""
         dtype, wbytes = (self.wdtype, self.wbytes) if quantized else (self.m.dtype, self.act)
-        return self.rf.gemm(t, n, k, batch=batch, dtype=dtype, weight_bytes=wbytes, act_bytes=self.act)
+        time = self.rf.gemm(t, n, k, batch=batch, dtype=dtype, weight_bytes=wbytes, act_bytes=self.act) / eff
+        if quantized and self._fp8_quant and t > 0:
+            rows = t * batch if quant_rows is None else quant_rows
+            time += self.rf.memop("act", rows * k * (self.act + 1))
+        return time

@@ -19,6 +19,10 @@ class RandomConfig(WorkloadConfig):
     input_len: int = 256            # characters (= tokens with the byte tokenizer)
     output_len: int = 32
     range_ratio: float = 0.0        # lengths uniform in [len * range_ratio, len]; 1.0 = exactly len
+    # the server adds the tokenizer's BOS before every prompt (SGLang with DeepSeek's and Llama's tokenizers): one
+    # more prompt token, shared by every prompt. mode=sim honours it (framework/sim/cluster.py); off by default so
+    # the real and simulated CPU runs (experiments/sim_fidelity) see the same prompts
+    bos: bool = False
 
 
 @WORKLOAD.register("random")

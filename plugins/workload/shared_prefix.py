@@ -21,6 +21,10 @@ class SharedPrefixConfig(WorkloadConfig):
     question_len: int = 32            # characters of each request's own question
     output_len: int = 16              # tokens generated per request
     shuffle: bool = True              # False: group after group (a best case for any router)
+    # the server adds the tokenizer's BOS before every prompt (SGLang with DeepSeek's and Llama's tokenizers): one
+    # more prompt token, shared by every prompt. mode=sim honours it (framework/sim/cluster.py); off by default so
+    # the real and simulated CPU runs (experiments/sim_fidelity) see the same prompts
+    bos: bool = False
 
 
 @WORKLOAD.register("shared_prefix")

@@ -19,7 +19,8 @@ DP_PLAN = [[(50, 3), (6, 10), (7, 10)], [(5 + i, 5) for i in range(9)]]
 def dp_decode(group: Group, plan: list[list[tuple[int, int]]]) -> dict:
     """Serve this rank's requests to the end on an engine whose graphs are 'captured' by EagerCapture; each step's
     (rows, synced counts, bucket, eager reason) and each request's (prompt, output, logits rows)."""
-    engine_cfg = EngineConfig(device="cpu", max_running_requests=128, cuda_graph_max_context=WIDTH)
+    engine_cfg = EngineConfig(device="cpu", max_running_requests=128, cuda_graph_max_context=WIDTH,
+                              cuda_graph_dp_attention_max_bs=96)   # v0.4.0's cap: the largest bucket 96
     spec = InstanceSpec(ModelConfig(), engine_cfg, DPAttnConfig(size=group.size), TritonFusedConfig())
     engine = build_rank_engine(spec, group, control_group(group, 60.0))
     engine.graphs.capture(EagerCapture())

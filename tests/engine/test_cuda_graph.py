@@ -71,7 +71,7 @@ def reference():
 def test_buckets_are_sglangs_clipped_by_the_max_and_the_running_requests():
     assert capture_sizes(160, [], 256) == [1, 2, 4] + [8 * i for i in range(1, 21)]
     assert capture_sizes(96, [], 256)[-1] == 96
-    assert capture_sizes(160, [], 20) == [1, 2, 4, 8, 16]
+    assert capture_sizes(160, [], 20) == [1, 2, 4, 8, 16, 19, 20]   # v0.4.1: the pool's size and one less
     assert capture_sizes(256, [], 256)[-4:] == [232, 240, 248, 256]   # a raised max continues the multiples of 8
     assert capture_sizes(160, [5, 3, 500, 3], 256) == [3, 5]
 
@@ -169,7 +169,8 @@ def test_dp_attention_ranks_agree_on_one_bucket(reference):
     """parallel=dp_attn on 2 gloo ranks, moe=triton_fused: uneven decode batches (3 and 9 rows) and an IDLE rank
     pad to the bucket of the larger count on both ranks (a disagreement would break the padded all-gathers); a rank
     whose context outgrows the captured width runs its padded batch eagerly while its peer replays; the largest
-    bucket is 96 (SGLang's cap under DP attention); every rank's logits match the reference."""
+    bucket is v0.4.0's cap under DP attention (96, engine.cuda_graph_dp_attention_max_bs); every rank's logits match
+    the reference."""
     ranks = launch(dp_decode, 2, DP_PLAN, backend="gloo", timeout_s=60)
     assert [r["sizes"][-1] for r in ranks] == [96, 96]
     steps = list(zip(*(r["decisions"] for r in ranks)))

@@ -72,4 +72,4 @@ def test_cost_model_is_chosen_as_users_type_it():
         ["sim/cost=calibrated", "sim.cost.path=p.json", "+sim/cost=a,b", "seed=1"]
     cfg = compose(["sim.cost=calibrated", "sim.cost.path=p.json"])
     assert cfg.sim.cost.name == "calibrated" and cfg.sim.cost.path == "p.json"
-    check_overrides(["sim.cost=roofline", "model.weight_dtype=fp8", "hardware=b200"])
+    check_overrides(["mode=sim", "sim.cost=roofline", "model.weight_dtype=fp8", "hardware=b200"])

@@ -58,7 +58,8 @@ def test_the_engine_refuses_fp8_weights_it_would_not_build():
 def test_decode_kernel_reads_the_latent_once_per_16_heads(v2):
     def attention_s(parallel, block, batch=256, context=2048):
         inst = InstanceShape(v2.model, v2.hardware, parallel, 8, "triton_fused")
-        cost = COST.build("roofline", COST.get("roofline").Config(decode_head_block=block), inst)
+        cost = COST.build("roofline", COST.get("roofline").Config(decode_head_block=block, mla_decode_kv_splits=0),
+                          inst)                  # one stage: the latent reads alone (the partials: test_v04_terms)
         shapes = tuple(decode_shape(batch, batch * context) for _ in range(cost.lay.groups))
         return cost.step_breakdown(Step(shapes))["attention_s"]
     assert attention_s("tp", 16) == attention_s("tp", 0)               # 16 heads per rank: one block

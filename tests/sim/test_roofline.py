@@ -25,11 +25,16 @@ def v2():
     return compose(["model=deepseek_v2"]).model
 
 
-def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weight_dtype=None):
+# the GPU's part alone: the host terms (scheduler CPU, eager floor) off; tests/sim/test_v04_terms.py tests them
+GPU_ONLY = dict(eager_floor=False, host_step_us=0.0, host_running_us=0.0, host_new_req_us=0.0)
+
+
+def cost_model(model, hw, parallel="tp", size=8, moe="triton_fused", dispatch="all_reduce", weight_dtype=None,
+               **cfg):
     moe_cfg = MOE.get(moe).Config(dispatch=dispatch) if moe == "ep" else None
     inst = InstanceShape(replace(model, weight_dtype=weight_dtype), hw, parallel=parallel, size=size, moe=moe,
                     moe_cfg=moe_cfg)
-    return COST.build("roofline", COST.get("roofline").Config(), inst)
+    return COST.build("roofline", COST.get("roofline").Config(**(GPU_ONLY | cfg)), inst)
 
 
 def decode(cost, batch, context=256, graph=True):

@@ -1,0 +1,55 @@
+"""Which term moves which predicted cell by how much (issue 19, item 10): predict.py's six cells with the round's
+model, then with one of issue 19's terms switched off at a time. No published figure is read here.
+
+    python experiments/sim_repro/ablate.py --round 1      # ~10 minutes; writes ablation_round<N>.json and .md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))
+
+from predict import BENCHES, ROUTERS, SCHEMES, pr1970, router_blog  # noqa: E402
+
+from framework.core.paths import git_sha  # noqa: E402
+
+TERMS = {"all terms (the prediction)": [],
+         "no scheduler CPU": ["sim.cost.host_step_us=0", "sim.cost.host_running_us=0", "sim.cost.host_new_req_us=0"],
+         "no eager floor (launches x 5 us)": ["sim.cost.eager_floor=false"],
+         "one-stage MLA decode": ["sim.cost.mla_decode_kv_splits=0"],
+         "no fp8 activation quantization": ["sim.cost.fp8_act_quant=false"],
+         "no front end": ["sim.cost.frontend=false"],
+         "no BOS": ["workload.bos=false"],
+         "v0.4.0's graph cap 96 under DP attention": ["engine.cuda_graph_dp_attention_max_bs=96"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--round", type=int, default=1)
+    args = ap.parse_args()
+    t0, rows = time.time(), []
+    for term, extra in TERMS.items():
+        cells = [pr1970(b, s, extra) for b in BENCHES for s in SCHEMES] + [router_blog(r, extra) for r in ROUTERS]
+        rows.append({"term": term, "overrides": extra, "figures": {c["cell"]: c["figure"] for c in cells}})
+        print(f"  {term:<42} " + "  ".join(f"{c['figure']:9,.0f}" for c in cells), flush=True)
+    base = rows[0]["figures"]
+    lines = [f"# Ablation, round {args.round}: each cell with one term off (change vs the prediction)", "",
+             "| term off | " + " | ".join(base) + " |", "|---|" + "---:|" * len(base)]
+    for r in rows:
+        lines.append(f"| {r['term']} | " + " | ".join(
+            f"{v:,.0f}" + ("" if r is rows[0] else f" ({v / base[c] - 1:+.0%})") for c, v in r["figures"].items()) + " |")
+    out = {"experiment": "sim_repro/ablate", "round": args.round, "git_sha": git_sha(), "rows": rows,
+           "wall_s": time.time() - t0}
+    (HERE / f"ablation_round{args.round}.json").write_text(json.dumps(out, indent=1) + "\n")
+    (HERE / f"ablation_round{args.round}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

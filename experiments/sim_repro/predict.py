@@ -1,0 +1,119 @@
+"""Issue 19, item 7: the pre-registered prediction. Runs mode=sim with the parameters frozen in conf/sim/cost/ and
+plugins/cost/ (every one from a source other than the predicted figures: docs/fidelity.md, "Cost model terms") for
+
+- SGLang PR #1970's four cells (conf/experiment/pr1970.yaml: DeepSeek-Coder-V2-Instruct-FP8 on 8 x H100, 10,000
+  random prompts at once): decode (input 1, output 512) and prefill (input 512, output 1), TP 8 and DP attention 8;
+  the figure as bench_serving prints it: output tok/s for decode, input tok/s for prefill (its input count is the
+  dataset's lengths: the server's BOS is not in it);
+- SGLang PR #2170's two figures (conf/experiment/sglang_router_blog.yaml: 8 x A100 workers, generated-shared-prefix):
+  total (input + output) tok/s under round robin and cache-aware routing, with the Llama-3.1-8B stand-in.
+
+Writes predictions_round<N>.json (the figures, the cost model's config, the git commit and a digest of the model's
+files; no published figure) and predictions_round<N>.md. compare.py holds the published figures.
+
+    python experiments/sim_repro/predict.py --round 1      # ~2 minutes
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from framework.config import compose  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
+
+SCHEMES = {"tp": ["parallel=tp", "engine.chunked_prefill_tokens=8192"],
+           "dp_attn": ["parallel=dp_attn", "engine.chunked_prefill_tokens=4096"]}   # SGLang halves it under DP
+BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
+           "prefill": ["workload.input_len=512", "workload.output_len=1"]}
+ROUTERS = ("round_robin", "cache_aware")
+MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cost/_layout.py",
+               "framework/contracts/cost.py", "framework/gpu/roofline.py", "framework/gpu/hardware.py",
+               "framework/sim/cluster.py", "framework/sim/instance.py", "framework/sim/frontend.py",
+               "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml", "conf/experiment/sglang_router_blog.yaml",
+               "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
+               "data/gpu-profiles/fit/a100.json")
+KEYS = ("output_throughput_tok_s", "input_throughput_tok_s", "total_throughput_tok_s", "duration_s",
+        "requests_completed", "requests_failed", "max_running_requests", "kv_capacity_tokens_instance",
+        "cache_hit_rate", "sim_cost_config", "sim_wall_s")
+
+
+def run(overrides: list[str]) -> dict:
+    results, _ = simulate(compose(overrides))
+    return {k: results.get(k) for k in KEYS}
+
+
+def pr1970(bench: str, scheme: str, extra: list[str]) -> dict:
+    overrides = ["experiment=pr1970"] + SCHEMES[scheme] + BENCHES[bench] + extra
+    cfg = compose(overrides)
+    r = run(overrides)
+    w = cfg.workload
+    if bench == "decode":                          # bench_serving: output tokens over the benchmark's duration
+        figure, unit = r["output_throughput_tok_s"], "output tok/s"
+    else:                                          # its input count: the dataset's lengths (no BOS)
+        figure, unit = w.num_prompts * w.input_len / r["duration_s"], "input tok/s"
+    return {"cell": f"pr1970/{bench}/{scheme}", "figure": figure, "unit": unit, "overrides": overrides, "sim": r}
+
+
+def router_blog(router: str, extra: list[str]) -> dict:
+    overrides = ["experiment=sglang_router_blog", "model=llama31_8b_mla", f"router={router}"] + extra
+    r = run(overrides)
+    return {"cell": f"pr2170/{router}", "figure": r["total_throughput_tok_s"], "unit": "total tok/s",
+            "overrides": overrides, "sim": r}
+
+
+def digest() -> dict:
+    return {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest()[:16] for p in MODEL_FILES}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--round", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--no-sensitivity", action="store_true", help="skip the overlap-on variants of the TP cells")
+    args = ap.parse_args()
+    t0 = time.time()
+    cells = [pr1970(b, s, []) for b in BENCHES for s in SCHEMES] + [router_blog(r, []) for r in ROUTERS]
+    for c in cells:
+        print(f"  {c['cell']:<24} {c['figure']:10,.0f} {c['unit']}  ({c['sim']['sim_wall_s']:.0f} s)", flush=True)
+    by = {c["cell"]: c["figure"] for c in cells}
+    ratios = {"pr1970/decode dp_attn / tp": by["pr1970/decode/dp_attn"] / by["pr1970/decode/tp"],
+              "pr1970/prefill dp_attn / tp": by["pr1970/prefill/dp_attn"] / by["pr1970/prefill/tp"],
+              "pr2170/cache_aware / round_robin": by["pr2170/cache_aware"] / by["pr2170/round_robin"]}
+    sensitivity = []
+    if not args.no_sensitivity:     # not the prediction: how much the one unverified default moves the TP cells
+        sensitivity = [pr1970(b, "tp", ["sim.cost.overlap_schedule=on"]) for b in BENCHES]
+        for c in sensitivity:
+            print(f"  (sensitivity, overlap on) {c['cell']:<22} {c['figure']:10,.0f} {c['unit']}", flush=True)
+    out = {"experiment": "sim_repro/predict", "round": args.round, "git_sha": git_sha(), "model_digest": digest(),
+           "predictions": {c["cell"]: {"figure": c["figure"], "unit": c["unit"]} for c in cells},
+           "ratios": ratios, "cells": cells,
+           "sensitivity_not_the_prediction": {c["cell"] + "/overlap_on": c["figure"] for c in sensitivity},
+           "wall_s": time.time() - t0}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"predictions_round{args.round}.json"
+    path.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    lines = [f"# Predictions, round {args.round} (pre-registered: no published figure here; compare.py has them)", "",
+             f"git {out['git_sha']}; cost model config and file digests in {path.name}.", "",
+             "| cell | predicted | unit |", "|---|---:|---|"]
+    lines += [f"| {c['cell']} | {c['figure']:,.0f} | {c['unit']} |" for c in cells]
+    lines += ["", "| ratio | predicted |", "|---|---:|"] + [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]
+    if sensitivity:
+        lines += ["", "Sensitivity (not the prediction): the TP cells with SGLang's overlap scheduler on "
+                  "(`sim.cost.overlap_schedule=on`; the prediction uses v0.4's choice, off on the Triton backend).", "",
+                  "| cell | overlap on |", "|---|---:|"]
+        lines += [f"| {c['cell']} | {c['figure']:,.0f} |" for c in sensitivity]
+    (args.out / f"predictions_round{args.round}.md").write_text("\n".join(lines) + "\n")
+    print(f"predictions: {path} ({out['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

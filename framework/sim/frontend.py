@@ -1,0 +1,52 @@
+"""The front end of one server process in the simulation (issue 19, item 3): SGLang v0.4's TokenizerManager, one
+per server (shared by every DP rank of an instance under DP attention; one per worker behind a router), with its
+DetokenizerManager. One queue, served in order: a request is tokenized before its scheduler sees it (per prompt
+token), and every streamed chunk (one per `stream_interval` tokens of a request, and its last) is detokenized and
+written out before the client gets it. The scheduler does not wait for it: a busy front end delays what the client
+sees, not the steps.
+
+Its terms are the instance's cost model's (`sim.cost.frontend`, `tokenize_us_per_token`, `stream_us_per_chunk`,
+`stream_interval`); a cost model without them has no front end.
+"""
+from __future__ import annotations
+
+
+class FrontEnd:
+    def __init__(self, cost_cfg):
+        self.on = bool(getattr(cost_cfg, "frontend", False))
+        self.tokenize_s = getattr(cost_cfg, "tokenize_us_per_token", 0.0) * 1e-6
+        self.chunk_s = getattr(cost_cfg, "stream_us_per_chunk", 0.0) * 1e-6
+        self.interval = max(int(getattr(cost_cfg, "stream_interval", 1)), 1)
+        self.free_at = 0.0
+        self.busy_s = 0.0
+
+    def tokenize(self, t: float, tokens: int) -> float:
+        """When a request reaching the server at t reaches its scheduler."""
+        return self._serve(t, tokens * self.tokenize_s) if self.on and self.tokenize_s else t
+
+    def stream(self, ends: list[float], reqs: list) -> list[float]:
+        """Each request of a step (or a run of decode steps ending at `ends`, every request getting one token per
+        step) has its chunks written in order, step by step: when each one's last chunk is out (a finished request's
+        last token is always a chunk). Adds one chunk at a time, so a run gives the times of its steps one by one."""
+        if not (self.on and self.chunk_s):
+            return [ends[-1]] * len(reqs)
+        k, c, every = len(ends), self.chunk_s, self.interval
+        out = [ends[-1]] * len(reqs)
+        free = self.free_at
+        for j, end in enumerate(ends):
+            free = max(free, end)
+            last, behind = j == k - 1, k - 1 - j          # tokens each request gets after this step
+            for i, r in enumerate(reqs):
+                n = len(r.output_ids) - behind             # SGLang streams the first token at once
+                if n % every == 0 or n == 1 or (last and r.finished):
+                    free += c
+                    self.busy_s += c
+                    if last:
+                        out[i] = free
+        self.free_at = free
+        return out
+
+    def _serve(self, t: float, work: float) -> float:
+        self.free_at = max(self.free_at, t) + work
+        self.busy_s += work
+        return self.free_at
