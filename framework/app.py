@@ -9,6 +9,7 @@ import torch
 
 from framework.config import Mode, RootConfig
 from framework.core.errors import UserError
+from framework.runs.progress import heartbeat
 
 
 def seed_everything(seed: int) -> None:
@@ -45,4 +46,7 @@ def run(cfg: RootConfig, out_dir: str, resolved: dict) -> float:
         cfg.engine.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
-    return driver(cfg).run(cfg, out_dir, resolved)
+    if cfg.progress_interval_s < 0:
+        raise UserError(f"progress_interval_s={cfg.progress_interval_s:g} must be >= 0 (0: no progress lines)")
+    with heartbeat(cfg.progress_interval_s):   # off a terminal: a line every progress_interval_s (the phase, time)
+        return driver(cfg).run(cfg, out_dir, resolved)

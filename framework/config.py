@@ -3,6 +3,7 @@ fails at start. Plugin schemas are each plugin's own `Config` dataclass, found t
 from __future__ import annotations
 
 import enum
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -28,7 +29,8 @@ class ClusterConfig:
     workers: list[str] = field(default_factory=list)   # URLs of external servers to route to instead
     url: str = ""                     # client-only: drive this server (started elsewhere) and start nothing
     http: bool = True                 # workers + router over HTTP; False: the in-process driver on one instance
-    worker_ports: list[int] = field(default_factory=list)   # local workers' ports; default router.port+1, +2, ...
+    worker_ports: list[int] = field(default_factory=list)   # local workers' ports; default: free ones (router.port=0)
+                                      # or router.port+1, +2, ... (a fixed router.port)
     startup_timeout_s: float = 120.0  # every worker and the router must answer /health within this
     request_timeout_s: float = 300.0  # the load client's bound per request, all its tries together
     client_retries: int = 2           # the load client re-sends a request whose stream broke (its worker died)
@@ -38,6 +40,7 @@ class ClusterConfig:
     restart_backoff_s: float = 0.5    # the wait before a restart, doubling with each restart in the window (<= 30 s)
     kv_events: bool = False           # local workers publish KV events (on anyway for a router= that follows them)
     kv_block_size: int = 16           # ...in blocks of this many tokens (such a router's router.block_size too)
+    roles: list[str] = field(default_factory=list)   # per local instance: mixed | prefill | decode (empty: all mixed)
 
 
 @dataclass
@@ -58,12 +61,14 @@ class SimConfig:
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
     itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale
+    published: Any = None             # an experiment's published figures, printed beside the run's (framework/runs/sim.py)
 
 
 @dataclass
 class RootConfig:
     mode: Mode = Mode.bench
     seed: int = 0
+    progress_interval_s: float = 30.0   # off a terminal, a progress line this often (framework/runs/progress.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
@@ -141,30 +146,99 @@ def compose(overrides: list[str]) -> RootConfig:
     return to_objects(compose_dict(overrides))
 
 
+MAX_CHECKED_POINTS = 12      # a multirun's points composed before any runs (0.2-1 s each); the others check themselves
+
+
 def check_overrides(argv: list[str]) -> None:
-    """Compose once before Hydra runs, so a misspelt key or a wrong type ends in one sentence naming the valid
-    keys (Hydra's own message names only the bad one). Sweeps (-m) are left to Hydra."""
+    """Before Hydra runs: an option no group offers, a misspelt key, a wrong type or a key the run would ignore ends
+    in one sentence (exit status 2) naming what is allowed, rather than Hydra's message or a refusal per point of a
+    multirun. Other flags (--cfg, --info, ...) are left to Hydra."""
     import sys
-
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
-
-    if any(a in ("-m", "--multirun") or a.startswith("--") for a in argv):
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
     overrides = [a for a in argv if "=" in a and (not a.lstrip("+~").startswith("hydra")   # compose_dict groups them
                                                   or a.lstrip("+~").startswith("hydra.searchpath="))]  # 3rd-party YAML
+    message = command_line_problem(overrides, multirun)
+    if message:
+        print(f"config error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def command_line_problem(overrides: list[str], multirun: bool = False) -> str | None:
+    """Why `python run.py [-m] <overrides>` cannot run, in one sentence, or None."""
+    from framework.overrides import group_options, points, searchpaths, spread, unknown_choice
+    register_configs()
     try:
-        compose_dict(overrides)
-        return
+        options = group_options(CONF_DIR, tuple(searchpaths(overrides)))
+        message = unknown_choice(overrides, options, registered_plugins())
+    except Exception as e:                      # noqa: BLE001 - an override Hydra cannot parse: its message, one line
+        return " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    if message:
+        return message
+    every = points(overrides) if multirun else [overrides]
+    if every is None:                           # expanded by the sweeper, or a huge grid: each point checks itself
+        return None
+    runs = spread(every, MAX_CHECKED_POINTS)
+    refused = {}
+    with _composer() as compose_one:
+        for point in runs:
+            if (why := _compose_checked(compose_one, point)[1]) is not None:
+                refused.setdefault(why, []).append(point)
+    if not refused or not multirun:
+        return next(iter(refused), None)
+    why, where = next(iter(refused.items()))
+    count = sum(len(p) for p in refused.values())
+    share = (("every point" if count == len(runs) else f"{count} of {len(runs)} points") if runs is every else
+             f"{count} of the {len(runs)} points checked (of {len(every)})")
+    return f"{why} ({share} of the multirun, e.g. {' '.join(where[0]) or 'the defaults'}; none was run)"
+
+
+def registered_plugins() -> dict[str, dict[str, str]]:
+    """{group as users type it: {plugin key: the module that registered it}}."""
+    return {g.replace("/", "."): {k: getattr(r.get(k), "__module__", "") for k in r.keys()}
+            for g, r in PLUGIN_GROUPS.items()}
+
+
+@contextmanager
+def _composer():
+    """compose(overrides) -> DictConfig, with Hydra initialised once for many compositions."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        yield lambda overrides: hydra_compose("config", overrides=group_overrides(overrides))
+
+
+def _compose_checked(compose_one, overrides: list[str]):
+    """(the composed DictConfig or None, why a run of `overrides` would be refused or None)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    from framework.core.errors import UserError
+    composed = None
+    try:
+        composed = compose_one(overrides)
+        refuse_ignored_keys(to_objects(composed), group_overrides(overrides))
+        return composed, None
+    except UserError as e:
+        return composed, str(e)
     except Exception as e:                      # noqa: BLE001 - we only reword what we recognise
         err = e
         while err is not None and not isinstance(err, (ConfigKeyError, ConfigAttributeError, ValidationError)):
             err = err.__cause__ or err.__context__
         if err is None:
-            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        else:
-            message = _explain(err)
-    print(f"config error: {message}", file=sys.stderr)
-    sys.exit(2)
+            return composed, " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or \
+                type(e).__name__
+        return composed, _explain(err)
+
+
+def refuse_schema_choices(choices) -> None:
+    """A run whose config groups chose a `<key>_schema` entry (a glob sweep, a W&B sweep's command line): refused, as
+    the command line is (framework/overrides.py)."""
+    from framework.core.errors import UserError
+    from framework.overrides import SCHEMA_SUFFIX
+    bad = [f"{group.replace('/', '.')}={value}" for group, value in (choices or {}).items()
+           if not str(group).startswith("hydra") and str(value).endswith(SCHEMA_SUFFIX)]
+    if bad:
+        raise UserError(f"{', '.join(bad)}: a schema the YAML files build on, not a choice; `python run.py --help` "
+                        f"lists the choices")
 
 
 def _explain(err) -> str:
@@ -284,3 +358,23 @@ def _workload_rules(cfg: RootConfig) -> list[tuple[tuple[str, ...], str]]:
     """What the chosen workload plugin says it ignores with this config."""
     ignored = WORKLOAD.get(cfg.workload.name).ignored_keys(cfg.workload)
     return [((f"workload.{key}",), why) for key, why in ignored.items()]
+
+
+def print_help(argv: list[str]) -> None:
+    """`python run.py --help [overrides]`: the config groups' options, then the config those overrides compose."""
+    from omegaconf import OmegaConf
+    from framework.overrides import group_options, help_text, searchpaths, unknown_choice
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    register_configs()
+    options = group_options(CONF_DIR, tuple(searchpaths(overrides)))
+    print(help_text(options))
+    why = unknown_choice(overrides, options, registered_plugins())
+    composed = None
+    if why is None:
+        with _composer() as compose_one:
+            composed, why = _compose_checked(compose_one, [a for a in overrides
+                                                           if not a.lstrip("+~").startswith("hydra")])
+    if composed is not None:
+        print("\nThe composed config:\n" + OmegaConf.to_yaml(composed, resolve=False))
+    if why:
+        print(f"(config error: {why})")

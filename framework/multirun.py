@@ -3,23 +3,23 @@
 - A run's W&B identity: runs of one multirun share a group (the multirun's directory), runs of one W&B sweep share
   the sweep's id; each run is named by its overrides (Hydra's `job.override_dirname`). `logger.group` and
   `logger.name` override both.
-- A point of a multirun that fails writes results.json with its `error` and returns NaN (an Optuna sweeper counts
-  the trial as failed), so the sweep goes on; `FailureCount`, a Hydra callback (conf/config.yaml), counts the failed
-  points when the multirun ends and makes the exit status their number (at most 100).
+- A setting refused in the points (an unknown option, a key a point would ignore) stops the multirun before any point
+  runs (framework/config.py: check_overrides). A point that fails while it runs writes results.json with its `error`
+  (framework/runlog.py) and returns NaN (an Optuna sweeper counts the trial as failed), so the sweep goes on;
+  `FailureCount`, a Hydra callback (conf/config.yaml), counts the failed points when the multirun ends and makes the
+  exit status their number (at most 100).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 from hydra.types import RunMode
 from hydra.experimental.callback import Callback
 
 from framework.core.records import RESULTS_FILE
-from framework.core.paths import git_sha
 
 MAX_STATUS = 100
 
@@ -37,24 +37,6 @@ def name_run(logger_cfg, hydra_cfg) -> None:
             logger_cfg.group = str(hydra_cfg.sweep.dir)
     if logger_cfg.name is None:
         logger_cfg.name = hydra_cfg.job.override_dirname or None
-
-
-def record_failure(out_dir: str, error: BaseException, config: dict) -> float:
-    """Keep what the run wrote (its figures, if it got that far) and add the error; NaN is the run's metric."""
-    from framework.core.errors import UserError
-    user_error = isinstance(error, UserError)     # a bad setting (one sentence), not a bug (a traceback too)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / RESULTS_FILE
-    results = json.loads(path.read_text()) if path.is_file() else {"git_sha": git_sha()}
-    results["error"] = str(error) if user_error else f"{type(error).__name__}: {error}"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    if not (out / "config.json").is_file():
-        (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    if not user_error:
-        (out / "error.txt").write_text("".join(traceback.format_exception(error)))
-    print(f"error: {results['error']} (recorded in {path}; the multirun goes on)", file=sys.stderr)
-    return float("nan")
 
 
 def sweep_outcome(sweep_dir: Path) -> tuple[int, list[str]]:

@@ -16,12 +16,15 @@ outlives it (the main thread); restarted children are the supervisor thread's, w
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
+import random
 import signal
 import threading
 import time
 import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 
 from framework.core.registry import ROUTING
 from framework.contracts.routing import KV_EVENTS
@@ -30,6 +33,8 @@ from framework.cluster.ports import assign_free_ports, with_free_port
 from framework.cluster.processes import (Child, check_port_free, http_json, raise_system_exit, signal_group, spawn,
                                          terminate, wait_ready)
 from framework.core.errors import ClusterError
+from framework.core.ports import free_ports
+from framework.engine.config import ROLES, Role
 from framework.serving.router.config import RouterImpl, split_router_config
 from framework.cluster.supervisor import Supervisor
 
@@ -63,6 +68,27 @@ def kv_block_size(cc, policy_cfg) -> int:
     return cc.kv_block_size
 
 
+def instance_roles(cc, instances: int, engine_role: str = Role.mixed) -> list[Role]:
+    """Each local instance's role from cluster.roles (empty: every one mixed). A disaggregated cluster needs at least
+    one prefill and one decode instance."""
+    if engine_role != Role.mixed:
+        raise ClusterError(f"engine.role={engine_role} would give every local instance one role; set the roles per "
+                           f"instance with cluster.roles=[prefill,decode,...] instead")
+    if not cc.roles:
+        return [Role.mixed] * instances
+    if cc.workers:
+        raise ClusterError("cluster.roles sets the roles of local instances; servers started elsewhere "
+                           "(cluster.workers) set their own (engine.role)")
+    if len(cc.roles) != instances or any(r not in ROLES for r in cc.roles):
+        raise ClusterError(f"cluster.roles={list(cc.roles)}: give one role per instance (cluster.instances="
+                           f"{instances}), each one of {', '.join(ROLES)}")
+    roles = [Role(r) for r in cc.roles]
+    if set(roles) != {Role.mixed} and set(roles) != {Role.prefill, Role.decode}:
+        raise ClusterError(f"cluster.roles={list(cc.roles)}: disaggregated serving needs at least one prefill and "
+                           f"one decode instance, and no mixed one (a P/D router sends every request to a pair)")
+    return roles
+
+
 class Cluster:
     def __init__(self, cfg):
         assign_free_ports(cfg)             # router.port=0: free ports for the router and the local workers
@@ -86,6 +112,13 @@ class Cluster:
                 raise ClusterError(f"ports must differ: router.port={port}, cluster.worker_ports={ports}")
             self.worker_ports = ports
             self.worker_urls = [f"http://{_url_host(host)}:{p}" for p in ports]
+        self.roles = instance_roles(cc, len(self.worker_ports), cfg.engine.role)
+        # each prefill instance's bootstrap port (where decode instances ask it for a room's KV)
+        self.bootstrap_ports = {i: p for i, p in zip([i for i, r in enumerate(self.roles) if r is Role.prefill],
+                                                     free_ports(self.service.host, self.roles.count(Role.prefill)))}
+        if Role.prefill in self.roles and self.service.impl is not RouterImpl.sglang:
+            raise ClusterError("cluster.roles with prefill and decode instances needs a P/D router: router.impl=sglang "
+                               "(sglang-router --pd-disaggregation); servelab's router does not route pairs yet")
         self.kv_block_size = kv_block_size(cc, self.policy_cfg)
         if cc.startup_timeout_s <= 0:
             raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")
@@ -126,21 +159,27 @@ class Cluster:
             return             # the router adds each as soon as it answers /health
         deadline = time.monotonic() + self.cfg.cluster.startup_timeout_s
         for i, p in enumerate(self.worker_ports):
-            check_port_free(self.service.host, p, f"worker {i}", "set cluster.worker_ports=[...] or router.port")
+            check_port_free(self.service.host, p, f"worker {i}", "leave router.port and cluster.worker_ports unset "
+                            "(router.port=0, the default: free ports)")
         self.workers = [self.spawn_worker(i) for i in range(len(self.worker_ports))]
         wait_ready(self.workers, deadline, self.cfg.cluster.startup_timeout_s)
         self._wait_health(self.worker_urls, deadline)
 
     def spawn_worker(self, i: int) -> Child:
         c, url = self.cfg, self.worker_urls[i]
-        spec = WorkerSpec(c.model, c.engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
-                          f"worker {i} ({url})", self.kv_block_size)
+        engine, role = c.engine, self.roles[i]
+        if role is not Role.mixed:
+            engine = dataclasses.replace(engine, role=role, disaggregation_host=_url_host(self.service.host),
+                                         disaggregation_bootstrap_port=self.bootstrap_ports.get(i, 0))
+        spec = WorkerSpec(c.model, engine, c.parallel, c.moe, c.seed, self.service.host, self.worker_ports[i],
+                          f"worker {i} ({url}{'' if role is Role.mixed else ', ' + role})", self.kv_block_size)
         return spawn("worker", spec, spec.name, url)
 
     def spawn_router(self, worker_urls: list[str]) -> Child:
         if self.service.impl is RouterImpl.sglang:   # SGLang's own router in front of the same workers
             from framework.cluster.peer_router import SglangRouter
-            self.peer = SglangRouter(self.policy_cfg, self.service, worker_urls, self.cfg.cluster.startup_timeout_s)
+            self.peer = SglangRouter(self.policy_cfg, self.service, worker_urls, self.cfg.cluster.startup_timeout_s,
+                                     pd=self.pd_workers())
             self.metrics_url = self.peer.metrics_url
             return Child(f"sglang-router ({self.router_url})", self.router_url, self.peer.popen, -1, ready=True)
         self.peer, self.metrics_url = None, self.router_url + "/metrics"
@@ -156,7 +195,8 @@ class Cluster:
             if router_cfg is not None:
                 self.policy_cfg, self.service = _split(with_free_port(router_cfg))
             self.router_url = f"http://{_url_host(self.service.host)}:{self.service.port}"
-            check_port_free(self.service.host, self.service.port, "the router", "set router.port=...")
+            check_port_free(self.service.host, self.service.port, "the router", "leave router.port unset (router.port=0, "
+                            "the default: a free port)")
             self.router = self.spawn_router(self.worker_urls)
             if self.peer is not None:
                 return                     # SglangRouter waited until it routes to every worker
@@ -254,11 +294,29 @@ class Cluster:
                         raise ClusterError(f"POST {url}/flush_cache failed: HTTP {e.code} {e.read()[:200]!r}")
                     time.sleep(0.1)
 
+    def pd_workers(self) -> tuple[list[tuple[str, int]], list[str]] | None:
+        """A disaggregated cluster's (prefill (url, bootstrap port) pairs, decode urls); None when every one is mixed."""
+        if Role.prefill not in self.roles:
+            return None
+        return ([(u, self.bootstrap_ports[i]) for i, u in enumerate(self.worker_urls) if self.roles[i] is Role.prefill],
+                [u for i, u in enumerate(self.worker_urls) if self.roles[i] is Role.decode])
+
     def warm_up(self) -> None:
-        """One short request to each worker directly (the first forward pays one-time costs), then a cold cache."""
-        body = json.dumps({"text": "warm up", "sampling_params": {"max_new_tokens": 2}}).encode()
-        for url in self.worker_urls:
-            http_json("POST", url + "/generate", timeout=60, data=body)
+        """One short request to each worker directly (the first forward pays one-time costs), then a cold cache. A
+        prefill or decode worker is warmed in a pair (each with the first of the other role), as a P/D router sends."""
+        body = {"text": "warm up", "sampling_params": {"max_new_tokens": 2}}
+        pd = self.pd_workers()
+        for i, url in enumerate(self.worker_urls):
+            if pd is None or self.roles[i] is Role.mixed:
+                http_json("POST", url + "/generate", timeout=60, data=json.dumps(body).encode())
+                continue
+            (prefill, port), decode = (pd[0][0], url) if self.roles[i] is Role.decode else \
+                ((url, self.bootstrap_ports[i]), pd[1][0])
+            paired = json.dumps({**body, "bootstrap_host": _url_host(self.service.host), "bootstrap_port": port,
+                                 "bootstrap_room": random.getrandbits(63)}).encode()
+            with ThreadPoolExecutor(2) as pool:          # both halves at once, as a P/D router sends them
+                for done in [pool.submit(http_json, "POST", u + "/generate", 60, paired) for u in (prefill, decode)]:
+                    done.result()
         self.flush_caches()
 
     def worker_infos(self) -> dict[str, dict]:

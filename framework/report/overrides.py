@@ -20,7 +20,7 @@ def ignored(key: str) -> bool:
 
 
 def parse(items: list[str]) -> dict[str, Any]:
-    """["router=round_robin", "+x.y=2", "~z"] -> {"router": "round_robin", "x.y": 2, "z": None}, ignored keys left
+    """["router=<policy>", "+x.y=2", "~z"] -> {"router": "<policy>", "x.y": 2, "z": None}, ignored keys left
     out; a value reads as YAML does (2.0 a float, true a bool, [a,b] a list), as Hydra reads it."""
     out: dict[str, Any] = {}
     for item in items:
@@ -54,5 +54,5 @@ def show(value: Any) -> str:
 
 
 def label(settings: dict[str, Any]) -> str:
-    """{"router": "round_robin", "workload.request_rate": 2.0} -> "router=round_robin workload.request_rate=2.0"."""
+    """{"router": "<policy>", "workload.request_rate": 2.0} -> "router=<policy> workload.request_rate=2.0"."""
     return " ".join(f"{k}={show(v)}" for k, v in settings.items())

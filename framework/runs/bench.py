@@ -6,6 +6,12 @@ import sys
 
 from framework.runs.checks import build_sessions, check_instance, instance_errors
 from framework.runs.finish import finish
+from framework.runs.progress import phase
+
+
+def requests(sessions) -> int:
+    """How many requests (turns) the workload's sessions hold."""
+    return sum(len(s.turns) for s in sessions)
 
 
 def run(cfg, out_dir: str, resolved: dict) -> float:
@@ -21,10 +27,18 @@ def run_cluster_bench(cfg, out_dir: str, resolved: dict) -> float:
     from framework.cluster.cluster import Cluster
     from framework.cluster.figures import bench
     sessions = build_sessions(cfg)
-    with Cluster(cfg) as cluster:
+    local = 0 if cfg.cluster.workers else cfg.cluster.instances
+    cluster = Cluster(cfg)                      # router.port=0 (the default): its free ports, chosen here
+    print(f"cluster: router {cluster.router_url}, workers {', '.join(cluster.worker_urls)}", flush=True)
+    phase(f"starting {local} workers and the router" if local else "starting the router")
+    with cluster:
+        phase("warming up the workers")
         cluster.warm_up()
+        phase(f"playing {requests(sessions)} requests through the router")
         results, records = bench(cluster, cfg, sessions, progress=sys.stderr.isatty())
         results.update(cluster.restarts())
+        phase("stopping the cluster")
+    phase("writing the report")
     where = f"{len(cfg.cluster.workers)} external workers" if cfg.cluster.workers else \
         f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}"
     return finish(cfg, out_dir, resolved, f"cluster bench: {cfg.workload.name}, router={cfg.router.name}, {where}",
@@ -41,12 +55,14 @@ def run_inprocess_bench(cfg, out_dir: str, resolved: dict) -> float:
     from framework.report.metrics import summarize
     sessions = build_sessions(cfg)
     check_instance(cfg)
+    phase(f"starting the {cfg.parallel.size}-rank instance")
     with instance_errors(f"the {cfg.parallel.size}-rank instance"):
         handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))
         if handle is None:                      # torchrun, rank > 0: rank 0 reports
             return 0.0
         try:
             before = handle.stats()
+            phase(f"playing {requests(sessions)} requests into the instance")
             records, duration = play(SyncFace(handle), sessions, cfg.workload, progress=sys.stderr.isatty())
             after = handle.close()
         finally:

@@ -9,6 +9,7 @@ import time
 from framework.cluster.cluster import Cluster
 from framework.core.errors import ClusterError
 from framework.runs.checks import check_instance
+from framework.runs.progress import phase
 
 
 def run(cfg, out_dir: str, resolved: dict) -> float:
@@ -20,7 +21,9 @@ def run(cfg, out_dir: str, resolved: dict) -> float:
 def serve_cluster(cfg) -> float:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
+    phase("starting the workers and the router")
     with Cluster(cfg) as cluster:
+        phase(None)                             # up: serving until stopped, nothing to report
         print(f"router: {cluster.router_url}  (router={cfg.router.name}; workers: {', '.join(cluster.worker_urls)})\n"
               f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
               flush=True)

@@ -4,9 +4,13 @@ keys a cluster bench reports (framework/report/metrics.py, framework/cluster/fig
 plus what was simulated and how fast."""
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import time
 from dataclasses import asdict
+
+from omegaconf import OmegaConf
 
 from framework.engine.stats import engine_figures
 from framework.core.errors import UserError
@@ -22,6 +26,7 @@ from framework.sim.instance import SimInstance
 from framework.sim.router import SimRouter
 from framework.runs.checks import check_instance
 from framework.runs.finish import finish
+from framework.runs.progress import phase
 
 
 def cost_instance(cfg) -> InstanceShape:
@@ -70,6 +75,7 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
     cost = cost_model(cfg)
     sim = build(cfg, sessions, progress, cost)
+    phase(f"simulating {sum(len(s.turns) for s in sessions)} requests on {len(sim.instances)} instances")
     t0, cpu0 = time.perf_counter(), time.process_time()
     records, duration = sim.run()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -79,21 +85,90 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     for key in ("router_decision_p50_us", "router_decision_p99_us"):
         del figures[key]                            # the router's own speed is not simulated
     results.update(figures)
-    results.update(engine_figures([{}] * len(stats), list(stats.values())))
+    results.update(engine_figures([{}] * len(stats), list(stats.values()), start=0.0))   # t=0: the run began
     results.update({**cost.describe(), "sim_model": asdict(cfg.model), "sim_instances": len(stats),
                     "sim_wall_s": wall, "sim_requests_per_wall_s": len(records) / wall if wall > 0 else float("nan"),
                     "sim_cpu_s": cpu})                # below sim_wall_s when other work shares the machine
     return results, records
 
 
+def what_it_models(cfg) -> str:
+    """One sentence on what the simulation stands for: whose step times, and on which hosts, so that its figures are
+    not read as this machine's (a real run here shares this host's CPU cores, which sim.host_cores models)."""
+    cost = COST.get(cfg.sim.cost.name)
+    if cost.reads_hardware:
+        steps = f"step times of {cfg.hardware.name} GPUs (hardware={cfg.hardware.name}, sim.cost={cfg.sim.cost.name})"
+    else:
+        steps = f"the step times sim.cost={cfg.sim.cost.name} measured, one instance alone"
+    cores = os.cpu_count() or 1
+    if cfg.sim.host_cores:
+        host = (f"every rank{', the router and the load client' if cfg.cluster.http else ''} sharing "
+                f"{cfg.sim.host_cores} CPU cores (sim.host_cores={cfg.sim.host_cores}, sim.host_background="
+                f"{cfg.sim.host_background:g})")
+    elif cost.reads_hardware:
+        gpus = f"{cfg.parallel.size} GPU{'s' if cfg.parallel.size > 1 else ''}"
+        host = f"each instance on {gpus} of its own, not this host"
+    else:
+        who = "ranks, router and load client" if cfg.cluster.http else "ranks and this process"
+        host = (f"each instance on CPU cores of its own: not this host, where a real run's {who} share {cores} "
+                f"core{'s' if cores > 1 else ''} (sim.host_cores={cores} models that)")
+    return f"simulated: {steps}, {host}"
+
+
 def run(cfg, out_dir: str, resolved: dict) -> float:
     """mode=sim: simulate, report like a bench. Returns output tok/s (simulated)."""
     check_instance(cfg)
+    models = what_it_models(cfg)
     try:
         results, records = simulate(cfg, progress=sys.stderr.isatty())
     except (KeyError, ValueError, OSError) as e:
         raise UserError(str(e)) from None
-    return finish(cfg, out_dir, resolved,
-                  f"sim ({cfg.sim.cost.name}): {cfg.workload.name}, router={cfg.router.name}, {cfg.cluster.instances} "
-                  f"instances, parallel={cfg.parallel.name}x{cfg.parallel.size}, moe={cfg.moe.name}, "
-                  f"model={cfg.model.name}", results, records)
+    results["sim_models"] = models
+    published = published_figures(cfg, results)
+    if published:
+        results["published"] = published
+    figure = finish(cfg, out_dir, resolved,
+                    f"sim ({cfg.sim.cost.name}): {cfg.workload.name}, router={cfg.router.name}, "
+                    f"{cfg.cluster.instances} instances, parallel={cfg.parallel.name}x{cfg.parallel.size}, "
+                    f"moe={cfg.moe.name}, model={cfg.model.name}", results, records)
+    print(models)
+    if published:
+        print(published_table(published))
+    return figure
+
+
+def published_figures(cfg, results: dict) -> dict | None:
+    """The experiment's published figures for this run's case (`sim.published`: source, case = a config path,
+    figures = {case value: {key: value}}), each beside the simulated one; None when it gives none for this case."""
+    pub = cfg.sim.published
+    if not pub:
+        return None
+    pub = OmegaConf.to_container(pub) if OmegaConf.is_config(pub) else dict(pub)
+    case = None
+    if pub.get("case"):
+        try:
+            case = functools.reduce(getattr, pub["case"].split("."), cfg)
+        except AttributeError:
+            raise UserError(f"sim.published.case={pub['case']!r} names no config value (e.g. router.name)") from None
+    figures = pub["figures"].get(case) if case is not None else pub["figures"]
+    if not figures:
+        return None
+    rows = {k: {"published": v, "simulated": results.get(k),
+                "ratio": results[k] / v if isinstance(results.get(k), (int, float)) and v else None}
+            for k, v in figures.items()}
+    return {"source": pub.get("source", ""), "case": f"{pub.get('case')}={case}" if case is not None else "",
+            "figures": rows}
+
+
+def _figure(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"
+
+
+def published_table(published: dict) -> str:
+    lines = [f"published: {published['source']}" + (f" ({published['case']})" if published["case"] else ""),
+             f"  {'figure':<24} {'published':>12} {'simulated':>12} {'sim/pub':>8}"]
+    for k, row in published["figures"].items():
+        sim, ratio = row["simulated"], row["ratio"]
+        lines.append(f"  {k:<24} {_figure(row['published']):>12} {'' if sim is None else _figure(sim):>12} "
+                     f"{'' if ratio is None else f'{ratio:.2f}x':>8}")
+    return "\n".join(lines)

@@ -18,6 +18,7 @@ from framework.load.http_client import LoadClient
 from framework.report.metrics import summarize
 from framework.runs.checks import build_sessions
 from framework.runs.finish import finish
+from framework.runs.progress import phase
 
 
 def _reachable(url: str) -> str | None:
@@ -52,6 +53,8 @@ def run(cfg, out_dir: str, resolved: dict) -> float:
     except ValueError as e:
         raise UserError(str(e)) from None
     _router_stats_reset(url)
+    total = sum(len(s.turns) for s in sessions)
+    phase(f"playing {total} requests against {url}", done=lambda: f"{len(client.records)} of {total} done")
     records, duration = client.play(sessions)
     results = {"target_url": url, "api": client.api.value, **summarize(records, duration, cfg.workload.slo),
                "client_retries": client.retries}

@@ -213,7 +213,9 @@ def run(cfg, out_dir: str, resolved: dict) -> float:
     from framework.dist.group import Group
     from framework.runs.checks import check_instance, instance_errors, parallelism
     from framework.runs.finish import finish
+    from framework.runs.progress import phase
     check_instance(cfg)
+    phase(f"verifying {len(engine_cases(cfg))} cases on {cfg.parallel.size} rank(s) against the reference")
     if cfg.parallel.size == 1:
         cases = verify_single(cfg, parallelism(cfg)(cfg.parallel, Group()))
     else:

@@ -48,7 +48,7 @@ def test_a_cost_model_describes_itself(cost, hardware):
     ("moe=triton_fused moe.kernel=cuda", "[auto, triton, torch]"),
     ("engine.schedule_policy=random", "[fcfs, lpm]"),
     ("engine.device=tpu", "[auto, cpu, cuda]"),
-    ("parallel=dp_attn parallel.dp_balance=random", "[round_robin, shortest_queue]"),
+    ("parallel=dp_attn parallel.dp_balance=random", "[round_robin, shortest_queue, "),   # + servelab's prefix-aware ones
     ("parallel.backend=mpi", "[auto, gloo, nccl]"),
     ("model.gating=v4", "[v2, v3]"),
     ("model.weight_dtype=int4", "[fp8]"),

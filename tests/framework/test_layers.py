@@ -22,7 +22,8 @@ LAYERS = {
     "framework.instance": 4, "framework.routing": 4, "framework.load": 4,
     "framework.serving": 5, "framework.sim": 5,
     "framework.cluster": 6, "framework.runs": 6, "framework.report": 6, "framework.testing": 6,
-    "framework.app": 7, "framework.config": 7, "framework.multirun": 7,
+    "framework.app": 7, "framework.config": 7, "framework.multirun": 7, "framework.overrides": 7,
+    "framework.runlog": 7,
 }
 PLUGIN_MAX_LAYER = 2
 ALLOWED: set[str] = set()          # "importer -> imported" pairs still to mend; empty: none
