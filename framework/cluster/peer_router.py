@@ -10,6 +10,17 @@ the reason it cannot, which is refused with that reason); the service settings m
 | router=<policy> and its fields  | the policy's `sglang_args` (fields it has no flag for: `sglang_ignores`)      |
 | router.host / router.port       | --host / --port; its Prometheus endpoint gets a free port of its own          |
 | router.max_retries              | --retry-max-retries (0: --disable-retries)                                   |
+| router.max_concurrent_requests  | --max-concurrent-requests (and the three below only when it is set, >= 1)    |
+| router.queue_size               | --queue-size                                                                 |
+| router.queue_timeout_secs       | --queue-timeout-secs (whole seconds, rounded up: SGLang takes an integer)    |
+| router.rate_limit_tokens_per_second | --rate-limit-tokens-per-second (rounded up to an integer)               |
+| router.api_key                  | --api-key                                                                    |
+| router.control_plane_api_keys   | --control-plane-api-keys ('id:name:role:key' each)                           |
+| router.control_plane_audit_enabled | --control-plane-audit-enabled (when true)                                 |
+| router.tls_cert_path / _key_path | --tls-cert-path / --tls-key-path                                            |
+| router.cors_allowed_origins     | --cors-allowed-origins (none: SGLang allows every origin, servelab none)     |
+| router.request_id_headers       | --request-id-headers (none: both use x-request-id, x-correlation-id,         |
+|                                 | x-trace-id, request-id)                                                      |
 | other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks); a run that   |
 |                                 | sets one is refused at start (framework/config.py, refuse_ignored_keys)       |
 
@@ -40,7 +51,10 @@ from framework.core.ports import free_ports
 
 log = logging.getLogger("servelab.peer_router")
 PINNED = SGLANG_ROUTER_VERSION
-SERVICE_FLAGS = ("impl", "host", "port", "max_retries")   # the router.* service settings sglang-router is given
+# the router.* service settings sglang-router is given (front_door_args: the front door's, under SGLang's own names)
+SERVICE_FLAGS = ("impl", "host", "port", "max_retries", "max_concurrent_requests", "queue_size", "queue_timeout_secs",
+                 "rate_limit_tokens_per_second", "api_key", "control_plane_api_keys", "control_plane_audit_enabled",
+                 "tls_cert_path", "tls_key_path", "cors_allowed_origins", "request_id_headers")
 _SERIES = re.compile(r'^(smg_worker_cb_outcomes_total|smg_worker_retries_total)\{([^}]*)\}\s+(\S+)', re.M)
 
 
@@ -54,17 +68,46 @@ def expressible_policies() -> list[str]:
     return [key for key in ROUTING.keys() if ROUTING.get(key).sglang_args.__func__ is not base]
 
 
-def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheus_port: int) -> list[str]:
-    """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings."""
+def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheus_port: int, pd=None) -> list[str]:
+    """sglang_router.launch_router's command-line arguments for the policy config `rc` and the service settings.
+    `pd`: (prefill (url, bootstrap port) pairs, decode urls) for its P/D mode (--pd-disaggregation) instead."""
     policy = ROUTING.get(rc.name)
     try:
         policy_args = policy.sglang_args(rc)
     except NotExpressible as e:
         runs = "" if rc.name in expressible_policies() else f"; it runs {', '.join(expressible_policies())}"
         raise PeerRouterError(f"router.impl=sglang: {e}{runs}") from None
-    args = ["--host", service.host, "--port", str(port), "--worker-urls", *worker_urls, *policy_args,
+    workers = ["--worker-urls", *worker_urls] if pd is None else ["--pd-disaggregation", *[
+        a for url, boot in pd[0] for a in ("--prefill", url, str(boot))], *[a for url in pd[1] for a in ("--decode", url)]]
+    args = ["--host", service.host, "--port", str(port), *workers, *policy_args,
             "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
-    return args + (["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"])
+    args += ["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"]
+    return args + front_door_args(service)
+
+
+def front_door_args(service) -> list[str]:
+    """Admission control and security settings as sglang-router flags (the same names; SGLang's defaults where
+    servelab's are left alone)."""
+    args: list[str] = []
+    if service.max_concurrent_requests > 0:
+        args += ["--max-concurrent-requests", str(service.max_concurrent_requests),
+                 "--queue-size", str(service.queue_size),
+                 "--queue-timeout-secs", str(math.ceil(service.queue_timeout_secs))]
+        if service.rate_limit_tokens_per_second:
+            args += ["--rate-limit-tokens-per-second", str(math.ceil(service.rate_limit_tokens_per_second))]
+    if service.api_key:
+        args += ["--api-key", service.api_key]
+    if service.control_plane_api_keys:
+        args += ["--control-plane-api-keys", *service.control_plane_api_keys]
+    if service.control_plane_audit_enabled:
+        args.append("--control-plane-audit-enabled")
+    if service.tls_cert_path:
+        args += ["--tls-cert-path", service.tls_cert_path, "--tls-key-path", service.tls_key_path]
+    for flag, values in (("--cors-allowed-origins", service.cors_allowed_origins),
+                         ("--request-id-headers", service.request_id_headers)):
+        if values:
+            args += [flag, *values]
+    return args
 
 
 def installed_version() -> str | None:
@@ -84,7 +127,7 @@ def _die_with_parent() -> None:   # runs in the child before exec: SIGTERM it wh
 class SglangRouter:
     """One sglang-router process in front of `worker_urls`, ready (routing to every worker) once constructed."""
 
-    def __init__(self, rc, service, worker_urls: list[str], startup_timeout_s: float):
+    def __init__(self, rc, service, worker_urls: list[str], startup_timeout_s: float, pd=None):
         version = installed_version()
         if version is None:
             raise PeerRouterError(f"router.impl=sglang needs SGLang's router: pip install -e '.[peers]' "
@@ -94,7 +137,7 @@ class SglangRouter:
         host = "127.0.0.1" if service.host in ("", "0.0.0.0") else service.host
         prometheus_port = free_ports(service.host, 1)[0]
         self.url, self.metrics_url = f"http://{host}:{service.port}", f"http://{host}:{prometheus_port}/metrics"
-        self.args = sglang_router_args(rc, service, worker_urls, service.port, prometheus_port) + [
+        self.args = sglang_router_args(rc, service, worker_urls, service.port, prometheus_port, pd) + [
             "--worker-startup-timeout-secs", str(math.ceil(startup_timeout_s)), "--worker-startup-check-interval", "1"]
         self.workers = list(worker_urls)
         self.popen = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *self.args],

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from framework.core.registry import ROUTING
-from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.service import start_router
 from framework.serving.router.config import RouterServiceConfig
 from serving_helpers import free_port, serve, status_app, url_of, wait_until
 
@@ -52,13 +52,12 @@ class Held:
 
 @asynccontextmanager
 async def router_over(urls, policy="round_robin", **cfg):
-    app = create_router_app(ROUTING.get(policy)(), urls, RouterServiceConfig(**{**FAST, **cfg}))
-    server = await serve(app)
+    server = await start_router(ROUTING.get(policy)(), urls, RouterServiceConfig(**{**FAST, **cfg}), port=0)
     try:
-        async with aiohttp.ClientSession(url_of(server)) as http:
-            yield app[ROUTER_KEY], http
+        async with aiohttp.ClientSession(server.url) as http:
+            yield server.router, http
     finally:
-        await server.close()
+        await server.cleanup()
 
 
 async def test_headers_pass_through_both_ways_without_hop_by_hop_ones():

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from framework.core.registry import ROUTING
-from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.service import start_router
 from framework.serving.router.config import RouterServiceConfig
 from serving_helpers import read_sse, serve, url_of, wait_until
 
@@ -81,14 +81,13 @@ async def router_over(*behaviours: str, **cfg):
     cfg = RouterServiceConfig(**{**dict(request_timeout_s=TIMEOUT_S, health_check_interval_secs=0.05,
                                         retry_backoff_base_s=0.001, retry_backoff_max_s=0.01,
                                         abort_timeout_s=TIMEOUT_S), **cfg})
-    app = create_router_app(ROUTING.get("round_robin")(), [url_of(w) for w in workers], cfg)
-    server = await serve(app)
-    router = app[ROUTER_KEY]
+    server = await start_router(ROUTING.get("round_robin")(), [url_of(w) for w in workers], cfg, port=0)
+    router = server.router
     try:
-        async with aiohttp.ClientSession(url_of(server)) as http:
+        async with aiohttp.ClientSession(server.url) as http:
             yield router, http, stubs, [url_of(w) for w in workers]
     finally:
-        await server.close()
+        await server.cleanup()
         for w in workers:
             await w.close()
     assert all(n == 0 for n in router.policy.loads.values()), router.policy.loads

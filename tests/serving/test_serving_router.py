@@ -16,7 +16,7 @@ import pytest
 
 from framework.core.registry import ROUTING
 from framework.serving.http.chat_template import apply_chat_template
-from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.service import start_router
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from serving_helpers import (break_model, broken_stream_app, engine_client, engine_requests, engine_stats, free_port,
@@ -37,13 +37,12 @@ def engines():
 @asynccontextmanager
 async def router_over(urls, policy="round_robin", **cfg):
     """A router (its own loopback server) over ``urls``; yields (Router, client session on the router)."""
-    app = create_router_app(ROUTING.get(policy)(), urls, RouterServiceConfig(**{**FAST, **cfg}))
-    server = await serve(app)
+    server = await start_router(ROUTING.get(policy)(), urls, RouterServiceConfig(**{**FAST, **cfg}), port=0)
     try:
-        async with aiohttp.ClientSession(url_of(server)) as http:
-            yield app[ROUTER_KEY], http
+        async with aiohttp.ClientSession(server.url) as http:
+            yield server.router, http
     finally:
-        await server.close()
+        await server.cleanup()
 
 
 @asynccontextmanager

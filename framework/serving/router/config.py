@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Optional
 
 from framework.core.registry import ROUTING
 
@@ -48,6 +49,19 @@ class RouterServiceConfig:
     kv_events_port: int = 0
     kv_events_replay_port: int = 0
     load_poll_interval_s: float = 0.5       # GET /get_load on every worker this often (a policy that follows loads)
+    # admission control, sglang-router 0.3.2's flags and semantics (admission.py); -1: no limit
+    max_concurrent_requests: int = -1
+    queue_size: int = 100                   # requests waiting for admission at most (0: refuse at once, 429)
+    queue_timeout_secs: float = 60.0        # longest wait for admission (then 408)
+    rate_limit_tokens_per_second: Optional[float] = None  # token refill rate; None: max_concurrent_requests
+    # the front door (security.py, docs/router-security.md): defaults serve loopback, open, plain HTTP
+    api_key: Optional[str] = None           # data plane: Authorization: Bearer <api_key>
+    control_plane_api_keys: list[str] = field(default_factory=list)  # 'id:name:role:key', role admin | user
+    control_plane_audit_enabled: bool = True  # an audit log line per control action (SGLang's default: off)
+    tls_cert_path: Optional[str] = None     # both set: HTTPS
+    tls_key_path: Optional[str] = None
+    cors_allowed_origins: list[str] = field(default_factory=list)  # origins (or "*") browsers may call from
+    request_id_headers: list[str] = field(default_factory=list)  # where a client's request id is; []: SGLang's list
 
     def validate(self) -> None:
         problems = []
@@ -58,6 +72,24 @@ class RouterServiceConfig:
         non_negative = ("max_retries", "retry_backoff_base_s", "retry_backoff_max_s", "breaker_cooldown_secs",
                         "kv_events_port", "kv_events_replay_port")
         problems += [f"router.{n} must be >= 0, got {getattr(self, n)}" for n in non_negative if getattr(self, n) < 0]
+        if self.max_concurrent_requests == 0 or self.max_concurrent_requests < -1:
+            problems.append(f"router.max_concurrent_requests must be -1 (no limit) or >= 1, got "
+                            f"{self.max_concurrent_requests}")
+        if self.queue_size < 0 or self.queue_timeout_secs <= 0:
+            problems.append(f"router.queue_size must be >= 0 and router.queue_timeout_secs > 0, got "
+                            f"{self.queue_size} and {self.queue_timeout_secs}")
+        if self.rate_limit_tokens_per_second is not None and self.rate_limit_tokens_per_second <= 0:
+            problems.append(f"router.rate_limit_tokens_per_second must be > 0 (or null), got "
+                            f"{self.rate_limit_tokens_per_second}")
+        if bool(self.tls_cert_path) != bool(self.tls_key_path):
+            problems.append("router.tls_cert_path and router.tls_key_path go together (PEM files); got only one")
+        if self.api_key == "":
+            problems.append("router.api_key must not be empty (null: no key)")
+        try:
+            from framework.serving.router.security import parse_control_keys
+            parse_control_keys(self.control_plane_api_keys)
+        except ValueError as e:
+            problems.append(str(e))
         if self.breaker_failure_threshold < 1:
             problems.append(f"router.breaker_failure_threshold must be >= 1, got {self.breaker_failure_threshold}")
         if problems:

@@ -1,24 +1,27 @@
 """The HTTP router's control plane: which workers it routes to (health checks, add, remove with a drain) and the
 control endpoints. The state is the router core's (framework/routing/core.py: workers, policy, stats); this module
 holds the I/O around it. ``Membership`` and ``ControlEndpoints`` are given what they use, the router's client session
-(made when it starts) as a getter."""
+(made when it starts) as a getter. A worker added at run time takes no traffic before its first health check passes
+(``WorkerState.healthy`` starts False). The control plane is not on the hot path: it keeps aiohttp's client."""
 from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Callable
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from framework.routing.core import RouterCore
 from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
-from framework.serving.http.server_base import metrics_response
+from framework.serving.router.admission import Admission
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.events import WorkerEvents
 from framework.serving.router.health import describe_error, normalize_worker_url
+from framework.serving.router.security import Guard
+from framework.serving.router.server import Answering, Request
 
 log = logging.getLogger("framework.serving.router.service")
 
@@ -106,52 +109,61 @@ class Membership:
 
 
 class ControlEndpoints:
-    """The router's endpoints besides the generation routes."""
+    """The router's endpoints besides the generation routes, behind the control-plane keys (security.py): the
+    worker admin ones want an admin key and leave an audit line, the read-only ones any control key."""
 
     def __init__(self, core: RouterCore, membership: Membership, events: WorkerEvents, registry: CollectorRegistry,
-                 session: Callable[[], aiohttp.ClientSession]):
+                 session: Callable[[], aiohttp.ClientSession], guard: Guard, admission: Admission):
         self.core, self.membership, self.events, self.registry = core, membership, events, registry
-        self.session = session
+        self.session, self.guard, self.admission = session, guard, admission
         self._timeout = aiohttp.ClientTimeout(total=membership.cfg.health_check_timeout_secs * 5)
 
-    def add_routes(self, app: web.Application) -> None:
-        add_get, add_post = app.router.add_get, app.router.add_post
-        add_post("/add_worker", self.add_worker)
-        add_post("/remove_worker", self.remove_worker)
-        add_get("/list_workers", self.list_workers)
-        add_get("/health", self.health)
-        add_get("/metrics", self.metrics)
-        add_get("/get_server_info", self.server_info)
-        add_get("/router_stats", self.router_stats)
-        add_post("/router_stats/reset", self.reset_router_stats)
-        add_post("/flush_cache", self.flush_cache)
-        add_get("/v1/models", self.models)
+    def routes(self) -> dict[str, tuple[str, Callable]]:
+        """path -> (method, handler(request, answer))."""
+        def guarded(level: str):
+            return lambda handler: partial(self._guarded, handler=handler, level=level)
+        admin, read, data, open_ = (guarded(k) for k in ("admin", "read", "data", "open"))
+        return {"/add_worker": ("POST", admin(self.add_worker)), "/remove_worker": ("POST", admin(self.remove_worker)),
+                "/flush_cache": ("POST", admin(self.flush_cache)),
+                "/router_stats/reset": ("POST", admin(self.reset_router_stats)),
+                "/list_workers": ("GET", read(self.list_workers)), "/router_stats": ("GET", read(self.router_stats)),
+                "/get_server_info": ("GET", data(self.server_info)), "/v1/models": ("GET", data(self.models)),
+                "/health": ("GET", open_(self.health)), "/metrics": ("GET", open_(self.metrics))}
 
-    async def add_worker(self, request: web.Request) -> web.Response:
-        w = await self.membership.add_worker(request.query.get("url"))
-        return web.json_response({"added": w.url, "healthy": w.healthy, "workers": sorted(self.core.workers)})
+    async def _guarded(self, req: Request, conn: Answering, *, handler, level: str) -> None:
+        if level == "data":
+            self.guard.data_plane(req.lower)
+        elif level != "open":
+            self.guard.control_plane(req.lower, req.method, req.path, req.query.get("url"), req.rid,
+                                     admin=level == "admin")
+        await handler(req, conn)
 
-    async def remove_worker(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.membership.remove_worker(request.query.get("url")))
+    async def add_worker(self, req: Request, conn: Answering) -> None:
+        w = await self.membership.add_worker(req.query.get("url"))
+        conn.send_json(200, {"added": w.url, "healthy": w.healthy, "workers": sorted(self.core.workers)})
 
-    async def list_workers(self, request: web.Request) -> web.Response:
+    async def remove_worker(self, req: Request, conn: Answering) -> None:
+        conn.send_json(200, await self.membership.remove_worker(req.query.get("url")))
+
+    async def list_workers(self, req: Request, conn: Answering) -> None:
         now, workers = self.core.clock(), self.core.workers
-        return web.json_response({"urls": list(workers), "workers": [w.describe(now) for w in workers.values()],
-                                  "loads": dict(self.core.policy.loads)})  # the in-flight counts
+        conn.send_json(200, {"urls": list(workers), "workers": [w.describe(now) for w in workers.values()],
+                             "loads": dict(self.core.policy.loads)})  # the in-flight counts
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, req: Request, conn: Answering) -> None:
         healthy = sum(w.healthy for w in self.core.workers.values())
-        return web.json_response({"status": "ok", "workers": len(self.core.workers), "healthy_workers": healthy})
+        conn.send_json(200, {"status": "ok", "workers": len(self.core.workers), "healthy_workers": healthy})
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return metrics_response(self.registry)
+    async def metrics(self, req: Request, conn: Answering) -> None:
+        conn.send(200, [(b"Content-Type", CONTENT_TYPE_LATEST.encode())], generate_latest(self.registry))
 
-    async def router_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.core.snapshot(), "kv_events": self.events.stats()})
+    async def router_stats(self, req: Request, conn: Answering) -> None:
+        conn.send_json(200, {**self.core.snapshot(), "kv_events": self.events.stats(),
+                             "admission": self.admission.stats()})
 
-    async def reset_router_stats(self, request: web.Request) -> web.Response:
+    async def reset_router_stats(self, req: Request, conn: Answering) -> None:
         self.core.stats.reset()
-        return web.json_response({"reset": True})
+        conn.send_json(200, {"reset": True})
 
     async def _fan_out(self, method: str, path: str) -> dict[str, tuple[int | None, object]]:
         """``method path`` on every healthy worker at once -> {url: (status or None, JSON body or error text)}."""
@@ -166,7 +178,7 @@ class ControlEndpoints:
         urls = [u for u, w in self.core.workers.items() if w.healthy and not w.draining]
         return dict(await asyncio.gather(*(one(u) for u in urls)))
 
-    async def server_info(self, request: web.Request) -> web.Response:
+    async def server_info(self, req: Request, conn: Answering) -> None:
         answers = await self._fan_out("GET", "/get_server_info")
         per_worker = {u: body if status == 200 else {"error": body} for u, (status, body) in answers.items()}
         totals: dict[str, float] = {}
@@ -174,10 +186,10 @@ class ControlEndpoints:
             for k, v in info.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     totals[k] = totals.get(k, 0) + v
-        return web.json_response({"router": {"workers": len(self.core.workers), "healthy_workers": len(answers)},
-                                  "totals": totals, "workers": per_worker})
+        conn.send_json(200, {"router": {"workers": len(self.core.workers), "healthy_workers": len(answers)},
+                             "totals": totals, "workers": per_worker})
 
-    async def flush_cache(self, request: web.Request) -> web.Response:
+    async def flush_cache(self, req: Request, conn: Answering) -> None:
         answers = await self._fan_out("POST", "/flush_cache")
         for url, (status, _) in answers.items():
             if status == 200 and url in self.core.workers:
@@ -185,9 +197,9 @@ class ControlEndpoints:
         failed = {u: (status, body) for u, (status, body) in answers.items() if status != 200}
         if failed:
             raise ApiError(502, f"flush_cache failed on {len(failed)} of {len(answers)} workers: {failed}")
-        return web.json_response({"success": True, "workers": sorted(answers)})
+        conn.send_json(200, {"success": True, "workers": sorted(answers)})
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, req: Request, conn: Answering) -> None:
         answers = await self._fan_out("GET", "/v1/models")
         cards = {c["id"]: c for status, body in answers.values() if status == 200 for c in body.get("data", [])}
-        return web.json_response({"object": "list", "data": list(cards.values())})
+        conn.send_json(200, {"object": "list", "data": list(cards.values())})

@@ -2,8 +2,14 @@
 An asyncio shell over the router core (framework/routing/core.py), which decides and counts: this module forwards.
 
 It speaks the workers' client APIs (native ``/generate``, OpenAI completions and chat, every prompt shape SGLang and
-vLLM take) and forwards with one pooled ``aiohttp.ClientSession``; headers pass through both ways (hop-by-hop ones
-removed) and streams chunk by chunk. Reliability, beyond SGLang router 0.1.0 (docs/fidelity.md, "Router"):
+vLLM take). It serves on its own HTTP/1.1 server (server.py: asyncio protocols and httptools) and forwards on pooled
+kept-alive connections (upstream.py); headers stay bytes and pass through both ways (hop-by-hop ones removed), and
+streams go chunk by chunk. Why not aiohttp: experiments/bench_router (the same process on aiohttp cost 2-3x
+sglang-router's CPU per request). ``create_router_app`` runs the same handling behind an aiohttp app
+(aiohttp_shell.py), for code that embeds the router in one. In front of the forwarding, the front door
+(docs/router-security.md): request ids, CORS, API keys (security.py), admission control (admission.py).
+
+Reliability, beyond SGLang router 0.1.0 (docs/fidelity.md, "Router"):
 
 - periodic ``GET /health`` of every worker; only healthy workers are routed to, and workers that are not up at start
   join when their first check passes (one that was unreachable comes back with its cache estimate dropped);
@@ -32,34 +38,36 @@ import logging
 import math
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
+from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
 
 from framework.contracts.routing import RequestView
 from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
 from framework.routing.workers import WorkerState
 from framework.serving.http import protocol as P
 from framework.serving.http.errors import ApiError, json_bytes, parse_body
-from framework.serving.http.proxy import (NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, RETRY_SAME_WORKER, ROUTE_HEADER,
-                                          WORKER_HEADER, Failed, pass_headers, retry_after_s, route_header)
-from framework.serving.http.server_base import make_app, serve_forever, tune_gc_for_serving
+from framework.serving.http.proxy import RETRY_SAME_WORKER, ROUTE_HEADER, WORKER_HEADER, retry_after_s, route_header
+from framework.serving.http.server_base import tune_gc_for_serving
+from framework.serving.router.admission import Admission
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.control import ControlEndpoints, Membership
 from framework.serving.router.events import USAGE_TAIL, WorkerEvents, parse_usage
-from framework.serving.router.health import (WaitTimer, WorkerTimeout, describe_error, endpoint, normalize_worker_url,
-                                             run_every)
+from framework.serving.router.health import WaitTimer, WorkerTimeout, describe_error, normalize_worker_url, run_every
+from framework.serving.router.security import Guard, parse_control_keys
+from framework.serving.router.server import Answering, Headers, HttpServer, Request, server_ssl_context, start_server
 from framework.serving.router.stats import router_registry
+from framework.serving.router.upstream import UpstreamConnectError, UpstreamPool, UpstreamResponse
+from framework.serving.router.wire import Failed, forwarded_head, returned_headers
 
 log = logging.getLogger(__name__)
 
 ROUTES = {"/generate": P.GenerateRouting, "/v1/completions": P.CompletionRouting,
           "/v1/chat/completions": P.ChatRouting}
+_WORKER_B, _ROUTE_B = WORKER_HEADER.encode(), ROUTE_HEADER.encode()
 
 
 @dataclass(slots=True)
@@ -69,20 +77,23 @@ class _Call:
     raw: bytes
     request: str | RequestView  # what the policy routes on: the text, or a view with the client's token ids
     stream: bool
-    headers: CIMultiDict  # what goes to the worker
+    head: bytes  # the request's header lines for the worker, Content-Length included
     rid: str  # its X-Request-Id: what /abort_request names
     first_byte_by: float  # time.monotonic() deadlines
     done_by: float
     answered: bool = False  # bytes went to the client: no other attempt can be made
+    outcome: str = "invalid_request"
     tried: list[WorkerState] = field(default_factory=list)
 
 
-def answer_headers(up: aiohttp.ClientResponse, att: Attempt) -> CIMultiDict:
-    """The worker's end-to-end headers, with which worker answered and the decision that sent the request there."""
-    headers = pass_headers(up.headers, NOT_RETURNED)
-    headers[WORKER_HEADER] = att.worker.url
-    headers[ROUTE_HEADER] = route_header(att.decision)
-    return headers
+class _Origin:
+    """Where a worker's requests go: its pooled connections' key and the start of every request line."""
+    __slots__ = ("key", "host", "url")
+
+    def __init__(self, url: str):
+        u = urlsplit(url)
+        self.key = (u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme == "https")
+        self.host, self.url = u.netloc.encode(), url.encode()
 
 
 def _wake(released: list[Attempt]) -> None:
@@ -103,47 +114,71 @@ class Router:
         c.validate()
         self.core = RouterCore(policy, clock, c.breaker_failure_threshold, c.breaker_cooldown_secs)
         self.workers, self.stats = self.core.workers, self.core.stats
-        self.registry = router_registry(self.stats, self.workers.values)
-        self.session: aiohttp.ClientSession | None = None  # made at start: the others get it from _session
+        self.admission = Admission(c.max_concurrent_requests, c.queue_size, c.queue_timeout_secs,
+                                   c.rate_limit_tokens_per_second)
+        self.guard = Guard(c.api_key, parse_control_keys(c.control_plane_api_keys), c.control_plane_audit_enabled,
+                           c.request_id_headers, c.cors_allowed_origins)
+        self.registry = router_registry(self.stats, self.workers.values, self.admission.stats)
+        # the data path's connections to the workers; the control plane's requests (health checks, aborts, KV-event
+        # discovery, load polls, fan-outs) go through an aiohttp session made at start, which the others get from
+        # _session
+        self.pool = UpstreamPool(c.connect_timeout_s)
+        self.session: aiohttp.ClientSession | None = None
         self.events = WorkerEvents(self.core, c, self._session, _wake)  # what the policy subscribed to
         self.membership = Membership(self.core, c, self.events, self._session)
-        self.control = ControlEndpoints(self.core, self.membership, self.events, self.registry, self._session)
+        self.control = ControlEndpoints(self.core, self.membership, self.events, self.registry, self._session,
+                                        self.guard, self.admission)
         self._removals = self.membership.removals
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
-        # Built once. No total: a stream may run for as long as its worker keeps talking; waits on a worker are
-        # bounded by self._timer (silence and the client's deadlines), not by aiohttp's per-request timers.
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s)
+        self._origins: dict[str, _Origin] = {}
         tick = min(1.0, min(c.request_timeout_s, c.first_byte_timeout_s, c.total_timeout_s) / 10)
         self._timer = WaitTimer(c.request_timeout_s, tick)
         self._first_byte_name = f"router.first_byte_timeout_s={c.first_byte_timeout_s:g}"
         self._total_name = f"router.total_timeout_s={c.total_timeout_s:g}"
         self._abort_timeout = aiohttp.ClientTimeout(total=c.abort_timeout_s)
+        self.routes: dict[str, tuple[str, Callable]] = {
+            **{path: ("POST", partial(self.forward, route=path)) for path in ROUTES}, **self.control.routes()}
         for url in worker_urls:
             self.membership.register(normalize_worker_url(url))
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, app: web.Application | None = None) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)  # no pool cap: the policy bounds the load
+    async def start(self, app=None) -> None:
+        """The router's client side and periodic jobs (``app``: aiohttp's on_startup calls it with one)."""
         # DummyCookieJar: a proxy must not replay one client's cookies (set by a worker) on other clients' requests.
-        # Bodies pass as they are (no decompression) and only the client's own headers go out (no aiohttp defaults).
-        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False,
-                                             cookie_jar=aiohttp.DummyCookieJar(),
-                                             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                                             timeout=aiohttp.ClientTimeout(total=None,
+                                                                           sock_connect=self.cfg.connect_timeout_s),
+                                             cookie_jar=aiohttp.DummyCookieJar())
         await self.check_health()  # whoever is up now takes traffic at once; the rest join on a later check
         self._tasks = [asyncio.create_task(run_every(self.cfg.health_check_interval_secs, self.check_health)),
                        asyncio.create_task(run_every(self.cfg.maintain_interval_secs, self._maintain)),
                        asyncio.create_task(run_every(self._timer.tick_s, self._sweep)), *self.events.start()]
 
-    async def close(self, app: web.Application | None = None) -> None:
+    async def close(self, app=None) -> None:
         tasks = self._tasks + list(self._removals.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.events.close()
+        self.pool.close()
         if self.session is not None:
             await self.session.close()
+
+    async def listen(self, host: str | None = None, port: int | None = None) -> "RouterServer":
+        """Start the router and serve it on host:port (default: the config's; port 0: any free one)."""
+        c = self.cfg
+        await self.start()
+        ssl_context = server_ssl_context(c.tls_cert_path, c.tls_key_path) if c.tls_cert_path else None
+        try:
+            server = await start_server(self.handle, c.host if host is None else host,
+                                        c.port if port is None else port, c.client_max_size, self.extra_headers,
+                                        ssl_context)
+        except BaseException:
+            await self.close()
+            raise
+        return RouterServer(self, server)
 
     def _session(self) -> aiohttp.ClientSession:
         return self.session
@@ -162,6 +197,33 @@ class Router:
 
     async def _sweep(self) -> None:
         self._timer.sweep(time.monotonic())
+
+    # ------------------------------------------------------------------ every request
+
+    def extra_headers(self, req: Request, status: int) -> Headers:
+        """On every answer: the request id, and CORS headers for an allowed Origin."""
+        if req.rid is None:
+            return []
+        headers = [(b"X-Request-Id", req.rid)]
+        if self.guard.cors_on:
+            headers += self.guard.cors_headers(req.lower)
+        return headers
+
+    async def handle(self, req: Request, conn: Answering) -> None:
+        req.rid = self.guard.request_id(req.lower)
+        try:
+            if req.method == "OPTIONS" and (allow := self.guard.preflight(req.lower)) is not None:
+                conn.send(200, allow)  # the origin's headers come with extra_headers
+                return
+            route = self.routes.get(req.path)
+            if route is None:
+                raise ApiError(404, f"no route {req.method} {req.path}")
+            if req.method != route[0]:
+                raise ApiError(405, f"method {req.method} not allowed on {req.path}; allowed: {route[0]}",
+                               headers={"Allow": route[0]})
+            await route[1](req, conn)
+        except ApiError as err:
+            conn.send_error(err)
 
     # ------------------------------------------------------------------ forwarding
 
@@ -201,83 +263,114 @@ class Router:
             return call.first_byte_by, self._first_byte_name, call.stream
         return call.done_by, self._total_name, call.stream
 
-    async def forward(self, request: web.Request, route: str) -> web.StreamResponse:
-        outcome = "invalid_request"
+    async def forward(self, req: Request, conn: Answering, route: str) -> None:
+        self.guard.data_plane(req.lower)
+        call = None
         try:
-            raw = await request.read()
-            view = parse_body(ROUTES[route], raw)
-            text, ids = view.routing_text(), view.token_ids()
-            headers = pass_headers(request.headers, NOT_FORWARDED)
-            rid = headers.get(REQUEST_ID_HEADER) or headers.setdefault(REQUEST_ID_HEADER, uuid.uuid4().hex)
-            headers.setdefault("Content-Type", "application/json")
+            view = parse_body(ROUTES[route], req.body)
+            prompt = view.__dict__  # token_ids() looks its fields up with getattr: ~5% of the CPU when one is absent
+            ids = view.token_ids() if isinstance(prompt.get("input_ids") or prompt.get("prompt"), list) else None
+            text = view.routing_text()
             now = time.monotonic()
-            call = _Call(route, raw, text if ids is None else RequestView(text, ids), bool(view.stream), headers, rid,
+            call = _Call(route, req.body, text if ids is None else RequestView(text, ids), bool(view.stream),
+                         forwarded_head(req, len(req.body)), req.rid.decode("latin-1"),
                          now + self.cfg.first_byte_timeout_s, now + self.cfg.total_timeout_s)
-            outcome = "no_worker"
-            failed = None
-            while (plan := self._next(call, failed)) is not None:
-                outcome = CLIENT_DISCONNECT  # until an answer is ready
-                pool, delay = plan
-                if failed is not None:
-                    if time.monotonic() + delay >= self._deadline(call)[0]:
-                        break  # the client's deadline comes first: answer with the last failure
-                    await asyncio.sleep(delay)
-                    now = self.core.clock()
-                    pool = [w for w in pool if self.core.is_current(w) and w.routable(max(now, w.not_before))]
-                    if not pool:
-                        break
-                att = self.core.dispatch(call.request, pool, retry=bool(call.tried))
-                call.tried.append(att.worker)
+            if not self.admission.enabled:  # (no coroutine for the common case)
+                await self._forward(req, conn, call)
+                return
+            call.outcome = "not_admitted"
+            await self.admission.admit()
+            try:
+                await self._forward(req, conn, call)
+            finally:
+                self.admission.release()
+        finally:
+            self.stats.outcomes[route, "invalid_request" if call is None else call.outcome] += 1
+
+    async def _forward(self, req: Request, conn: Answering, call: _Call) -> None:
+        call.outcome = "no_worker"
+        failed = None
+        while (plan := self._next(call, failed)) is not None:
+            call.outcome = CLIENT_DISCONNECT  # until an answer is ready
+            pool, delay = plan
+            if failed is not None:
+                if time.monotonic() + delay >= self._deadline(call)[0]:
+                    break  # the client's deadline comes first: answer with the last failure
+                await asyncio.sleep(delay)
+                now = self.core.clock()
+                pool = [w for w in pool if self.core.is_current(w) and w.routable(max(now, w.not_before))]
+                if not pool:
+                    break
+            # every worker routable (the usual case): the policy's own candidates are the same list, in the same
+            # order (it is never told a worker is unhealthy), without its check of the names given
+            every = len(pool) == len(self.workers)
+            att = self.core.dispatch(call.request, None if every else pool, retry=bool(call.tried))
+            call.tried.append(att.worker)
+            left = self.core.hold(att, self._deadline(call)[0] - time.monotonic())
+            if left > 0:
                 try:
-                    await self._hold(att, self._deadline(call)[0])
+                    await self._hold(att, left)
                 except BaseException:  # the client went away while it was held: it was never sent
                     self.core.release(att)
                     raise
-                result = await self._attempt(request, call, att)
-                if not isinstance(result, Failed):
-                    outcome = att.outcome or ("ok" if result.status < 400 else "client_error")
-                    return result
-                failed = result
-            outcome = "timeout" if failed.timeout else "upstream_error"
-            return failed.response(len(call.tried))
-        finally:
-            self.stats.outcomes[route, outcome] += 1
+            result = await self._attempt(conn, call, att)
+            if not isinstance(result, Failed):
+                call.outcome = att.outcome or ("ok" if result < 400 else "client_error")
+                return
+            failed = result
+        call.outcome = "timeout" if failed.timeout else "upstream_error"
+        failed.send(conn, len(call.tried))
 
-    async def _hold(self, att: Attempt, deadline: float) -> None:
-        """Wait while the core holds the request (its prefix is still being prefilled on the worker): until a batch
-        of that worker's events lets it go (``_wake``), the hold runs out, or the client's ``deadline`` (monotonic)."""
-        left = self.core.hold(att, deadline - time.monotonic())
-        if left > 0:
-            att.ref = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(att.ref, left)
-            except TimeoutError:
-                self.core.hold_over(att)
+    async def _hold(self, att: Attempt, left: float) -> None:
+        """Wait while the core holds the request (``core.hold``: its prefix is still being prefilled on the worker),
+        at most ``left`` s (its hold, or the client's deadline), unless a batch of that worker's events lets it go
+        first (``_wake``)."""
+        att.ref = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(att.ref, left)
+        except TimeoutError:
+            self.core.hold_over(att)
 
-    async def _attempt(self, request: web.Request, call: _Call, att: Attempt) -> web.StreamResponse | Failed:
-        """One try on one worker. Returns the final response, or ``Failed``."""
+    def _origin(self, w: WorkerState) -> _Origin:
+        o = self._origins.get(w.url)
+        if o is None:
+            o = self._origins[w.url] = _Origin(w.url)
+        return o
+
+    def _answer_headers(self, up: UpstreamResponse, att: Attempt, origin: _Origin) -> Headers:
+        """The worker's end-to-end headers, with which worker answered and the decision that sent the request there."""
+        headers = returned_headers(up)
+        headers.append((_WORKER_B, origin.url))
+        headers.append((_ROUTE_B, route_header(att.decision).encode()))
+        return headers
+
+    async def _attempt(self, conn: Answering, call: _Call, att: Attempt) -> int | Failed:
+        """One try on one worker. Returns the status answered to the client, or ``Failed``."""
         w = att.worker
+        origin = self._origin(w)
         up = None
         try:
             with self._timer(*self._deadline(call)):  # the response head, then the whole body unless it streams
-                up = await self.session.post(endpoint(w, call.route), data=call.raw, headers=call.headers)
+                up = await self.pool.request(origin.key, b"POST %s HTTP/1.1\r\nHost: %s\r\n%s%s" % (
+                    call.route.encode(), origin.host, call.head, call.raw))
                 status = up.status
                 retriable = status in (408, 429) or status >= 500
-                relay = not retriable and (up.content_type == "text/event-stream" or up.content_length is None)
+                relay = not retriable and (up.content_type() == b"text/event-stream" or up.content_length() is None)
                 body = b"" if relay else await up.read()  # buffered: a failure mid-body is still retriable
             if retriable:
                 att.verdict = FAIL if status >= 500 and status not in (503, 504) else None  # else busy, not broken
-                wait = retry_after_s(up.headers.get("Retry-After")) if status in RETRY_SAME_WORKER else None
+                wait = retry_after_s(up.lower.get(b"retry-after", b"").decode("latin-1")) \
+                    if status in RETRY_SAME_WORKER else None
                 if wait:
                     w.not_before = max(w.not_before, self.core.clock() + wait)
-                return Failed(w, f"{w.url} answered {status}", status, body, pass_headers(up.headers, NOT_RETURNED),
-                              retry_after=wait)
+                return Failed(w, f"{w.url} answered {status}", status, body, returned_headers(up), retry_after=wait)
             if relay:
-                return await self._relay(request, call, up, att)
+                return await self._relay(conn, call, up, att, origin)
             att.verdict, att.served = OK, status < 400  # a 4xx is the client's fault: it counts for the worker
             if att.served and self.core.wants_usage:
                 att.usage = parse_usage(body)
-            return web.Response(status=status, body=body, headers=answer_headers(up, att))
+            conn.send(status, self._answer_headers(up, att, origin), body)
+            return status
         except WorkerTimeout as exc:  # busy or hung: not a breaker failure
             if not exc.silence:
                 return Failed(w, f"{w.url}: {exc}", timeout=True, retriable=False)
@@ -286,10 +379,10 @@ class Router:
                                                      "it did not confirm it dropped the request, which therefore "
                                                      "was not sent to another worker"),
                           timeout=True, retriable=confirmed)
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
             timeout = isinstance(exc, TimeoutError)  # a connection that did not open in connect_timeout_s
             att.verdict = None if timeout else FAIL
-            if isinstance(exc, aiohttp.ClientConnectorError):
+            if isinstance(exc, UpstreamConnectError) and not timeout:
                 w.healthy, w.unreachable = False, True  # skip it until a health check passes again
             return Failed(w, f"{w.url}: {describe_error(exc)}", timeout=timeout)
         finally:
@@ -311,36 +404,35 @@ class Router:
         except (aiohttp.ClientError, OSError, ValueError):
             return False
 
-    async def _relay(self, request: web.Request, call: _Call, up: aiohttp.ClientResponse,
-                     att: Attempt) -> web.StreamResponse:
+    async def _relay(self, conn: Answering, call: _Call, up: UpstreamResponse, att: Attempt,
+                     origin: _Origin) -> int:
         """Pass a stream through as it arrives. Nothing is sent before the worker's first chunk, so a worker that
         fails before it is still retried; after it, a broken stream ends with an SSE error event. Only the waits on
-        the worker count towards its silence: a slow client holding up ``resp.write`` does not."""
+        the worker count towards its silence: a slow client holding up ``conn.write`` does not."""
         w = att.worker
         with self._timer(*self._deadline(call)):
-            chunk = await up.content.readany()
-        resp = web.StreamResponse(status=up.status, headers=answer_headers(up, att))
+            chunk = await up.readany()
         att.served = up.status < 400
         tail = b"" if self.core.wants_usage else None  # the stream's end, for the usage in its last event
         try:
-            await resp.prepare(request)
+            conn.start(up.status, self._answer_headers(up, att, origin))
             call.answered = True
             while chunk:
                 if tail is not None:
                     tail = (tail + chunk)[-USAGE_TAIL:]
-                await resp.write(chunk)
+                await conn.write(chunk)
                 try:
                     with self._timer(*self._deadline(call)):
-                        chunk = await up.content.readany()
-                except (aiohttp.ClientError, OSError) as exc:
+                        chunk = await up.readany()
+                except OSError as exc:
                     att.verdict = None if isinstance(exc, TimeoutError) else FAIL
                     att.outcome = BROKEN_STREAM
                     msg = f"worker {w.url} broke the stream: {describe_error(exc)}"
-                    await resp.write(P.sse(data=json_bytes(ApiError(502, msg).to_dict())))
-                    await resp.write_eof()
-                    return resp
+                    await conn.write(P.sse(data=json_bytes(ApiError(502, msg).to_dict())))
+                    await conn.end()
+                    return up.status
             att.verdict = OK
-            await resp.write_eof()
+            await conn.end()
         except ConnectionResetError:
             att.outcome = CLIENT_DISCONNECT
             up.close()  # the client left: drop the worker connection so the worker aborts the generation
@@ -350,30 +442,50 @@ class Router:
         finally:
             if tail:  # a client may hang up once it has the last event: the usage is read all the same
                 att.usage = parse_usage(tail)
-        return resp
+        return up.status
 
 
-ROUTER_KEY = web.AppKey("router", Router)
+class RouterServer:
+    """A router serving on its own port: ``router``, ``port``; ``await cleanup()`` stops it (as aiohttp's runner)."""
+
+    def __init__(self, router: Router, server: HttpServer):
+        self.router, self.server = router, server
+        self.port = server.sockets[0].getsockname()[1]
+        self.url = f"{'https' if router.cfg.tls_cert_path else 'http'}://{router.cfg.host}:{self.port}"
+
+    async def cleanup(self) -> None:
+        self.server.close()
+        await self.router.close()
+        await self.server.wait_closed()
+
+
+async def start_router(policy, worker_urls: list[str], cfg: RouterServiceConfig | None = None, seed: int = 0,
+                       clock: Callable[[], float] | None = None, port: int | None = None) -> RouterServer:
+    """A router over ``worker_urls`` serving on ``cfg.host:cfg.port`` (or ``port``); ``clock`` as Router's."""
+    return await Router(policy, worker_urls, cfg, seed, clock).listen(port=port)
 
 
 def create_router_app(policy, worker_urls: list[str] = (), cfg: RouterServiceConfig | None = None,
-                      seed: int = 0, clock: Callable[[], float] | None = None) -> web.Application:
-    """The router as an aiohttp app; ``app[ROUTER_KEY]`` is its ``Router`` (workers, stats, policy, core).
-    ``clock``: the router core's and the policy's time (default time.monotonic), e.g. a test's fake clock."""
-    router = Router(policy, worker_urls, cfg, seed, clock)
-    app = make_app(router.cfg.client_max_size)
-    app[ROUTER_KEY] = router
-    app.on_startup.append(router.start)
-    app.on_cleanup.append(router.close)
-    for path in ROUTES:
-        app.router.add_post(path, partial(router.forward, route=path))
-    router.control.add_routes(app)
-    return app
+                      seed: int = 0, clock: Callable[[], float] | None = None):
+    """The same router as an aiohttp app (aiohttp_shell.py; ``app[ROUTER_KEY]`` is its ``Router``), for code that
+    serves it on aiohttp's server. ``clock``: the router core's and the policy's time (default time.monotonic)."""
+    from framework.serving.router.aiohttp_shell import router_app
+    return router_app(Router(policy, worker_urls, cfg, seed, clock))
+
+
+def __getattr__(name: str):
+    if name == "ROUTER_KEY":  # aiohttp_shell's app key, where it has always been imported from
+        from framework.serving.router.aiohttp_shell import ROUTER_KEY
+        return ROUTER_KEY
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 async def serve_router(policy, worker_urls: list[str], cfg: RouterServiceConfig | None = None, seed: int = 0) -> None:
     """Serve the router on ``cfg.host:cfg.port`` until the calling task is cancelled. Meant as a process's main
     task: it tunes the process's garbage collector (server_base.tune_gc_for_serving)."""
-    app = create_router_app(policy, worker_urls, cfg, seed)
+    server = await start_router(policy, worker_urls, cfg, seed)
     tune_gc_for_serving()
-    await serve_forever(app, app[ROUTER_KEY].cfg.host, app[ROUTER_KEY].cfg.port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.cleanup()

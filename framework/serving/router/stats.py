@@ -17,8 +17,9 @@ from framework.routing.workers import OPEN, WorkerState
 class RouterCollector(Collector):
     """Prometheus view of a router's counters and worker states, built at scrape time."""
 
-    def __init__(self, stats: RouterStats, workers: Callable[[], Iterable[WorkerState]]):
-        self.stats, self.workers = stats, workers
+    def __init__(self, stats: RouterStats, workers: Callable[[], Iterable[WorkerState]],
+                 admission: Callable[[], dict] | None = None):
+        self.stats, self.workers, self.admission = stats, workers, admission
 
     def collect(self):
         s = self.stats
@@ -47,9 +48,19 @@ class RouterCollector(Collector):
             gauges["breaker_open"].add_metric([w.url], int(w.breaker.state == OPEN))
             gauges["draining"].add_metric([w.url], int(w.draining))
         yield from (requests, decisions, retries, latency, *gauges.values())
+        if self.admission is not None:  # admission control (admission.py): refusals and the queue
+            a = self.admission()
+            refused = CounterMetricFamily("servelab_router_not_admitted", "Requests refused admission",
+                                          labels=["reason"])
+            refused.add_metric(["queue_full"], a["rejected_queue_full"])
+            refused.add_metric(["queue_timeout"], a["queue_timeouts"])
+            yield refused
+            yield GaugeMetricFamily("servelab_router_admission_queue", "Requests waiting for admission",
+                                    value=a["queued_now"])
 
 
-def router_registry(stats: RouterStats, workers: Callable[[], Iterable[WorkerState]]) -> CollectorRegistry:
+def router_registry(stats: RouterStats, workers: Callable[[], Iterable[WorkerState]],
+                    admission: Callable[[], dict] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(RouterCollector(stats, workers))
+    registry.register(RouterCollector(stats, workers, admission))
     return registry
