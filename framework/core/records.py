@@ -27,6 +27,8 @@ class RequestRecord:
     turn: int = 0
     route_reason: str = ""                               # servelab's router: why it chose the worker, and its
     estimated_cached: int | None = None                  # estimate of the cached prompt (the policy's unit)
+    kv_transfer_bytes: int = 0                           # disaggregated serving: the KV moved from its prefill
+    kv_transfer_s: float = 0.0                           # instance to its decode instance, and the writes' time
 
     @property
     def tpot_s(self) -> float | None:

@@ -48,6 +48,11 @@ class Req:
     finish_time: float | None = None
     retractions: int = 0
     text_tail: str = ""           # decoded output tail, for stop strings
+    # prefill/decode disaggregation: the pairing (framework.engine.disagg.Pairing; None on a mixed instance) and
+    # what the KV transfer moved (the decode side's figures: bytes received, seconds from the room's pairing)
+    pairing: object = None
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
 
     @property
     def fill_ids(self) -> list[int]:

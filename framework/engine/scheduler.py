@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from framework.contracts.batch import ForwardBatch, ForwardMode
-from framework.engine.config import EngineConfig, sglang_max_running_requests
+from framework.engine.config import EngineConfig, Role, sglang_max_running_requests
+from framework.engine.disagg import Disaggregation
 from framework.engine.kv_pool import KVPool
 from framework.engine.radix_cache import RadixCache
 from framework.engine.request import Req
 from framework.engine.schedule_policy import AddReqResult, PrefillAdder, calc_priority, prefix_key
+from framework.engine.stats import HitRateLog
 
 RETRACT_DECODE_STEPS = 20    # global_config.retract_decode_steps: free slots kept per request after a retraction
 
@@ -78,15 +80,28 @@ class Scheduler:
                                       / cfg.new_token_ratio_decay_steps)
         self.new_token_ratio = self.init_new_token_ratio
         self.stats = {"retractions": 0, "prefill_retractions": 0, "extend_steps": 0, "decode_steps": 0,
-                      "max_running_requests": 0}
+                      "max_running_requests": 0, "cache_hit_tokens": 0, "cache_prefill_tokens": 0}
+        self.hit_log = HitRateLog(self.stats)     # SGLang's tree_cache_metrics, and its hit rate over time
         self.fidelity = {"alternate_extend_decode": cfg.alternate_extend_decode}   # switches off SGLang's path
         self.step_log: list[StepRecord] | None = None    # tests and replays set a list
+        # a prefill or decode instance's queues (framework/engine/disagg.py); None on a mixed one
+        self.disagg = (Disaggregation(self, cfg.role, cfg.disaggregation_decode_prefix_reuse)
+                       if cfg.role != Role.mixed else None)
 
     # -- intake ------------------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         """Queue a request. Raises ValueError (one clear sentence) when it can never fit on this rank."""
         check_admissible(req, self.pool.capacity, self.context_len)
         self.waiting.append(req)
+
+    def add_paired(self, req: Req) -> None:
+        """Queue a request that carries a prefill/decode pairing (its role's path: framework/engine/disagg.py)."""
+        if self.disagg is None:
+            self.add(req)                     # a mixed instance serves it whole (SGLang's ignores the fields too)
+        else:
+            if self.disagg.role is Role.decode:   # (a prefill request is checked by add, with max_new_tokens 1)
+                check_admissible(req, self.pool.capacity, self.context_len)
+            self.disagg.add(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self._last_extend)
@@ -104,6 +119,8 @@ class Scheduler:
         if self._no_step:                     # SGLang resets the ratio in every loop iteration that ran no batch
             self.new_token_ratio = self.init_new_token_ratio
         self._merge_last_extend()
+        if self.disagg is not None:
+            self.disagg.preallocate()
         retracted: list[Req] = []
         if self.cfg.alternate_extend_decode and self._last_mode is ForwardMode.EXTEND and self.running:
             batch = self._decode_batch(retracted) or self._prefill_batch()
@@ -141,6 +158,7 @@ class Scheduler:
         adder = PrefillAdder(self.cache, self.running, self.new_token_ratio,
                              self.pool.available() + self.cache.evictable_size(), self.cfg.max_prefill_tokens,
                              self.cfg.chunked_prefill_tokens)
+        continued = self.chunked
         if self.chunked is not None:
             self.chunked.extend_input_len = len(self.chunked.prompt_ids) + len(self.chunked.output_ids) - \
                 len(self.chunked.prefix_indices)
@@ -162,6 +180,7 @@ class Scheduler:
         self.waiting = [r for r in self.waiting if id(r) not in taken]
         if adder.new_being_chunked_req is not None:
             self.chunked = adder.new_being_chunked_req
+        self.hit_log.prefill(adder.can_run_list, continued)
         return self._build_extend(adder.can_run_list)
 
     def _build_extend(self, reqs: list[Req]) -> ForwardBatch:
@@ -359,15 +378,19 @@ class Scheduler:
             emitted.append(req)
             if req.finished:
                 req.finish_time = now
-                self.cache.cache_finished_req(req)
+                if self.disagg is None or not self.disagg.hold(req):
+                    self.cache.cache_finished_req(req)
             elif extend:
                 self.cache.cache_unfinished_req(req)
         if extend:
             self._last_extend = batch.reqs
+            self.hit_log.stamp(now)
         return emitted
 
     def abort(self, rid: str) -> Req | None:
         """Drop an unfinished request (client gone): what it computed goes to the radix cache, the rest is freed."""
+        if self.disagg is not None and self.disagg.abort(rid):
+            return None
         queues = (self.waiting, self.running, self._last_extend or [])
         candidates = [r for q in queues for r in q] + ([self.chunked] if self.chunked else [])
         req = next((r for r in candidates if r.rid == rid and not r.finished), None)

@@ -23,7 +23,7 @@ from framework.engine.engine import pick_device
 from framework.instance.handle import Listener
 from framework.instance.local import LocalRanks
 from framework.instance.rank_loop import (Abort, Add, Flush, Flushed, InstanceSpec, Outputs, Ready, Rejected, Stop,
-                                       TokenOut, build_rank_engine, serve_rank)
+                                       TokenOut, TransferFailed, build_rank_engine, serve_rank)
 from framework.engine.request import Req
 from framework.engine.scheduler import check_admissible
 from framework.engine.stats import instance_stats
@@ -115,7 +115,7 @@ class InstanceClient:
         check_admissible(req, self._stats.get("kv_capacity_tokens_per_rank"))   # a hopeless request fails here
         with self._cond:
             self._reqs[req.rid] = (req, listener)
-        self._send(Add(req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank))
+        self._send(Add(req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank, pairing=req.pairing))
 
     def abort(self, rid: str) -> None:
         with self._cond:
@@ -211,7 +211,7 @@ class InstanceClient:
                     future.get_loop().call_soon_threadsafe(future.set_result, msg.ok)
             self._cond.notify_all()
 
-    def _event(self, event: TokenOut | Rejected, now: float) -> None:
+    def _event(self, event: TokenOut | Rejected | TransferFailed, now: float) -> None:
         entry = self._reqs.get(event.rid)
         if entry is None:
             return                                  # aborted meanwhile
@@ -220,10 +220,15 @@ class InstanceClient:
             del self._reqs[event.rid]
             listener(req, ValueError(event.error))
             return
+        if isinstance(event, TransferFailed):
+            del self._reqs[event.rid]
+            listener(req, RuntimeError(f"KV transfer failed: {event.error}"))
+            return
         if event.n_out != len(req.output_ids) + 1:
             log.warning("request %s: token %d arrived after %d", event.rid, event.n_out, len(req.output_ids))
         req.output_ids.append(event.token)
         req.cached_tokens = event.cached_tokens
+        req.kv_transfer_bytes, req.kv_transfer_s = event.kv_transfer_bytes, event.kv_transfer_s
         if req.first_token_time is None:
             req.first_token_time = now
         if event.finish_reason is not None:

@@ -55,6 +55,8 @@ class GenerateOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    kv_transfer_bytes: int = 0             # disaggregated (decode side): what the request's KV transfer moved
+    kv_transfer_s: float = 0.0
 
 
 class Stream:
@@ -92,7 +94,8 @@ class Stream:
         text = self.held + self.decoder.decode(bytes(t for t in new if t < 256), final=req.finished)
         text, self.held = _split_stop(text, req.params.stop, req.finished)
         self.push(GenerateOutput(text, new, req.finished, req.finish_reason, len(req.prompt_ids),
-                                 len(req.output_ids), max(req.cached_tokens, 0)))
+                                 len(req.output_ids), max(req.cached_tokens, 0), req.kv_transfer_bytes,
+                                 req.kv_transfer_s))
 
 
 def _split_stop(text: str, stops: list[str], finished: bool) -> tuple[str, str]:
@@ -110,11 +113,12 @@ def _split_stop(text: str, stops: list[str], finished: bool) -> tuple[str, str]:
 
 
 async def generate(handle: EngineHandle, prompt: str | list[int], params: SamplingParams,
-                   dp_rank: int | None = None) -> AsyncIterator[GenerateOutput]:
+                   dp_rank: int | None = None, pairing=None) -> AsyncIterator[GenerateOutput]:
     """Yields incremental outputs; the last has finished=True. Raises ValueError for a request that can never be
-    served. Stopping the iteration early (a client that left) aborts the request."""
+    served. Stopping the iteration early (a client that left) aborts the request. `pairing`: a prefill/decode
+    instance's half of a disaggregated request (framework.engine.disagg.Pairing)."""
     ids = handle.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    req = Req(ids, params)
+    req = Req(ids, params, pairing=pairing)
     stream = Stream(req, asyncio.get_running_loop())
     handle.submit(req, stream.listen, dp_rank)
     finished = False

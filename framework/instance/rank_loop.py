@@ -26,12 +26,14 @@ from typing import Any, Optional
 import torch
 
 from framework.dist.group import Group
-from framework.engine.config import EngineConfig
+from framework.engine.config import EngineConfig, Role
+from framework.engine.disagg import Pairing
 from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
 from framework.engine.stats import instance_stats
 from framework.model.config import ModelConfig
 from framework.core.registry import PARALLELISM
+from framework.instance.kv_connector import IDLE_POLL_S, POLL_S, KVAllocated, KVConnector, KVDone, KVFailed
 
 HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
 INFO_EVERY_S = 0.2     # how often rank 0 pushes the instance's stats to the parent while busy
@@ -56,6 +58,7 @@ class Add:
     params: SamplingParams
     arrival_time: float
     dp_rank: Optional[int] = None     # the parent's pin; rank 0 replaces it by its dispatcher's choice
+    pairing: Optional[Pairing] = None  # prefill/decode disaggregation: SGLang's bootstrap fields
 
 
 @dataclass(frozen=True)
@@ -82,15 +85,25 @@ class TokenOut:
     token: int
     finish_reason: Optional[str]
     cached_tokens: int
+    kv_transfer_bytes: int = 0        # disaggregation: what the request's KV transfer moved, and in how long
+    kv_transfer_s: float = 0.0
 
     @classmethod
     def of(cls, req: Req) -> "TokenOut":
-        return cls(req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0))
+        return cls(req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0),
+                   req.kv_transfer_bytes, req.kv_transfer_s)
 
 
 @dataclass(frozen=True)
 class Rejected:
     """A request that can never run on its rank."""
+    rid: str
+    error: str
+
+
+@dataclass(frozen=True)
+class TransferFailed:
+    """A disaggregated request's KV transfer failed (its peer died, timed out or cancelled): the request fails."""
     rid: str
     error: str
 
@@ -151,9 +164,19 @@ class RankLoop:
         self.added: list[tuple[int, Req]] = []   # verify: every request this rank took, after how many step rounds
         self.steps = 0
         self._info_sent = 0.0
+        # a prefill or decode instance's KV connector (every rank registers its pool; rank 0 pairs the rooms)
+        self.kv = KVConnector(engine, control) if engine.cfg.role != Role.mixed else None
+        self._was_busy = True
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            if self.kv is not None:
+                self.kv.close()
+
+    def _run(self) -> dict:
         self.snapshots = self.control.all_gather_object(self.engine.server_info())   # before any step
         if self.rank == 0:
             self.channel.send(Ready(self.stats()))
@@ -162,7 +185,11 @@ class RankLoop:
             if self._apply(cmds):
                 break
             if (reqs := self.engine.step()) and self.par.leads:
-                self.pending += [TokenOut.of(r) for r in reqs]
+                # a prefill instance answers a paired request once its KV is sent (KVDone), not at its first token
+                self.pending += [TokenOut.of(r) for r in reqs if not (r.pairing is not None and self.kv is not None
+                                                                      and r.rid in self.kv.disagg.sending)]
+            if self.kv is not None and self.rank:
+                self.pending += self.kv.poll()        # a decode DP group's allocations, for rank 0
             if self.rank == 0:
                 self.snapshots[0] = self.engine.server_info()
                 self._flush_outbox()
@@ -171,12 +198,16 @@ class RankLoop:
     def _inbox(self) -> list:
         """Rank 0: the parent's messages, as commands for every rank (each Add gets its DP group here)."""
         loads = self._group_loads()
-        busy = self.engine.scheduler.has_work() or any(loads) or self.sent_adds
-        if not busy and not self.sent_cmds:  # about to wait: let the parent see the idle state now
-            self._flush_outbox(force_info=True)
+        stepping = self.engine.scheduler.has_work() or any(loads) or self.sent_adds
+        kv_busy = self.kv is not None and self.kv.busy()      # transfers pending: look for their news often
+        busy = stepping or kv_busy
+        if not busy and not self.sent_cmds and (self.kv is None or self._was_busy):
+            self._flush_outbox(force_info=True)   # about to wait: let the parent see the idle state now (a P/D
+        self._was_busy = busy or self.sent_cmds   # instance waits briefly, so only as it goes idle)
         msgs = []
         try:
-            if self.channel.poll(0 if busy or self.sent_cmds else HEARTBEAT_S):
+            idle_wait = HEARTBEAT_S if self.kv is None else POLL_S if kv_busy else IDLE_POLL_S
+            if self.channel.poll(0 if stepping or self.sent_cmds else idle_wait):
                 msgs.append(self.channel.recv())
                 while self.channel.poll(0):
                     msgs.append(self.channel.recv())
@@ -187,14 +218,18 @@ class RankLoop:
         for msg in msgs:
             if isinstance(msg, Add):
                 try:
-                    msg = dataclasses.replace(msg, dp_rank=self.dispatcher.assign(msg.dp_rank))
+                    msg = dataclasses.replace(msg, dp_rank=self.dispatcher.assign(msg.dp_rank, msg.prompt_ids))
                 except ValueError as e:
                     self.pending.append(Rejected(msg.rid, str(e)))
                     continue
+            elif isinstance(msg, Abort) and self.kv is not None:
+                self.kv.abort(msg.rid)
             elif isinstance(msg, Flush) and (busy or any(isinstance(c, Add) for c in cmds)):
                 self.channel.send(Flushed(msg.token, False))   # requests in flight: nothing done
                 continue
             cmds.append(msg)
+        if self.kv is not None:
+            cmds += self.kv.poll()
         return cmds
 
     def _exchange(self, cmds: list | None) -> list:
@@ -210,6 +245,10 @@ class RankLoop:
             if self.rank == 0:
                 for report in reports[1:]:
                     self.pending += report.events
+                if self.kv is not None:               # what the other DP groups' leaders allocated: rank 0 asks
+                    for event in [e for e in self.pending if isinstance(e, KVAllocated)]:
+                        self.kv.allocated_elsewhere(event)
+                    self.pending = [e for e in self.pending if not isinstance(e, KVAllocated)]
         self.sent_cmds = bool(cmds)
         self.sent_adds = any(isinstance(c, Add) for c in cmds)
         return cmds
@@ -219,7 +258,10 @@ class RankLoop:
         for cmd in cmds:
             if isinstance(cmd, Add):
                 if cmd.dp_rank == self.par.dp_rank:
-                    self._add(Req(list(cmd.prompt_ids), cmd.params, rid=cmd.rid, arrival_time=cmd.arrival_time))
+                    self._add(Req(list(cmd.prompt_ids), cmd.params, rid=cmd.rid, arrival_time=cmd.arrival_time,
+                                  pairing=cmd.pairing))
+            elif isinstance(cmd, (KVDone, KVFailed)):
+                self._transfer_news(cmd)
             elif isinstance(cmd, Abort):
                 self.engine.scheduler.abort(cmd.rid)
             elif isinstance(cmd, Flush):
@@ -230,8 +272,30 @@ class RankLoop:
                 return True
         return False
 
+    def _transfer_news(self, cmd) -> None:
+        """A KV transfer ended, on every rank in the same step (framework/engine/disagg.py frees or admits)."""
+        disagg = self.kv.disagg
+        if isinstance(cmd, KVFailed):
+            req = disagg.failed(cmd.rid)
+            if req is not None and self.par.leads:
+                self.pending.append(TransferFailed(cmd.rid, cmd.error))
+            return
+        if self.kv.role is Role.prefill:
+            req = disagg.sent(cmd.rid)
+        else:
+            req = disagg.arrived(cmd.rid, cmd.token, cmd.cached_tokens, time.perf_counter())
+        if req is not None:
+            req.kv_transfer_bytes, req.kv_transfer_s = cmd.nbytes, cmd.seconds
+            if self.par.leads and req.finish_reason != "abort":
+                self.pending.append(TokenOut.of(req))
+
     def _add(self, req: Req) -> None:
         try:
+            if req.pairing is not None:
+                self.engine.scheduler.add_paired(req)
+                self.engine.requests += 1
+                self.added.append((self.engine.instance_step.attempts, req))
+                return
             self.engine.add(req)
             self.added.append((self.engine.instance_step.attempts, req))
         except ValueError as e:              # can never fit on this rank: the parent fails this request
@@ -250,7 +314,8 @@ class RankLoop:
         return self.engine.instance_step.peak_running
 
     def stats(self) -> dict:
-        return instance_stats(self.snapshots, self.peak_running)
+        info = instance_stats(self.snapshots, self.peak_running)
+        return info if self.kv is None else {**info, **self.kv.stats()}
 
     def _flush_outbox(self, force_info: bool = False) -> None:
         now = time.monotonic()

@@ -9,6 +9,7 @@ closes the engine's iterator, which frees the request in the engine. ``POST /abo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from contextlib import aclosing
@@ -18,6 +19,7 @@ from typing import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from framework.engine.disagg import Pairing
 from framework.instance.handle import EngineHandle, GenerateOutput, generate
 from framework.serving.http import protocol as P
 from framework.serving.http.errors import ApiError, json_bytes, parse_body
@@ -26,6 +28,20 @@ from framework.serving.http.server_base import DEFAULT_CLIENT_MAX_SIZE, make_app
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
+
+
+DP_RANK_HEADER = "X-Data-Parallel-Rank"   # the OpenAI endpoints' way to name a DP group (no body field there)
+
+
+def dp_rank_of(request, req) -> int | None:
+    """The DP group a request names: SGLang's `data_parallel_rank` field of /generate, or the header; None: the
+    instance's DP controller picks."""
+    header = request.headers.get(DP_RANK_HEADER)
+    if header is None:
+        return getattr(req, "data_parallel_rank", None)
+    if not header.isdigit():
+        raise ApiError(400, f"{DP_RANK_HEADER}: {header!r} is not a DP rank (an integer >= 0)", param=DP_RANK_HEADER)
+    return int(header)
 
 class _Result:
     """Accumulates the engine's incremental outputs into one request's text, counts and finish reason."""
@@ -36,6 +52,7 @@ class _Result:
         self.finish_reason: str | None = None
         self.failed = False  # the engine failed after the stream had started
         self.first_token_s: float | None = None
+        self.kv_transfer_bytes, self.kv_transfer_s = 0, 0.0   # disaggregated: the decode side's transfer figures
 
     def add(self, out: GenerateOutput) -> None:
         if out.text:
@@ -44,6 +61,7 @@ class _Result:
             self.first_token_s = time.perf_counter()
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
         self.completion_tokens = out.completion_tokens
+        self.kv_transfer_bytes, self.kv_transfer_s = out.kv_transfer_bytes, out.kv_transfer_s
         if out.finished:
             self.finish_reason = out.finish_reason
 
@@ -91,6 +109,7 @@ class _Formatter:
                    P.new_id({"generate": "gen", "completions": "cmpl", "chat": "chatcmpl"}[kind]))
         self.created = P.now_s()
         self.sent_role = False
+        self.paired = False           # a disaggregated request: meta_info carries its KV transfer
 
     def full(self, res: _Result) -> P.BaseModel:
         if self.kind == "generate":
@@ -123,9 +142,13 @@ class _Formatter:
         return P.SSE_DONE
 
     def _meta(self, res: _Result) -> P.MetaInfo:
+        reason = P.native_finish_reason(res.finish_reason, res.completion_tokens)
+        if self.paired:
+            return P.PairedMetaInfo(id=self.id, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+                                    completion_tokens=res.completion_tokens, finish_reason=reason,
+                                    kv_transfer_bytes=res.kv_transfer_bytes, kv_transfer_s=res.kv_transfer_s)
         return P.MetaInfo(id=self.id, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
-                          cached_tokens=res.cached_tokens,
-                          finish_reason=P.native_finish_reason(res.finish_reason, res.completion_tokens))
+                          cached_tokens=res.cached_tokens, finish_reason=reason)
 
 
 class WorkerServer:
@@ -145,8 +168,10 @@ class WorkerServer:
         req = parse_body(self.MODELS[kind], await request.read())
         prompt = req.prompt_text() if kind == "chat" else (req.text if kind == "generate" else req.prompt)
         params, field = req.to_sampling_params(), self.PROMPT_FIELDS[kind]
-        start = partial(self._generate, prompt, params, field)
+        pairing, params = self._pairing(req, params)
+        start = partial(self._generate, prompt, params, field, dp_rank_of(request, req), pairing)
         fmt, res, t0 = _Formatter(kind, req, self.model_name), _Result(), time.perf_counter()
+        fmt.paired = pairing is not None
         outcome = "cancelled"
         self.in_flight += 1
         self.metrics.in_flight.inc()
@@ -202,10 +227,33 @@ class WorkerServer:
         await resp.write_eof()
         return resp
 
-    async def _generate(self, prompt: str, params, field: str) -> AsyncIterator[GenerateOutput]:
-        """The engine's iterator, with its input errors turned into a 400 and other failures into a 500."""
+    @property
+    def role(self) -> str:
+        """mixed, prefill or decode: what the instance serves (its ranks report it)."""
+        return self.engine.stats().get("role", "mixed")
+
+    def _pairing(self, req, params):
+        """(the request's Pairing or None, its sampling parameters): a prefill or decode worker serves its half of a
+        request that carries SGLang's bootstrap fields (the prefill half stops at the first token); a mixed one
+        serves the whole request and ignores them."""
+        fields, role = req.bootstrap(), self.role
+        if role == "mixed":
+            return None, params
+        if fields is None:
+            raise ApiError(400, f"this worker serves the {role} role of disaggregated serving: a request needs "
+                                f"bootstrap_host, bootstrap_port and bootstrap_room (send it through a P/D router, "
+                                f"e.g. sglang-router --pd-disaggregation)", param="bootstrap_room")
+        host, port, room = fields
+        if role == "prefill":
+            params = dataclasses.replace(params, max_new_tokens=1)
+        return Pairing(room, host, port), params
+
+    async def _generate(self, prompt: str, params, field: str, dp_rank: int | None = None, pairing=None
+                        ) -> AsyncIterator[GenerateOutput]:
+        """The engine's iterator, with its input errors turned into a 400 and other failures into a 500. `dp_rank`:
+        the DP group the request names (the engine refuses one outside its groups: a 400)."""
         try:
-            async with aclosing(generate(self.engine, prompt, params)) as outputs:
+            async with aclosing(generate(self.engine, prompt, params, dp_rank, pairing)) as outputs:
                 async for out in outputs:
                     yield out
         except ValueError as exc:  # the engine's way of rejecting a request (e.g. prompt longer than the KV pool)
@@ -234,6 +282,19 @@ class WorkerServer:
         info.setdefault("model_name", self.model_name)
         info["http_in_flight"] = self.in_flight
         return web.json_response({**info, **self.extra_info})
+
+    async def handle_sglang_server_info(self, request: web.Request) -> web.Response:
+        """SGLang's ``GET /server_info`` (what sglang-router reads of a P/D worker): /get_server_info's figures with
+        SGLang's ``disaggregation_mode`` (null, prefill or decode) and the prefill's bootstrap port."""
+        info = {**self.engine.stats(), **self.extra_info, "http_in_flight": self.in_flight}
+        info.setdefault("model_name", self.model_name)
+        role = info.get("role", "mixed")
+        info["disaggregation_mode"] = "null" if role == "mixed" else role
+        return web.json_response(info)
+
+    async def handle_model_info(self, request: web.Request) -> web.Response:
+        """SGLang's ``GET /model_info`` (``/get_model_info``)."""
+        return web.json_response({"model_path": self.model_name, "tokenizer_path": None, "is_generation": True})
 
     async def handle_get_load(self, request: web.Request) -> web.Response:
         """SGLang's ``GET /get_load`` (what sglang-router's power_of_two polls): one object per DP rank; num_tokens is
@@ -274,6 +335,9 @@ def create_worker_app(engine: EngineHandle, *, model_name: str = "servelab",
     app.router.add_post("/v1/chat/completions", partial(server.handle, kind="chat"))
     app.router.add_get("/health", server.handle_health)
     app.router.add_get("/get_server_info", server.handle_server_info)
+    app.router.add_get("/server_info", server.handle_sglang_server_info)
+    app.router.add_get("/model_info", server.handle_model_info)
+    app.router.add_get("/get_model_info", server.handle_model_info)
     app.router.add_get("/get_load", server.handle_get_load)
     app.router.add_get("/metrics", server.handle_metrics)
     app.router.add_post("/flush_cache", server.handle_flush_cache)

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, SerializeAsAny
 
 from framework.serving.http.chat_template import apply_chat_template
 from framework.serving.http.errors import ApiError
@@ -74,6 +74,25 @@ class _Strict(BaseModel):
 # ---------------------------------------------------------------- requests
 
 
+class _Bootstrap(_Strict):
+    """SGLang's prefill/decode pairing, added by a P/D router (sglang-router --pd-disaggregation) to the body it sends
+    both halves: the prefill instance's host and bootstrap port, and the room both sides meet in. A mixed worker
+    ignores them; a prefill or decode worker needs all three."""
+    bootstrap_host: str | None = None
+    bootstrap_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    bootstrap_room: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+
+    def bootstrap(self) -> tuple[str, int, int] | None:
+        """(host, port, room), None when the request carries none; ApiError when only some are given."""
+        given = (self.bootstrap_host, self.bootstrap_port, self.bootstrap_room)
+        if all(v is None for v in given):
+            return None
+        if any(v is None for v in given):
+            raise ApiError(400, "bootstrap_host, bootstrap_port and bootstrap_room go together: give all three "
+                                "(a P/D router adds them) or none", param="bootstrap_room")
+        return given
+
+
 class NativeSamplingParams(_Strict):
     model_config = ConfigDict(strict=True, extra="forbid")
     max_new_tokens: MaxTokens = 128
@@ -83,12 +102,15 @@ class NativeSamplingParams(_Strict):
     stop: StopList = []
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(_Bootstrap):
     """SGLang native ``POST /generate``: one prompt string (batched lists are not supported)."""
     text: str
     sampling_params: NativeSamplingParams = NativeSamplingParams()
     stream: bool = False
     rid: str | None = None
+    # SGLang's GenerateReqInput.data_parallel_rank: the DP group (under DP attention) that must serve the request,
+    # for a router that addresses DP groups itself; None: the instance's DP controller picks
+    data_parallel_rank: Annotated[int, Field(ge=0)] | None = None
 
     def to_sampling_params(self) -> SamplingParams:
         sp = self.sampling_params
@@ -105,7 +127,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _OpenAIRequest(_Strict):
+class _OpenAIRequest(_Bootstrap):
     model: str | None = None
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
@@ -288,10 +310,17 @@ class MetaInfo(BaseModel):
     finish_reason: dict | None = None
 
 
+class PairedMetaInfo(MetaInfo):
+    """A disaggregated request's ``meta_info`` (servelab's additions): what its KV transfer moved and how long the
+    prefill side's writes took (the decode side's answer carries them)."""
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
+
+
 class GenerateResponse(BaseModel):
     """Native response; when streaming, each SSE event is one of these with the *cumulative* text."""
     text: str
-    meta_info: MetaInfo
+    meta_info: SerializeAsAny[MetaInfo]       # a PairedMetaInfo keeps its own fields
 
 
 def native_finish_reason(reason: str | None, completion_tokens: int) -> dict | None:
