@@ -66,6 +66,27 @@ class MoEBackend(ABC):
         tokens[r] tokens; the base: none (it runs on the tokens the parallelism plugin laid out)."""
         return []
 
+    @classmethod
+    def expert_slots(cls, cfg, num_experts: int, size: int) -> tuple[int, ...] | None:
+        """For a cost model: the physical expert slots before any rebalance, as the logical expert each holds (rank
+        r holds slots [r P/size, (r+1) P/size)); None: the backend places no whole experts on ranks."""
+        return None
+
+    @classmethod
+    def overlap_plan(cls, cfg, tokens: int, decode: bool) -> dict | None:
+        """For a cost model: how one layer on `tokens` tokens of this rank overlaps communication with compute
+        ({"micro_tokens": (a, b), "stages": names, "delta": B's lag in stages}); None: it does not."""
+        return None
+
+    def set_phase(self, decode: bool) -> None:
+        """Whether this step decodes on every rank of the instance (the parallelism plugin says so before each MoE
+        layer, the same on every rank): a backend that orders its collectives by phase reads it; the base ignores
+        it."""
+
+    def observe_loads(self, counts: torch.Tensor) -> None:
+        """The layer's recorded expert loads (`MoE.expert_counts`, updated in place): a backend that places experts
+        by load reads them; the base ignores them."""
+
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] in `token_layout`, topk_ids/topk_weights [T, k] -> routed output [T, H]."""

@@ -75,6 +75,17 @@ class MoE(nn.Module):
         self.register_buffer("expert_counts", torch.zeros(e, dtype=torch.int64), persistent=False)
 
     @property
+    def backend(self):
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend) -> None:
+        """Attached by the engine builder; a backend that places experts by load reads this layer's counts."""
+        self._backend = backend
+        if hasattr(backend, "observe_loads"):
+            backend.observe_loads(self.expert_counts)
+
+    @property
     def token_layout(self) -> str:
         return self.backend.token_layout
 

@@ -65,7 +65,24 @@ def expert_load_stats(model, group=None) -> dict[str, Any]:
     experts under moe=ep); over all layers `expert_imbalance_max` and `expert_imbalance_mean`. Nested:
     `expert_load` = {"layer{i}": slots per expert}. A collective when `group` has several ranks (see
     instance_expert_counts)."""
-    return load_stats(instance_expert_counts(model, group), 1 if group is None else group.size)
+    return {**load_stats(instance_expert_counts(model, group), 1 if group is None else group.size),
+            **placement_stats(model)}
+
+
+PLACEMENT_KEYS = ("eplb_rebalances", "eplb_experts_moved", "eplb_bytes_moved")
+
+
+def placement_stats(model) -> dict[str, int]:
+    """The cost of re-placing experts (moe=ep with moe.eplb), summed over the MoE layers: rebalances, experts a rank
+    received, their bytes, for the whole instance (every rank derives the same moves). Empty for a backend that
+    places nothing."""
+    out: dict[str, int] = {}
+    for _, layer in _moe_layers(model):
+        stats = getattr(layer.backend, "stats", {})
+        for key in PLACEMENT_KEYS:
+            if key in stats:
+                out[key] = out.get(key, 0) + int(stats[key])
+    return out
 
 
 def load_stats(per_layer: dict[int, list[int]], size: int = 1) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.contracts.dp_controller import DataParallelController, DPBalance
+from framework.contracts.dp_controller import DataParallelController, DPBalance, PrefixRule
 from framework.contracts.parallel import Collective, Parallelism, ParallelConfig, ffn_shard_problems, shard_ffns
 from framework.contracts.step import StepBid
 from framework.core.registry import PARALLELISM
+from plugins.parallelism.lib.phase import tell_phase
 
 
 class FFNComm(enum.Enum):
@@ -38,6 +39,13 @@ class DPAttnConfig(ParallelConfig):
     idle_batches: bool = True                # debug switch: false reproduces the hang IDLE batches prevent
     schedule_conservativeness: float = 0.3   # scales engine.new_token_ratio (SGLang #2096)
     dp_balance: DPBalance = DPBalance.round_robin   # how rank 0's controller picks a DP group for a request
+    # dp_balance=cache_aware|precise (servelab; framework/contracts/dp_controller.py): sgl-router's rule per DP group
+    dp_block_size: int = 16                 # tokens per hashed block of the groups' prefix views (precise: the
+                                            # block size each group's radix cache publishes its KV events in)
+    dp_cache_threshold: float = 0.5         # the best group must match more than this share of the prompt
+    dp_balance_abs_threshold: int = 32      # loads imbalanced (then: shortest queue) past this difference ...
+    dp_balance_rel_threshold: float = 1.0001   # ... and this ratio
+    dp_tree_max_tokens: int = 1 << 22       # cache_aware: tokens each group's approximate view remembers
     ffn_comm: FFNComm = FFNComm.padded_all_gather
 
 
@@ -59,7 +67,9 @@ class DPAttention(Parallelism):
 
     @classmethod
     def make_dispatcher(cls, cfg) -> DataParallelController:
-        return DataParallelController(cls.dp_size(cfg), cfg.dp_balance)
+        rule = PrefixRule(cfg.dp_block_size, cfg.dp_cache_threshold, cfg.dp_balance_abs_threshold,
+                          cfg.dp_balance_rel_threshold, cfg.dp_tree_max_tokens)
+        return DataParallelController(cls.dp_size(cfg), cfg.dp_balance, rule)
 
     @classmethod
     def describe(cls, cfg) -> dict:
@@ -100,6 +110,7 @@ class DPAttention(Parallelism):
         shard_ffns(model, self.rank, self.size)   # attention, embedding and lm_head stay whole on every rank
 
     def ffn(self, h, module, batch):
+        tell_phase(module, batch.can_run_graph)   # every group decoding or idle (the step's graph eligibility)
         if self.size == 1 or module.token_layout == "local":
             return module(h)                      # "local": the backend moves tokens itself (an IDLE rank passes 0)
         return self.ffn_over(h, module, batch.global_num_tokens)

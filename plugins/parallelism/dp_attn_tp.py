@@ -17,6 +17,7 @@ from framework.dist.group import Group
 from framework.contracts.parallel import Collective, even_split, ffn_shard_problems, model_weight_bytes, shard_ffns
 from framework.core.registry import PARALLELISM
 from plugins.parallelism.dp_attn import DPAttention, DPAttnConfig, FFNComm, ffn_comm
+from plugins.parallelism.lib.phase import tell_phase
 
 
 @dataclass
@@ -93,6 +94,7 @@ class DPAttentionTP(DPAttention):
         return self.attn_group.all_reduce(x, "sum") if self.tp > 1 else x
 
     def ffn(self, h, module, batch):
+        tell_phase(module, batch.can_run_graph)
         if self.size == 1:
             return module(h)
         shares = ffn_shares(batch.global_num_tokens, self.tp)

@@ -19,6 +19,7 @@ from torch import nn
 from framework.contracts.parallel import (Collective, Parallelism, ParallelConfig, even_split, ffn_shard_problems,
                                 model_weight_bytes, shard_ffns)
 from framework.core.registry import PARALLELISM
+from plugins.parallelism.lib.phase import tell_phase
 
 
 @dataclass
@@ -95,6 +96,7 @@ class TensorParallel(Parallelism):
         return self.group.all_reduce(x, "sum") if self.size > 1 else x
 
     def ffn(self, h, module, batch):
+        tell_phase(module, batch.mode.is_decode())   # one batch on every rank
         if self.size == 1:
             return module(h)
         if module.token_layout == "local":

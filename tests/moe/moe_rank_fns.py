@@ -14,7 +14,7 @@ from framework.model.gating import select_experts
 from framework.model.reference import experts_reference
 from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.core.registry import MOE
-from plugins.moe.ep import EPConfig
+from plugins.moe.ep import EPConfig, EPLBConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 
 H, I, E = 32, 16, 8
@@ -25,6 +25,14 @@ BACKENDS = {
     "ep_all_to_all": EPConfig(),
     "ep_all_to_all[triton]": EPConfig(kernel="triton"),
     "ep_all_reduce": EPConfig(dispatch="all_reduce"),
+    # expert placement: replicas anywhere, least-loaded dispatch; EPLB moving weights before every forward; TBO
+    "ep_replicas[shuffled]": EPConfig(num_redundant_experts=4, placement="shuffled", placement_seed=1),
+    "ep_all_reduce_replicas[shuffled]": EPConfig(dispatch="all_reduce", num_redundant_experts=2,
+                                                 placement="shuffled", placement_seed=2),
+    "ep_eplb[every_forward]": EPConfig(num_redundant_experts=4, eplb=EPLBConfig(rebalance_every=1)),
+    "ep_tbo": EPConfig(tbo=True),
+    "ep_tbo[decode_lag,replicas]": EPConfig(tbo=True, tbo_delta_stages=2, num_redundant_experts=2,
+                                            placement="shuffled", placement_seed=3),
 }
 # Scenario -> (tokens each rank holds under DP attention at size 1 / size 2, top_k, how the experts are picked).
 SCENARIOS = {
@@ -111,7 +119,9 @@ def run_all_cases(group: Group) -> dict:
                 assert out.shape == expected[rows].shape, (name, style, key, tuple(out.shape))
                 errors[f"{name}/{style}/{key}"] = (out - expected[rows]).abs().max().item() if out.numel() else 0.0
     layouts = {key: (b.token_layout, b.partial, tuple(b.w13.shape), tuple(b.w2.shape)) for key, b in backends.items()}
+    placed = backends["ep_eplb[every_forward]"]
     return {"errors": errors, "reference_norms": reference_norms, "layouts": layouts,
+            "eplb": {**placed.stats, "forwards": placed.forwards, "phy2log": placed.placement.phy2log},
             "bad_expert_count": _construction_error(group), "load_stats": load_stats_case(group)}
 
 

@@ -110,3 +110,13 @@ def test_dispatch_rows_pack_and_unpack_bit_exactly(dtype, rows):
     got_hidden, got_ids, got_weights = unpack_rows(pack_rows(hidden, ids, weights), dtype, H, 3)
     assert got_hidden.dtype == dtype and torch.equal(got_hidden, hidden)
     assert torch.equal(got_ids, ids) and torch.equal(got_weights, weights)
+
+
+@pytest.mark.long
+def test_eplb_moved_experts_between_forwards_and_every_rank_agrees_on_the_placement(size2_results):
+    """The oracle above held while EPLB re-placed the slots (and moved weights) before every forward."""
+    stats = [res["eplb"] for res in size2_results]
+    assert stats[0]["phy2log"] == stats[1]["phy2log"]
+    for s in stats:
+        assert s["eplb_rebalances"] == s["forwards"] - 1 > 0
+        assert s["eplb_experts_moved"] > 0 and s["eplb_bytes_moved"] == s["eplb_experts_moved"] * 3 * H * I * 4

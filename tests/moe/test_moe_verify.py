@@ -15,12 +15,16 @@ import pytest
 
 from plugins.moe.reference import ReferenceConfig as MoEConfig   # moe=reference
 from framework.runs.verify import verify_instance
-from plugins.moe.ep import EPConfig
+from plugins.moe.ep import EPConfig, EPLBConfig
 from plugins.moe.triton_fused import TritonFusedConfig
 
 ATOL = 1e-4
 MOE_CASES = {"reference": MoEConfig(), "triton_fused": TritonFusedConfig(), "ep_all_to_all": EPConfig(),
-             "ep_all_reduce": EPConfig(dispatch="all_reduce")}
+             "ep_all_reduce": EPConfig(dispatch="all_reduce"),
+             # replicas anywhere, EPLB re-placing them every 4 forwards of a layer, two-batch overlap in SGLang's
+             # stage order by phase (decode steps lag two stages, prefill steps none)
+             "ep_placed_tbo": EPConfig(num_redundant_experts=2, placement="shuffled", eplb=EPLBConfig(rebalance_every=4),
+                                       tbo=True)}
 MODEL = ("model.gating=v3", "model.n_group=2", "model.topk_group=1", "model.norm_topk_prob=true",
          "model.routed_scaling_factor=2.5")
 

@@ -1,0 +1,1 @@
+"""What the parallelism plugins share (not plugins: the registry skips lib/)."""
