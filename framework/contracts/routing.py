@@ -12,7 +12,15 @@ a plugin only decides (``_decide``) and, when it keeps a view of the workers, li
 - ``on_worker_event(worker, event)``: events from a worker the policy subscribed to (``subscriptions``): KV cache
   events (framework/kv_events: BlockStored, BlockRemoved, AllBlocksCleared) and load reports (``LoadReport``). The
   router service owns the sockets and the polling; the simulator calls the same method with its own events;
-- ``reset_worker(worker)``: what the policy knew of that worker's cache is void (flushed, restarted, events lost).
+- ``reset_worker(worker, cause)``: what the policy knew of that worker's cache is void: ``FLUSHED`` (its cache was
+  emptied; an ``AllBlocksCleared`` event says the same), ``RESTARTED`` (a new process: its cache and its capacity may
+  differ), ``EVENTS_LOST`` (the view missed events it cannot replay).
+
+Worker lifecycle reaches a plugin through three hooks the base calls, so a policy never has to guess from other
+signals: ``_worker_added(worker)``, ``_worker_removed(worker)`` and ``_worker_reset(worker, cause)`` (the last two
+default to ``_forget``: drop what it keeps about that worker's cache). Every piece of state a policy keeps is tied to
+one of them, or has a lifetime of its own (``maintain``); ``state_sizes`` counts it (the router's ``/router_stats``
+``policy_state``, and the soak study, experiments/soak, watch that it stays bounded).
 
 Decision reasons are the policy's own (``Reasons``), counted by the router per reason.
 """
@@ -23,10 +31,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
+from framework.kv_events.events import AllBlocksCleared
+
 KV_EVENTS = "kv_events"  # subscription: the workers' KV cache events
 LOAD = "load"            # subscription: periodic load reports (LoadReport)
 USAGE = "usage"          # subscription: each request's usage in on_request_done (the router reads it from answers)
 SUBSCRIPTIONS = (KV_EVENTS, LOAD, USAGE)
+# why a worker's cache is void (``reset_worker``)
+FLUSHED = "flushed"          # emptied (POST /flush_cache, or its AllBlocksCleared event): the same worker, cold
+RESTARTED = "restarted"      # a new process behind the URL: cold, and its cache may have another size
+EVENTS_LOST = "events_lost"  # the same worker and cache, but the view missed events it cannot replay
+RESET_CAUSES = (FLUSHED, RESTARTED, EVENTS_LOST)
 SGLANG_ROUTER_VERSION = "0.3.2"  # the sglang-router release the policies' ``sglang_args`` were checked against
 
 
@@ -102,6 +117,7 @@ class RoutingPolicy(abc.ABC):
     keeps_estimate: ClassVar[bool] = False  # its decisions' matched_chars estimate the cached prefix (else always 0)
     sglang_ignores: ClassVar[tuple[str, ...]] = ()  # Config fields SGLang's router has no flag for (sglang_args)
     accuracy: dict[str, int] | None = None  # a policy's own account of its estimates beside what the workers reported
+    last_pair: tuple[RoutingDecision, RoutingDecision] | None = None  # select_pair's (prefill, decode) decisions
 
     def __init__(self, cfg: Any = None, seed: int = 0):
         self.cfg = cfg if cfg is not None else self.Config()
@@ -125,13 +141,14 @@ class RoutingPolicy(abc.ABC):
             raise ValueError(f"worker {worker!r} is already added; workers: {self.workers}")
         self.loads[worker] = 0
         self._refresh_healthy()
+        self._worker_added(worker)
 
     def remove_worker(self, worker: str) -> None:
         self._require_known(worker)
         del self.loads[worker]
         self._unhealthy.discard(worker)
         self._refresh_healthy()
-        self._forget(worker)
+        self._worker_removed(worker)
 
     def set_healthy(self, worker: str, healthy: bool = True) -> None:
         """An unhealthy worker keeps its load count and cache estimate but is left out of the default candidates."""
@@ -159,6 +176,21 @@ class RoutingPolicy(abc.ABC):
         self.last_decision = decision
         return decision.worker
 
+    def select_pair(self, request: str | RequestView, prefill_workers: Sequence[str],
+                    decode_workers: Sequence[str]) -> tuple[str, str]:
+        """Prefill/decode disaggregation: a (prefill, decode) pair for ``request``, each counted in flight; after it,
+        ``last_pair`` holds the two decisions. Default: one ``select`` over each role's workers (sglang-router's P/D
+        mode), so every policy routes pairs unchanged; a policy that weighs the pair together overrides it."""
+        prefill = self.select(request, prefill_workers)
+        first = self.last_decision
+        try:
+            decode = self.select(request, decode_workers)
+        except BaseException:
+            self.on_request_done(prefill)  # no pair: the prefill half is not sent
+            raise
+        self.last_pair = (first, self.last_decision)
+        return prefill, decode
+
     def on_request_done(self, worker: str, decision: RoutingDecision | None = None, ok: bool = True,
                         usage: RequestUsage | None = None) -> None:
         """Release one in-flight request on ``worker``. A worker removed meanwhile, or already at zero, is left alone:
@@ -175,18 +207,29 @@ class RoutingPolicy(abc.ABC):
 
     def on_worker_event(self, worker: str, event: Any) -> None:
         """An event from ``worker`` (a KV event or a ``LoadReport``), for the policies that subscribed to its kind.
-        Events of a worker not added (removed meanwhile) are dropped."""
+        Events of a worker not added (removed meanwhile) are dropped. An ``AllBlocksCleared`` is a flush: after the
+        policy's ``_observe``, ``_worker_reset(worker, FLUSHED)`` (for a policy subscribed to ``KV_EVENTS``)."""
         if worker in self.loads:
             self._observe(worker, event)
+            if type(event) is AllBlocksCleared and KV_EVENTS in self.subscriptions:
+                self._worker_reset(worker, FLUSHED)
 
-    def reset_worker(self, worker: str) -> None:
-        """The worker's cache is known to be empty, or what the policy learnt of it is void (flushed, restarted, KV
-        events lost): drop what the policy estimates it holds. Its load count stays."""
+    def reset_worker(self, worker: str, cause: str = RESTARTED) -> None:
+        """The worker's cache is known to be empty, or what the policy learnt of it is void (``cause``: one of
+        ``RESET_CAUSES``; the default assumes the least, a new process): drop what the policy estimates it holds and
+        what depended on it. Its load count stays (its requests in flight end as they end)."""
         self._require_known(worker)
-        self._forget(worker)
+        if cause not in RESET_CAUSES:
+            raise ValueError(f"reset cause {cause!r} is not one of {RESET_CAUSES}")
+        self._worker_reset(worker, cause)
 
     def maintain(self, now: float | None = None) -> None:
-        """Periodic work off the request path. The stateless policies have none."""
+        """Periodic work off the request path (expiry of state with a lifetime). The stateless policies have none."""
+
+    def state_sizes(self) -> dict[str, int]:
+        """What the policy remembers, counted (entries per structure), to watch that it stays bounded. Default:
+        nothing but the worker list."""
+        return {}
 
     def hold_s(self, decision: RoutingDecision) -> float:
         """Seconds the router should hold the request of ``decision`` before sending it to its worker (0: send now).
@@ -217,6 +260,19 @@ class RoutingPolicy(abc.ABC):
     @abc.abstractmethod
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         """Choose among ``candidates`` (non-empty, known, in insertion order). Loads are updated by the caller."""
+
+    def _worker_added(self, worker: str) -> None:
+        """``worker`` joined (or joined again: a re-added URL is a new worker, nothing is carried over). Default:
+        nothing."""
+
+    def _worker_removed(self, worker: str) -> None:
+        """``worker`` left: drop everything kept about it (its requests in flight end without reaching the policy).
+        Default: ``_forget``."""
+        self._forget(worker)
+
+    def _worker_reset(self, worker: str, cause: str) -> None:
+        """``worker``'s cache is void for ``cause`` (see ``reset_worker``). Default: ``_forget``."""
+        self._forget(worker)
 
     def _forget(self, worker: str) -> None:
         """Drop what the policy keeps about a worker's cache (removed, flushed, restarted). Stateless: nothing."""

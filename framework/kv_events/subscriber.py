@@ -14,6 +14,7 @@ A payload that does not decode is a loss too (``on_resync``). ``stats`` counts e
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import Counter
 from typing import Callable
@@ -24,14 +25,18 @@ import zmq.asyncio
 from framework.kv_events.events import KvEventError, KVEventBatch, decode_batch
 from framework.kv_events.publisher import END_SEQ
 
+RESTARTED, EVENTS_LOST = "restarted", "events_lost"  # why a view is void (the routing contract's reset causes)
+
 log = logging.getLogger(__name__)
 
 
 class KvEventSubscriber:
     def __init__(self, endpoint: str, replay_endpoint: str | None, on_batch: Callable[[KVEventBatch], None],
-                 on_resync: Callable[[str], None], topic: str = "", replay_timeout_s: float = 1.0,
+                 on_resync: Callable[..., None], topic: str = "", replay_timeout_s: float = 1.0,
                  name: str = "", start_seq: int = 0):
-        """``start_seq``: the first batch a view needs (the publisher's last clear, when it says; else 0)."""
+        """``start_seq``: the first batch a view needs (the publisher's last clear, when it says; else 0).
+        ``on_resync(why)``, or ``on_resync(why, cause)`` when it takes a second argument: ``RESTARTED`` (the sequence
+        went back: a new publisher) or ``EVENTS_LOST``."""
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic.encode()
         self.start_seq = start_seq
         self.on_batch, self.on_resync = on_batch, on_resync
@@ -40,6 +45,10 @@ class KvEventSubscriber:
         self.last_seq: int | None = None
         self.stats: Counter[str] = Counter()  # batches, events, replayed, resyncs, restarts, decode_errors
         self._ctx = zmq.asyncio.Context.instance()
+        try:
+            self._takes_cause = len(inspect.signature(on_resync).parameters) >= 2
+        except (TypeError, ValueError):  # a builtin without a signature: the one-argument form
+            self._takes_cause = False
 
     async def run(self) -> None:
         """Receive until cancelled (ZMQ reconnects by itself; the sequence numbers tell what a reconnect lost)."""
@@ -64,7 +73,7 @@ class KvEventSubscriber:
             return
         if last is not None and seq < last:
             self.stats["restarts"] += 1
-            self._resync(f"sequence went back from {last} to {seq}: the worker restarted")
+            self._resync(f"sequence went back from {last} to {seq}: the worker restarted", RESTARTED)
             last, self.start_seq = None, 0  # a new publisher, a cache that started empty
         expected = self.start_seq if last is None else last + 1
         if seq > expected:
@@ -89,10 +98,13 @@ class KvEventSubscriber:
         self.stats["events"] += len(batch.events)
         self.on_batch(batch)
 
-    def _resync(self, why: str) -> None:
+    def _resync(self, why: str, cause: str = EVENTS_LOST) -> None:
         self.stats["resyncs"] += 1
         log.warning("kv events from %s: %s; its cache view starts over", self.name, why)
-        self.on_resync(why)
+        if self._takes_cause:
+            self.on_resync(why, cause)
+        else:
+            self.on_resync(why)
 
     async def _replay(self, start: int, stop: int) -> list[tuple[int, bytes]] | None:
         """Batches ``start..stop-1`` from the replay socket, or None when it has not got every one of them."""

@@ -24,7 +24,7 @@ import time
 from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
-from framework.contracts.routing import USAGE, LoadReport, RequestUsage, RequestView, RoutingDecision
+from framework.contracts.routing import RESTARTED, USAGE, LoadReport, RequestUsage, RequestView, RoutingDecision
 from framework.routing.stats import RouterStats
 from framework.routing.workers import CLOSED, CircuitBreaker, WorkerState
 
@@ -95,9 +95,12 @@ class RouterCore:
     def routable(self, now: float) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.routable(now)]
 
-    def reset_worker(self, url: str) -> None:
-        """What the policy knew of the worker's cache is void (flushed, restarted, events lost)."""
-        self.policy.reset_worker(url)
+    def reset_worker(self, url: str, cause: str = RESTARTED) -> list[Attempt]:
+        """What the policy knew of the worker's cache is void (``cause``: FLUSHED, RESTARTED, EVENTS_LOST: the
+        contract's ``reset_worker``); returns the attempts held for that worker that the policy lets go now (send
+        them; a caller that ignores them sends them when their hold runs out)."""
+        self.policy.reset_worker(url, cause)
+        return self._let_go(url)
 
     # -- a request ---------------------------------------------------------------------------------------------------
     def dispatch(self, request: str | RequestView, pool: Iterable[WorkerState] | None = None,
@@ -171,10 +174,14 @@ class RouterCore:
                 if on_error is None:
                     raise
                 on_error(url, e)
+        return self._let_go(url)
+
+    def _let_go(self, url: str) -> list[Attempt]:
+        """The attempts held for ``url`` that the policy no longer holds, unheld."""
         held = self._held.get(url)
         if not held:
             return []
-        go = [a for a in held if policy.hold_s(a.decision) <= 0]
+        go = [a for a in held if self.policy.hold_s(a.decision) <= 0]
         for a in go:
             self._unhold(a)
         return go
@@ -192,6 +199,7 @@ class RouterCore:
         accuracy = self.policy.accuracy   # a policy's own account of its estimates, when it keeps one
         return {**self.stats.snapshot([w.describe(now) for w in self.workers.values()]),
                 "keeps_estimate": self.policy.keeps_estimate,   # whether estimated_hit_rate estimates anything
+                "policy_state": self.policy.state_sizes(),      # what it remembers, counted (bounded: docs/routing.md)
                 **({"policy_accuracy": dict(accuracy)} if accuracy else {})}
 
     def _unhold(self, att: Attempt) -> None:

@@ -35,7 +35,8 @@ class SimRouter:
         subs = policy.subscriptions
         self.block_size = block_size if KV_EVENTS in subs else 0
         if KV_EVENTS in subs and block_size < 1:
-            raise ValueError(f"router={type(policy).__name__} follows KV events: give the workers' block size (>= 1)")
+            raise ValueError(f"router={type(policy).__name__} follows KV events: the workers must publish them "
+                             f"(cluster.kv_events=true, with cluster.kv_block_size >= 1)")
         self.load_interval = load_poll_interval_s if LOAD in subs else 0.0
         self.core = RouterCore(policy, clock=lambda: self.now)
         for w in workers:

@@ -17,7 +17,10 @@ match no longer refreshes the access time of a tenant that is not chosen.
 Keeping the estimate honest (docs/fidelity.md): an insert is taken back when the router's attempt fails
 (``on_request_done(ok=False)``), a worker whose cache was flushed or restarted is forgotten (``reset_worker``), and a
 worker's share of the tree is bounded at every insert (evicted down to ``max_tree_size`` once it passes it by 1/32,
-see _radix_tree.py), not only by the periodic pass, so memory holds at any request rate.
+see _radix_tree.py), not only by the periodic pass, so memory holds at any request rate. The tree hears of a flush only
+when the router makes it (its ``/flush_cache``); with ``follow_flushes`` (servelab's, off: SGLang's tree keeps a
+flushed worker's entries) it subscribes to the workers' KV events for their ``AllBlocksCleared`` alone, so a flush
+made on a worker directly forgets that worker's entries too.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
-from framework.contracts.routing import (SGLANG_ROUTER_VERSION, NotExpressible, RequestView, RoutingConfig,
+from framework.contracts.routing import (KV_EVENTS, SGLANG_ROUTER_VERSION, NotExpressible, RequestView, RoutingConfig,
                                          RoutingDecision, RoutingPolicy)
 from plugins.routing.lib.radix_tree import RadixTree, mix64
 
@@ -59,6 +62,7 @@ class CacheAwareConfig(RoutingConfig):
     max_tree_size: int = 2 ** 24  # characters per worker
     tie_break: TieBreak = TieBreak.node_hash  # among workers holding the longest match
     miss_policy: MissPolicy = MissPolicy.smallest_tree
+    follow_flushes: bool = False  # forget a worker's entries at its AllBlocksCleared event too (servelab's)
 
 
 def _check_config(cfg: CacheAwareConfig) -> None:
@@ -96,6 +100,8 @@ class CacheAwareRouting(RoutingPolicy):
         self._last_eviction: float | None = None  # set by the first maintain(), in the caller's time base
         self._seed_key = mix64(seed)
         self._tenant_keys: dict[str, int] = {}  # worker -> its 64-bit hash, for node_hash
+        if self.cfg.follow_flushes:  # for AllBlocksCleared only (the base class resets the worker on it)
+            self.subscriptions = frozenset({KV_EVENTS})
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         request_text = request.text
@@ -142,6 +148,9 @@ class CacheAwareRouting(RoutingPolicy):
                 f"sglang-router {SGLANG_ROUTER_VERSION} sends a cache miss to the least-loaded worker; "
                 f"router.miss_policy={str(cfg.miss_policy)!r} (SGLang v0.4's smallest tree) cannot be expressed. Use "
                 f"router=cache_aware_v2, or router.miss_policy=least_loaded with the thresholds you want")
+        if cfg.follow_flushes:
+            raise NotExpressible("sglang-router's tree keeps a worker's entries when the worker is flushed directly; "
+                                 "router.follow_flushes=true (servelab's) cannot be expressed: drop it")
         if cfg.eviction_interval_secs != int(cfg.eviction_interval_secs):
             raise NotExpressible(f"sglang-router takes whole seconds; router.eviction_interval_secs="
                                  f"{cfg.eviction_interval_secs} is not")
@@ -183,7 +192,15 @@ class CacheAwareRouting(RoutingPolicy):
         return 0, [], root
 
     def _forget(self, worker: str) -> None:
-        self.tree.remove_tenant(worker)
+        self.tree.remove_tenant(worker)  # reset (servelab's, docs/fidelity.md) and removal (sgl-router's too)
+
+    def _worker_removed(self, worker: str) -> None:
+        self._forget(worker)
+        self._tenant_keys.pop(worker, None)
+
+    def state_sizes(self) -> dict[str, int]:
+        tree = self.tree
+        return {"tree_nodes": tree.node_count, "tree_chars": tree.total_chars, "tree_queue_entries": tree._queued}
 
     def _take_back(self, d: RoutingDecision) -> None:
         self.tree.undo_insert(d.text, d.worker, d.matched_chars, d.at)

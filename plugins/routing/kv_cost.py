@@ -82,6 +82,9 @@ class KvCostRouting(KvViewPolicy):
         super()._settle(decision, ok, usage)
         self.active_blocks[decision.worker] -= decision.memo.blocks
 
-    def remove_worker(self, worker: str) -> None:
-        super().remove_worker(worker)
-        self.active_blocks.pop(worker, None)
+    def _worker_removed(self, worker: str) -> None:
+        super()._worker_removed(worker)
+        self.active_blocks.pop(worker, None)  # in flight: settled by its requests' ends, which no longer come
+
+    def state_sizes(self) -> dict[str, int]:
+        return {**super().state_sizes(), "active_workers": len(self.active_blocks)}

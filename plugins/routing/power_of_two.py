@@ -59,7 +59,10 @@ class PowerOfTwoRouting(RoutingPolicy):
             self._reported[worker] = event.num_tokens
 
     def _forget(self, worker: str) -> None:
-        self._reported.pop(worker, None)
+        self._reported.pop(worker, None)  # reset or removed: its next report (or the in-flight count) stands in
+
+    def state_sizes(self) -> dict[str, int]:
+        return {"reports": len(self._reported)}
 
     def _load(self, worker: str) -> int:
         if self.cfg.load == Load.worker_tokens:

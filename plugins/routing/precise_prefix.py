@@ -25,7 +25,10 @@ Two more rules of servelab's, off by default (``router=sticky_prefix`` turns bot
   whatever the view says is left there: a session whose history was evicted is re-prefilled on its own worker instead
   of moving its history onto another worker's cache (SGLang's tree does the same, by not knowing of the eviction).
   The router remembers the last block of the last ``affinity_size`` requests, each until a request continues it (a
-  prompt that many later prompts start with, a bare system prompt, is continued once, not by all of them).
+  prompt that many later prompts start with, a bare system prompt, is continued once, not by all of them), for
+  ``affinity_ttl_s`` at most, and only while its worker keeps the cache it had: a flush, a restart or a lost event
+  stream of that worker, or its removal, ends the affinity of every session there (the history it protected is gone:
+  the session's next request is routed on the view like a new one).
 - ``spill_factor`` > 0: a cache hit that is not a continuation, whose worker already has at least
   ``ceil(spill_factor x (mean requests in flight per candidate + 1))`` requests in flight that start with the same
   block (a hot shared prefix: an agent's tools, a popular system prompt), goes to the candidate holding the most of
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import math
+import itertools
 from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
@@ -70,6 +74,7 @@ class PrecisePrefixConfig(KvViewConfig):
     load_factor: float = 0.0  # > 0: no worker past load_factor x the mean in-flight count (+1) takes more (servelab's)
     session_affinity: bool = False  # a continuation goes where the request it continues went (servelab's)
     affinity_size: int = 1 << 20    # requests remembered for session_affinity
+    affinity_ttl_s: float = 600.0   # ...each for this long at most (seconds since the request was routed)
     spill_factor: float = 0.0       # > 0: a hot shared prefix spills past this x (mean in flight + 1) (servelab's)
     spill_pressure: float = 0.0     # > 0: ...and only while its worker's in-flight prefill tokens > this x its cache
     prefill_slack: float = 0.0      # > 0 (least_prefill): a miss within this x its prompt of the least prefill goes
@@ -83,15 +88,19 @@ class PrecisePrefixRouting(KvViewPolicy):
 
     def __init__(self, cfg: PrecisePrefixConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
-        self._last_worker: dict[int, str] = {}  # a request's last block key -> its worker (LRU order)
+        # a request's last block key -> (its worker, that worker's epoch, when), oldest first
+        self._last_worker: dict[int, tuple[str, int, float]] = {}
+        self._epochs = itertools.count(1)
+        self._epoch: dict[str, int] = {}  # worker -> the epoch of its cache: a new one at each add and reset
         self._hot: dict[tuple[str, int], int] = {}  # (worker, first block key) -> its requests in flight
 
     @classmethod
     def ignored_keys(cls, cfg: PrecisePrefixConfig) -> dict[str, str]:
         out = super().ignored_keys(cfg)
         if not cfg.session_affinity:
-            out["affinity_size"] = ("it sizes session_affinity's memory, and router.session_affinity is off; set "
-                                    "router.session_affinity=true, or drop it")
+            for key in ("affinity_size", "affinity_ttl_s"):
+                out[key] = ("it bounds session_affinity's memory, and router.session_affinity is off; set "
+                            "router.session_affinity=true, or drop it")
         if not cfg.spill_factor:
             out["spill_pressure"] = ("it narrows spill_factor's hot-prefix spill, and router.spill_factor is 0 (off); "
                                      "set router.spill_factor, or drop it")
@@ -108,6 +117,8 @@ class PrecisePrefixRouting(KvViewPolicy):
             problems.append(f"load_factor={cfg.load_factor} must be 0 (off) or >= 1")
         if cfg.affinity_size < 1:
             problems.append(f"affinity_size={cfg.affinity_size} must be >= 1")
+        if not cfg.affinity_ttl_s > 0:
+            problems.append(f"affinity_ttl_s={cfg.affinity_ttl_s} must be > 0 (seconds)")
         if cfg.spill_factor and cfg.spill_factor < 1:
             problems.append(f"spill_factor={cfg.spill_factor} must be 0 (off) or >= 1")
         if cfg.spill_pressure < 0:
@@ -171,18 +182,53 @@ class PrecisePrefixRouting(KvViewPolicy):
         """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is
         some request's last block (None: none, or its worker is not a candidate); that request counts as continued."""
         last = self._last_worker
+        if len(keys) > 8:  # one set test in C finds whether any of them is remembered, before the walk
+            hits = last.keys() & set(keys)
+            if not hits:
+                return None
+            keys = [k for k in keys if k in hits]
         for key in reversed(keys):
-            worker = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
-            if worker is not None:
+            entry = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
+            if entry is not None:
+                worker, epoch, at = entry
+                if self._epoch.get(worker) != epoch or self.clock() - at > self.cfg.affinity_ttl_s:
+                    return None  # its worker's cache was reset since, or it is too old: no affinity left
                 return worker if worker in candidates else None
         return None
 
     def _remember(self, key: int, worker: str) -> None:
         last = self._last_worker
         last.pop(key, None)  # re-inserted: the newest
-        last[key] = worker
+        last[key] = (worker, self._epoch[worker], self.clock())
         if len(last) > self.cfg.affinity_size:
             del last[next(iter(last))]
+
+    def _worker_added(self, worker: str) -> None:
+        super()._worker_added(worker)
+        self._epoch[worker] = next(self._epochs)
+
+    def _worker_reset(self, worker: str, cause: str) -> None:
+        super()._worker_reset(worker, cause)
+        self._epoch[worker] = next(self._epochs)  # its sessions' entries no longer count (dropped as they are met)
+
+    def _worker_removed(self, worker: str) -> None:
+        super()._worker_removed(worker)
+        del self._epoch[worker]
+        self._hot = {k: n for k, n in self._hot.items() if k[0] != worker}
+
+    def maintain(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        super().maintain(now)
+        last, horizon = self._last_worker, now - self.cfg.affinity_ttl_s
+        while last:  # oldest first: drop the sessions past their lifetime (or whose worker's cache was reset)
+            key = next(iter(last))
+            worker, epoch, at = last[key]
+            if at >= horizon and self._epoch.get(worker) == epoch:
+                break
+            del last[key]
+
+    def state_sizes(self) -> dict[str, int]:
+        return {**super().state_sizes(), "sessions": len(self._last_worker), "hot_prefixes": len(self._hot)}
 
     def _spill(self, worker: str, first: int, matched: dict[str, int], candidates: list[str]) -> tuple[str, str]:
         """(worker, reason) for a cache hit on ``worker``: elsewhere when its requests in flight that start with the
@@ -208,8 +254,3 @@ class PrecisePrefixRouting(KvViewPolicy):
                 del self._hot[hot]
             else:
                 self._hot[hot] -= 1
-
-    def remove_worker(self, worker: str) -> None:
-        super().remove_worker(worker)
-        self._hot = {k: n for k, n in self._hot.items() if k[0] != worker}
-        self._last_worker = {k: w for k, w in self._last_worker.items() if w != worker}

@@ -49,15 +49,16 @@ class PrefixHashRouting(RoutingPolicy):
         self._ring: list[tuple[int, str]] = []
         self._points: list[int] = []
 
-    def add_worker(self, worker: str) -> None:
-        super().add_worker(worker)
+    def _worker_added(self, worker: str) -> None:
         self._ring += [(_point(f"{worker}#{i}".encode()), worker) for i in range(self.cfg.virtual_nodes)]
         self._reindex()
 
-    def _forget(self, worker: str) -> None:
-        if worker not in self.loads:  # removed (a reset keeps its place on the ring)
-            self._ring = [p for p in self._ring if p[1] != worker]
-            self._reindex()
+    def _worker_removed(self, worker: str) -> None:  # a reset keeps its place on the ring: no cache state here
+        self._ring = [p for p in self._ring if p[1] != worker]
+        self._reindex()
+
+    def state_sizes(self) -> dict[str, int]:
+        return {"ring_points": len(self._ring)}
 
     def _reindex(self) -> None:
         self._ring.sort()

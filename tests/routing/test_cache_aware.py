@@ -267,3 +267,19 @@ def test_decisions_match_the_brute_force_reference(cfg, sequence):
         expected = ref.select(arg, candidates or set("xyz"), now[0])
         assert (worker, d.matched_chars, d.reason) == expected, f"request {arg!r}"
         assert policy.loads == ref.loads
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_follow_flushes_forgets_a_worker_flushed_behind_the_routers_back(follow):
+    """SGLang's tree keeps a worker's entries when the worker is flushed directly (default); ``follow_flushes``
+    (servelab's) subscribes to the KV events for their AllBlocksCleared and forgets that worker then."""
+    from framework.contracts.routing import KV_EVENTS, NotExpressible
+    from framework.kv_events.events import AllBlocksCleared
+    policy = make("ab", follow_flushes=follow, miss_policy="least_loaded")
+    assert (KV_EVENTS in policy.subscriptions) is follow
+    send(policy, "only a has this", "a")
+    policy.on_worker_event("a", AllBlocksCleared())
+    assert (policy.tree.tenant_size("a") == 0) is follow
+    if follow:
+        with pytest.raises(NotExpressible, match="follow_flushes"):
+            type(policy).sglang_args(policy.cfg)

@@ -19,7 +19,7 @@ from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
 from framework.kv_events.hashing import chain_hashes
 from framework.core.registry import ROUTING
-from framework.contracts.routing import RequestView
+from framework.contracts.routing import EVENTS_LOST, RESET_CAUSES, RESTARTED, RequestView
 
 B = 4
 
@@ -74,9 +74,11 @@ class Model:
         self.stored = {w: {} for w in workers}  # worker -> block prefix -> its hash
         self.flight = []  # (worker, tokens, credited block prefixes, prefill tokens, blocks)
         self.recent = {w: [] for w in workers}  # worker -> block prefixes (a list: one entry per ended request)
-        self.routed = []  # [tokens, worker, open] of every decision, in order
+        self.routed = []  # [tokens, worker, open, the worker's epoch] of every decision, in order
         self.peak = {w: 0 for w in workers}  # the most blocks stored at once
-        self.stored_total = {w: 0 for w in workers}  # blocks stored by events, ever
+        self.stored_total = {w: 0 for w in workers}  # blocks stored by events since its flush, halved at each turnover
+        self.since_aging = 0  # blocks stored by all since the last halving
+        self.epoch = {w: 0 for w in workers}  # bumped by a flush: the sessions routed there before lose their affinity
 
     def holds(self, w, prefix) -> bool:
         return (prefix in self.stored[w] or prefix in self.recent[w]
@@ -113,7 +115,7 @@ def precise_rule(cfg, model, loads, tokens, cands):
                 for r in model.routed:  # nor does any earlier request with that last block (the router keeps one)
                     if r[2] and blocks_of(r[0]) and blocks_of(r[0])[-1] == prefix:
                         r[2] = False
-                if went[-1][1] in cands:
+                if went[-1][1] in cands and went[-1][3] == model.epoch[went[-1][1]]:
                     return went[-1][1], "session", matched
                 break
     if cfg.load_factor:
@@ -211,7 +213,7 @@ def play(policy, rule, sequence):
             flight = (worker, tokens, credited, len(arg) - est(matched[worker], len(arg)), math.ceil(len(arg) / B),
                       set())  # the last: its credited blocks the worker stored and removed while it was in flight
             model.flight.append(flight)
-            model.routed.append([tokens, worker, True])  # True: not continued yet
+            model.routed.append([tokens, worker, True, model.epoch[worker]])  # True: not continued yet
             decisions.append((d, flight))
         elif op == "done" and decisions:  # a request ends (served or failed): its credit and load go
             d, flight = decisions.pop(arg % len(decisions))
@@ -235,6 +237,10 @@ def play(policy, rule, sequence):
                     if prefix in model.recent[extra]:  # the event an ended request waited for
                         model.recent[extra].remove(prefix)
                 model.peak[extra] = max(model.peak[extra], len(model.stored[extra]))
+                model.since_aging += len(hashes) - have
+                if model.since_aging >= sum(model.peak.values()):  # the caches turned over: the counts halve
+                    model.since_aging = 0
+                    model.stored_total = {w: n / 2 for w, n in model.stored_total.items()}
         elif op == "evict" and model.stored[extra]:  # one block and every block after it
             prefixes = sorted(model.stored[extra])
             gone = prefixes[arg % len(prefixes)]
@@ -247,6 +253,10 @@ def play(policy, rule, sequence):
             policy.on_worker_event(extra, AllBlocksCleared())
             model.stored[extra].clear()
             model.recent[extra].clear()
+            model.stored_total[extra] = 0  # an empty cache: its turnover starts over, and the aging's count
+            model.since_aging = 0
+            model.peak[extra] = 0  # its size is learnt again
+            model.epoch[extra] += 1
 
 
 def test_block_size_mismatch_names_both_sizes():
@@ -317,18 +327,63 @@ def test_kv_cost_temperature_spreads_and_zero_does_not():
 
 
 def test_session_affinity_keeps_a_conversation_whose_history_was_evicted():
-    """Without it the next turn goes wherever the view says most is left; with it, back to the session's worker."""
+    """Without it the next turn goes wherever the view says most is left; with it, back to the session's worker. The
+    view holds nothing of the first turn here (no credits, no events: as if its blocks were evicted)."""
     for affinity, back in ((False, False), (True, True)):
-        policy = make("precise_prefix", cache_threshold=0.3, session_affinity=affinity)
+        policy = make("precise_prefix", cache_threshold=0.3, session_affinity=affinity, pending_credit=False)
         turn1 = "a conversation's first turn, long enough for blocks"
         w = policy.select(turn1)
         policy.on_request_done(w, policy.last_decision)
-        policy.reset_worker(w)  # its cache was flushed: the view holds nothing of the session anywhere
-        policy.maintain(1e9)
         turn2 = turn1 + " and the answer, then the second turn"
         other = policy.select("someone else's request entirely")  # lands on w: the least loaded is now another
         assert (policy.select(turn2) == w) is back, (affinity, w, other)
         assert policy.last_decision.reason == ("session" if back else "cache_miss")
+
+
+@pytest.mark.parametrize("cause", ["flush_event", *RESET_CAUSES, "removed", "expired"])
+def test_session_affinity_ends_with_the_cache_it_protected(cause):
+    """A flush (its event, or the router's reset), a restart, a lost stream, the worker's removal, or the session's
+    lifetime (affinity_ttl_s) passing: the next turn is routed on the view like a new request."""
+    now = [0.0]
+    policy = make("precise_prefix", cache_threshold=0.3, session_affinity=True, pending_credit=False,
+                  affinity_ttl_s=60.0)
+    policy.clock = lambda: now[0]
+    turn1 = "a conversation's first turn, long enough for blocks"
+    w = policy.select(turn1)
+    policy.on_request_done(w, policy.last_decision)
+    assert policy.state_sizes()["sessions"] == 1
+    if cause == "flush_event":
+        policy.on_worker_event(w, AllBlocksCleared())
+    elif cause == "removed":
+        policy.remove_worker(w)
+        policy.add_worker(w)  # the same URL again: a new worker
+    elif cause == "expired":
+        now[0] = 61.0
+        policy.maintain()
+        assert policy.state_sizes()["sessions"] == 0  # dropped by maintain, not only ignored
+    else:
+        policy.reset_worker(w, cause)
+    policy.select("someone else's request entirely")
+    policy.select(turn1 + " and the answer, then the second turn")
+    assert policy.last_decision.reason == "cache_miss"
+
+
+def test_a_flush_or_a_restart_starts_the_turnover_and_the_capacity_over():
+    policy = make("precise_prefix", workers="ab")
+    tokens = list(range(1, 65))
+    hashes = chain_hashes(tokens, B)
+    for w in "ab":
+        policy.on_worker_event(w, BlockStored(tuple(hashes), None, tuple(tokens), B))
+    view = policy.view
+    assert view.capacity_blocks("a") == len(hashes) and view.stored_total("a") > 0
+    policy.reset_worker("b", EVENTS_LOST)  # the same cache, some events missed: its size stands
+    assert view.stored_total("b") == 0 and view.capacity_blocks("b") == len(hashes)
+    policy.on_worker_event("a", AllBlocksCleared())
+    assert view.stored_total("a") == 0 and view.capacity_blocks("a") == 0  # learnt again as it fills
+    policy.reset_worker("b", RESTARTED)
+    assert view.capacity_blocks("b") == 0
+    with pytest.raises(ValueError, match="reset cause 'rebooted' is not one of"):
+        policy.reset_worker("a", "rebooted")
 
 
 def test_spill_factor_moves_only_the_hot_prefix():

@@ -72,3 +72,10 @@ def test_kv_block_size_is_the_policy_s_own():
                                                                 "router.block_size=8"]).router) == 8
     assert ROUTING.get("cache_aware").kv_block_size(compose(["router=cache_aware"]).router) is None
     assert ROUTING.get("prefix_hash").kv_block_size(compose(["router=prefix_hash"]).router) is None   # no events
+
+
+def test_the_subscribers_reset_causes_are_the_contracts():
+    """framework/kv_events sits below the contracts and names the causes itself: they must be the contract's."""
+    from framework.contracts.routing import EVENTS_LOST, RESTARTED
+    from framework.kv_events import subscriber
+    assert (subscriber.RESTARTED, subscriber.EVENTS_LOST) == (RESTARTED, EVENTS_LOST)

@@ -12,7 +12,7 @@ import pytest
 
 from framework.kv_events.worker import publish_cache_events
 from framework.core.registry import ROUTING
-from framework.serving.router.service import ROUTER_KEY, create_router_app
+from framework.serving.router.service import start_router
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.worker import create_worker_app
 from framework.load.http_client import parse_route
@@ -31,16 +31,15 @@ async def cluster(policy):
             pub, info = publish_cache_events(c.local_engine, "127.0.0.1", B)
             pubs.append(pub)
             servers.append(await serve(create_worker_app(c, model_name="tiny", extra_info={"kv_events": info})))
-        app = create_router_app(policy, [url_of(s) for s in servers],
-                                RouterServiceConfig(health_check_interval_secs=0.05, load_poll_interval_s=0.05))
-        router_server = await serve(app)
-        router = app[ROUTER_KEY]
+        router_server = await start_router(policy, [url_of(s) for s in servers], RouterServiceConfig(
+            health_check_interval_secs=0.05, load_poll_interval_s=0.05), port=0)
+        router = router_server.router
         if router.events.kv:
             await wait_until(lambda: len(router.events.subscribers) == 2, what="the router to subscribe to both")
             await asyncio.sleep(0.3)  # the SUB sockets' subscriptions reach the publishers
-        async with aiohttp.ClientSession(url_of(router_server)) as http:
+        async with aiohttp.ClientSession(router_server.url) as http:
             yield router, http, clients
-        await router_server.close()
+        await router_server.cleanup()
     finally:
         for s in servers:
             await s.close()

@@ -9,7 +9,8 @@ its own events alike.
   ``tcp://<worker host>:<router.kv_events_port>`` (vLLM's convention: ``--kv-events-config`` publishes on
   ``tcp://*:5557``; its replay socket on ``router.kv_events_replay_port`` when one is set). A router that joins late
   replays from the worker's last cache clear (``kv_events.cleared_seq``; else from 0). A resync (lost batches, a
-  restarted worker) drops the policy's view of that worker (``reset_worker``).
+  restarted worker) drops the policy's view of that worker (``reset_worker`` with the subscriber's cause:
+  ``RESTARTED`` when the sequence went back, ``EVENTS_LOST`` otherwise).
 - Load reports (``LOAD``): ``GET /get_load`` (SGLang's: one object per DP rank with ``num_reqs``,
   ``num_waiting_reqs``, ``num_tokens``) on every healthy worker every ``router.load_poll_interval_s``.
 - Usage (``USAGE``): the prompt, cached and output tokens the worker reported for a request, read from its JSON
@@ -25,7 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from framework.contracts.routing import KV_EVENTS, LOAD, LoadReport, RequestUsage
+from framework.contracts.routing import KV_EVENTS, LOAD, RESTARTED, LoadReport, RequestUsage
 from framework.kv_events.subscriber import KvEventSubscriber
 from framework.routing.core import Attempt, RouterCore
 from framework.routing.workers import WorkerState
@@ -107,7 +108,7 @@ class WorkerEvents:
             if w is None:
                 return
             sub = KvEventSubscriber(endpoint, replay, lambda batch: self._deliver(w, batch),
-                                    lambda why: self._resync(w), name=url, start_seq=start)
+                                    lambda why, cause=RESTARTED: self._resync(w, cause), name=url, start_seq=start)
             self.subscribers[url] = (sub, asyncio.create_task(sub.run()))
         finally:
             self._pending.discard(url)
@@ -141,9 +142,13 @@ class WorkerEvents:
             log.error("KV events from %s: %s", url, e)
         self.problems[url] = str(e)
 
-    def _resync(self, w: WorkerState) -> None:
+    def _resync(self, w: WorkerState, cause: str) -> None:
+        """The view of ``w`` is void (``cause``: the subscriber's: RESTARTED or EVENTS_LOST); the requests held for
+        it that the policy lets go now are sent."""
         if self.core.is_current(w):
-            self.core.reset_worker(w.url)
+            released = self.core.reset_worker(w.url, cause)
+            if released:
+                self.on_release(released)
 
     def stats(self) -> dict:
         return {url: {"endpoint": sub.endpoint, "last_seq": sub.last_seq, **sub.stats,

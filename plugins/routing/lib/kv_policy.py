@@ -15,10 +15,13 @@ workers with another tokenizer is given the token ids by its caller (``RequestVi
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from framework.contracts.routing import KV_EVENTS, USAGE, RequestUsage, RequestView, RoutingConfig, RoutingDecision, RoutingPolicy
+from framework.contracts.routing import (EVENTS_LOST, KV_EVENTS, USAGE, RequestUsage, RequestView, RoutingConfig,
+                                         RoutingDecision, RoutingPolicy)
+from framework.kv_events.hashing import BlockKeys
 from plugins.routing.lib.kv_view import KvView
 
 
@@ -53,6 +56,71 @@ class Credit(NamedTuple):
     hold_until: float = 0.0     # ...until this time at most
 
 
+class PromptKeys:
+    """A request's block keys, reusing those of a recent prompt it continues: the next turn of a conversation or an
+    agent's next step repeats its history, so only the blocks past it are hashed (hashing every block of a long prompt
+    was most of a decision's time). The last ``size`` prompts of at least ``min_blocks`` blocks are remembered, at most
+    ``per_prefix`` per first block (the ones that share it are compared with the request, newest first, until one is a
+    prefix of it: a ``bytes`` test in C); prompts of tokens >= 256 are hashed whole."""
+
+    def __init__(self, keys: BlockKeys, size: int = 1024, per_prefix: int = 64, min_blocks: int = 16):
+        self.chain, self.b = keys.chain, keys.block_size
+        self.size, self.per_prefix, self.min_blocks = size, per_prefix, min_blocks
+        self._by_first: dict[bytes, deque[tuple[bytes, list[int]]]] = {}  # first block -> recent prompts
+        self._order: deque[bytes] = deque()  # the first block of each remembered prompt, oldest first
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def keys(self, tokens) -> list[int]:
+        b = self.b
+        if len(tokens) < self.min_blocks * b:
+            return self.chain(tokens)
+        try:
+            raw = tokens if isinstance(tokens, bytes) else bytes(tokens)
+        except ValueError:  # a token of 256 or more
+            return self.chain(tokens)
+        raw = raw[:len(raw) // b * b]
+        first = raw[:b]
+        recent = self._by_first.get(first)
+        best, best_keys = b"", None
+        if recent:
+            startswith = raw.startswith
+            for prev, keys in reversed(recent):  # the newest it continues (usually the turn before it)
+                if startswith(prev):
+                    best, best_keys = prev, keys
+                    break
+        if best_keys is None:
+            keys = self.chain(raw)
+        elif len(best) == len(raw):
+            return best_keys
+        else:
+            keys = best_keys + self.chain(raw[len(best):], best_keys[-1])
+        self._remember(first, raw, keys, recent)
+        return keys
+
+    def _remember(self, first: bytes, raw: bytes, keys: list[int], recent) -> None:
+        if recent is None:
+            recent = self._by_first[first] = deque()
+        elif len(recent) >= self.per_prefix:
+            recent.popleft()
+            self._count -= 1
+        recent.append((raw, keys))
+        self._order.append(first)
+        self._count += 1
+        while self._count > self.size:  # the oldest prompt of the oldest first block goes (entries may be gone)
+            old = self._order.popleft()
+            bucket = self._by_first.get(old)
+            if bucket:
+                bucket.popleft()
+                self._count -= 1
+                if not bucket:
+                    del self._by_first[old]
+        if len(self._order) > 4 * self.size:  # drop the stale names of prompts already gone
+            self._order = deque(f for f, q in self._by_first.items() for _ in q)
+
+
 class RequestBlocks:
     """A request's tokens and block keys, computed once per decision."""
     __slots__ = ("tokens", "keys")
@@ -76,6 +144,7 @@ class KvViewPolicy(RoutingPolicy):
         self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "confirmed_tokens": 0,
                          "cached_tokens": 0}
         self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
+        self.prompts = PromptKeys(self.view.keys)
 
     @classmethod
     def kv_block_size(cls, cfg: KvViewConfig) -> int:
@@ -103,7 +172,7 @@ class KvViewPolicy(RoutingPolicy):
 
     def blocks(self, request: RequestView) -> RequestBlocks:
         tokens = request.token_ids if request.token_ids is not None else request.text.encode("utf-8")
-        return RequestBlocks(tokens, self.view.keys.chain(tokens))
+        return RequestBlocks(tokens, self.prompts.keys(tokens))
 
     def estimate(self, matched_blocks: int, n_tokens: int) -> int:
         """Prompt tokens a worker holding ``matched_blocks`` leading blocks serves from cache: SGLang and vLLM compute
@@ -153,8 +222,17 @@ class KvViewPolicy(RoutingPolicy):
     def _observe(self, worker: str, event) -> None:
         self.view.apply(worker, event)
 
-    def _forget(self, worker: str) -> None:
-        self.view.forget(worker)
+    def _worker_reset(self, worker: str, cause: str) -> None:
+        # a lost stream leaves the same cache behind: its capacity estimate stands; a flush or a restart re-learns it
+        self.view.forget(worker, capacity=cause != EVENTS_LOST)
+
+    def _worker_removed(self, worker: str) -> None:
+        self.view.forget(worker, capacity=True)
+        self.view.drop_credits(worker)  # its requests' on_request_done no longer reach the policy
+        self.prefill_tokens.pop(worker, None)
+
+    def state_sizes(self) -> dict[str, int]:
+        return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts)}
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         if decision.memo.prefill_tokens:
@@ -172,8 +250,3 @@ class KvViewPolicy(RoutingPolicy):
             a["estimated_tokens"] += decision.matched_chars
             a["confirmed_tokens"] += decision.memo.confirmed_tokens
             a["cached_tokens"] += usage.cached_tokens
-
-    def remove_worker(self, worker: str) -> None:
-        super().remove_worker(worker)
-        self.view.drop_credits(worker)  # its requests' on_request_done no longer reach the policy
-        self.prefill_tokens.pop(worker, None)

@@ -18,10 +18,19 @@ A decision's estimate (``matched_chars``) counts all three, as the match does; `
 ``policy_accuracy`` figure ``confirmed_tokens``) counts stored and recent blocks only: a request in flight may be
 prefilled alongside the next one rather than before it. In-flight and recent credits are
 servelab's addition (docs/routing.md); ``pending_credit=false`` turns both off.
+
+What it remembers follows the workers' caches: a flush (``AllBlocksCleared``), a restart or a lost stream drops a
+worker's stored blocks and recent credits (``forget``), a flush or a restart its capacity estimate too, a removal
+everything (``drop_credits``). Two figures describe a cache rather than hold it: ``capacity_blocks`` (the most blocks its events
+showed at once) and ``stored_total`` (how much it stored lately: its turnover). The turnover ages: every count halves
+each time the workers together have stored as many blocks as their caches hold (a full turnover of the cluster), so
+it tells how fast each cache turns over now, not over the router's lifetime; a flush starts that worker's count over
+(and the count towards the next halving: after every worker was flushed the view is a fresh router's).
 """
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice, takewhile
 from typing import Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
@@ -41,7 +50,8 @@ class KvView:
         self._removed_at: dict[str, dict[int, int]] = {}
         self.removals = 0  # removals so far: a request's credit remembers the count at its decision
         self._peak: dict[str, int] = {}  # worker -> the most blocks its events showed it holding at once
-        self._stored_total: dict[str, int] = {}  # worker -> blocks its events ever stored: how fast its cache turns over
+        self._stored_total: dict[str, float] = {}  # worker -> blocks stored lately, aged: how fast its cache turns over
+        self._stored_since_aging = 0  # blocks stored by every worker since the counts last halved
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -59,7 +69,7 @@ class KvView:
                     self._unstore(worker, key)
                     self.stats["removed"] += 1
         elif isinstance(event, AllBlocksCleared):
-            self.forget(worker)
+            self.forget(worker, capacity=True)
             self.stats["cleared"] += 1
 
     def _store(self, worker: str, e: BlockStored) -> None:
@@ -98,6 +108,12 @@ class KvView:
         self._stored_total[worker] = self._stored_total.get(worker, 0) + new
         if len(stored) > self._peak.get(worker, 0):  # only grew above: its size once it has filled
             self._peak[worker] = len(stored)
+        self._stored_since_aging += new
+        if self._stored_since_aging >= sum(self._peak.values()):  # the caches turned over once: age the counts
+            self._stored_since_aging = 0
+            totals = self._stored_total
+            for w in totals:
+                totals[w] /= 2
 
     def _unstore(self, worker: str, key: int) -> None:
         self._take(self._by_events[worker], key)
@@ -106,19 +122,28 @@ class KvView:
         if worker in self._holders.get(key, ()):  # credited to requests in flight: ``retire`` must not await it
             self._removed_at.setdefault(worker, {})[key] = self.removals
 
-    def forget(self, worker: str) -> None:
+    def forget(self, worker: str, capacity: bool = False) -> None:
         """Drop what the events said of ``worker`` and what it was expected to hold after its requests ended (the
-        credits of its requests in flight stay with them)."""
+        credits of its requests in flight stay with them); its turnover starts over (an empty cache keeps what it
+        is given longest), and so does the aging's count; ``capacity``: its capacity estimate too (learnt again as
+        it fills: the router cannot tell a flush from a restart with another size)."""
         for key in self._external.pop(worker, {}).values():
             self._unstore(worker, key)
+        self._by_events.pop(worker, None)
         self._removed_at.pop(worker, None)
         for key, n in self._recent.pop(worker, {}).items():
             for _ in range(n):
                 self._drop(worker, key)
+        self._stored_total.pop(worker, None)
+        self._stored_since_aging = 0
+        if capacity:
+            self._peak.pop(worker, None)
 
     def drop_credits(self, worker: str) -> None:
-        """Drop every credit of ``worker`` (removed: the ends of its requests will not be reported)."""
+        """Drop every credit of ``worker`` and every figure of its cache (removed: the ends of its requests will not
+        be reported)."""
         self._stored_total.pop(worker, None)
+        self._peak.pop(worker, None)
         self._recent.pop(worker, None)
         self._removed_at.pop(worker, None)
         for key in [k for k, held in self._holders.items() if worker in held]:
@@ -129,10 +154,17 @@ class KvView:
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
 
-    def stored_total(self, worker: str) -> int:
-        """Blocks ``worker``'s events have stored since the view met it: with caches of one size, the one that stored
-        the fewest turns over slowest, and keeps a new prefix longest."""
+    def stored_total(self, worker: str) -> float:
+        """Blocks ``worker``'s events have stored lately (since its last flush, halved at each turnover of the
+        workers' caches): with caches of one size, the one that stored the fewest turns over slowest, and keeps a new
+        prefix longest."""
         return self._stored_total.get(worker, 0)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per structure (``RoutingPolicy.state_sizes``)."""
+        return {"view_blocks": len(self._holders), "view_worker_hashes": sum(map(len, self._external.values())),
+                "view_recent": sum(map(len, self._recent.values())), "view_deadlines": len(self._deadlines),
+                "view_removed_at": sum(map(len, self._removed_at.values()))}
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
@@ -143,25 +175,32 @@ class KvView:
         """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent)."""
         matched = dict.fromkeys(candidates, 0)
         live = candidates
+        live_set = set(live)
         holders = self._holders
-        depth = 0
-        for key in keys:
-            held = holders.get(key)
+        depth, n = 0, len(keys)
+        while depth < n:
+            held = holders.get(keys[depth])
             if held is None:
                 break
-            if len(live) == 1:  # the common case past the first blocks: one worker holds the session's history
-                if live[0] not in held:
-                    break
-            else:
-                still = [w for w in live if w in held]
-                if len(still) < len(live):
-                    for w in live:
-                        if w not in held:
-                            matched[w] = depth
-                    if not still:
-                        return matched
-                    live = still
+            if held.keys() >= live_set:  # every candidate still in holds it (a set test in C)
+                depth += 1
+                continue
+            for w in live:
+                if w not in held:
+                    matched[w] = depth
+            live = [w for w in live if w in held]
+            if not live:
+                return matched
             depth += 1
+            if len(live) == 1:  # the common case past the first blocks: one worker holds the session's history
+                w = live[0]
+                while depth < n:
+                    held = holders.get(keys[depth])
+                    if held is None or w not in held:
+                        break
+                    depth += 1
+                break
+            live_set = set(live)
         for w in live:
             matched[w] = depth
         return matched
@@ -169,7 +208,7 @@ class KvView:
     def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
         """How many of the first ``upto`` of ``keys`` ``worker`` holds stored or recent (in-flight credits aside)."""
         stored, recent = self._by_events.get(worker, {}), self._recent.get(worker, {})
-        n = 0
+        n = len(list(takewhile(stored.__contains__, islice(keys, upto))))  # the stored run, iterated in C
         while n < upto and (keys[n] in stored or keys[n] in recent):
             n += 1
         return n
