@@ -13,6 +13,7 @@ from typing import Callable
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from framework.contracts.routing import FLUSHED, RESTARTED
 from framework.routing.core import RouterCore
 from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
@@ -55,7 +56,9 @@ class Membership:
             log.info("worker %s is now %s%s", w.url, "healthy" if ok else "unhealthy", f" ({error})" if error else "")
         current = self.core.is_current(w)
         if ok and w.unreachable and current:
-            self.core.reset_worker(w.url)  # nothing listened there a moment ago: it may have restarted, cold
+            # nothing listened there a moment ago: it may have restarted, cold; what was held for it goes now
+            if released := self.core.reset_worker(w.url, RESTARTED):
+                self.events.on_release(released)
         if ok and current:
             self.events.worker_up(w.url)  # subscribe to what the policy follows of it (once)
         w.healthy, w.last_health_error = ok, error
@@ -193,7 +196,9 @@ class ControlEndpoints:
         answers = await self._fan_out("POST", "/flush_cache")
         for url, (status, _) in answers.items():
             if status == 200 and url in self.core.workers:
-                self.core.reset_worker(url)  # its cache is empty now: so is the estimate of it
+                # its cache is empty now: so is the estimate of it; what was held for it goes now
+                if released := self.core.reset_worker(url, FLUSHED):
+                    self.events.on_release(released)
         failed = {u: (status, body) for u, (status, body) in answers.items() if status != 200}
         if failed:
             raise ApiError(502, f"flush_cache failed on {len(failed)} of {len(answers)} workers: {failed}")
