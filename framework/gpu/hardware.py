@@ -22,6 +22,8 @@ class HardwareConfig:
     inter_node_gb_s: float = 50.0     # per GPU, one direction (its NIC)
     gpus_per_node: int = 8
     launch_overhead_us: float = 5.0   # host time to launch one kernel eagerly; a CUDA graph replay pays none
+    sm_count: int = 132               # streaming multiprocessors (H100/H200 SXM: 132); what DeepEP's normal kernels
+                                      # hold under two-batch overlap is taken from these
     fit: str = "h100"                 # the fitted terms: data/gpu-profiles/fit/<fit>.json
 
     def peak_flops(self, dtype: str) -> float:

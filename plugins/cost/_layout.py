@@ -49,10 +49,13 @@ def layout_for(inst: InstanceShape) -> Layout:
 
 
 def declared_collectives(inst: InstanceShape, lay: Layout, group_tokens: tuple[int, ...],
-                         group_reqs: tuple[int, ...]) -> tuple[Collective, ...]:
+                         group_reqs: tuple[int, ...], moe_comm: bool = True,
+                         dense_comm: bool = True) -> tuple[Collective, ...]:
     """A step's collectives as the plugins declare them, when scheduler g runs group_tokens[g] tokens of
     group_reqs[g] requests, each layer's times the layers of its kind. Collectives over every rank run one after
-    another; those of DP groups over their own ranks run side by side: the group that moves the most sets the pace."""
+    another; those of DP groups over their own ranks run side by side: the group that moves the most sets the pace.
+    `moe_comm` False: without the MoE backend's own (the cost model prices them: DeepEP, two-batch overlap);
+    `dense_comm` False: without the dense layers' (each rank runs them on its own tokens)."""
     par_cls, par_cfg, moe_cls, moe_cfg = plugin_configs(inst)
     m = inst.model
     tokens = [t for t in group_tokens for _ in range(lay.attn_tp)]          # rank r runs its group's batch
@@ -61,9 +64,11 @@ def declared_collectives(inst: InstanceShape, lay: Layout, group_tokens: tuple[i
     local = even_split(tokens[0], lay.size) if lay.groups == 1 else tokens
     moe_layers = m.num_layers - m.first_k_dense_replace
     per_layer = [(par_cls.edge_comm(par_cfg, m, tokens, logit_rows), 1),
-                 (par_cls.layer_comm(par_cfg, m, tokens, "all", lay.size > 1), m.first_k_dense_replace),
+                 (par_cls.layer_comm(par_cfg, m, tokens, "all", lay.size > 1) if dense_comm else [],
+                  m.first_k_dense_replace),
                  (par_cls.layer_comm(par_cfg, m, tokens, lay.moe_tokens, lay.moe_partial)
-                  + moe_cls.layer_comm(moe_cfg, m, local if lay.moe_tokens == "local" else tokens), moe_layers)]
+                  + (moe_cls.layer_comm(moe_cfg, m, local if lay.moe_tokens == "local" else tokens) if moe_comm
+                     else []), moe_layers)]
     everyone = tuple(range(lay.size))
     out: dict[tuple[str, int, int], int] = {}
     for collectives, count in per_layer:

@@ -25,7 +25,10 @@ from framework.contracts.cost import BatchShape, CostConfig, CostModel, Instance
 from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
 from plugins.cost._host import combine, eager_floor_s, overlapped, scheduler_s
-from plugins.cost._layout import declared_collectives, layout_for
+from plugins.cost._layout import declared_collectives, layout_for, plugin_configs
+from plugins.cost.lib import deepep
+from plugins.cost.lib.expert_load import SOURCES, layer_loads, rank_imbalance, rebalance
+from plugins.cost.lib.tbo import decode_layer, overlapped_s, prefill_layer
 
 
 @dataclass
@@ -70,6 +73,16 @@ class RooflineConfig(CostConfig):
     tokenize_us_per_token: float = 0.0    # not measured (no HF tokenizer offline): 0
     stream_us_per_chunk: float = 8.0      # experiments/calibrate/host.py: detokenize + one SSE event per request
     stream_interval: int = 1              # SGLang's --stream-interval: a chunk every this many tokens
+    # -- wide EP (issue 21; SGLang 2025; docs/fidelity.md "Simulator"): moe.dispatch=deepep_* is priced from DeepEP's
+    # tables (plugins/cost/lib/deepep.py), moe.tbo as two overlapped micro-batches (plugins/cost/lib/tbo.py), moe.eplb
+    # (rebalance_every > 0) as EPLB's placement for the loads below (plugins/cost/lib/expert_load.py) --------------
+    expert_loads: str = "uniform"     # uniform | zipf | a JSON of recorded loads (moe_stats' `expert_load`)
+    zipf_exponent: float = 1.0        # zipf: popularity ~ 1 / rank^s; no published DeepSeek-V3 figure: a free knob
+    expert_load_seed: int = 0         # zipf: the experts' random order per layer
+    dense_dp: bool = False            # SGLang 2025's --moe-dense-tp-size 1: dense FFNs on each rank's own tokens
+    deepep_dispatch_fp8: bool = True  # DeepEP's measured setting: FP8 dispatch (+1 fp32 scale / 128), BF16 combine
+    deepep_normal_sms: int = 24       # SMs DeepEP's normal kernels hold (README: Buffer.set_num_sms(24)); under
+                                      # TBO the prefill GEMMs run on the rest (SGLang's deep_gemm_num_sms)
 
 
 def expected_touched(experts: int, top_k: int, tokens: float) -> float:
@@ -128,7 +141,8 @@ class RooflineCost(CostModel):
         self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
         # again and again: cache those parts per instance
-        for part in ("_projections", "_head", "_ffn", "_declared_comm"):
+        self._wide_ep(instance)
+        for part in ("_projections", "_head", "_ffn", "_declared_comm", "_moe_parts", "_tbo_layers"):
             setattr(self, part, lru_cache(maxsize=16384)(getattr(self, part)))
 
     # -- the step ------------------------------------------------------------------------------------------------
@@ -154,36 +168,134 @@ class RooflineCost(CostModel):
             # ranks wait for each other at every layer: the slowest batch sets each part's pace
             attn, head = (a if a > attn else attn), (h if h > head else head)
             kernels = max(kernels, ka * m.num_layers + kh)
-        ffn, kf = self._ffn(t_max, total)
+        dense_ffn, moe_ffn, kf = self._ffn(t_max, total)
+        ffn = dense_ffn + moe_ffn
+        decode = all(b.mode != "extend" for b in step.batches)
+        mode = deepep.mode_for(self.dispatch, decode) if self.deepep else ""
+        plan = self.moe_cls.overlap_plan(self.moe_cfg, t_max, decode) if step.collectives is None else None
         if step.collectives is None:
             comm, kc = self._declared_comm(tuple(sum(b.new_tokens) for b in step.batches),
-                                           tuple(len(b.new_tokens) for b in step.batches))
+                                           tuple(len(b.new_tokens) for b in step.batches), plan is None)
         else:
             comm = sum(c.count * self.rf.collective(c.kind, c.nbytes, c.ranks) for c in step.collectives)
             kc = sum(c.count for c in step.collectives)
-        gpu = m.num_layers * attn + ffn + head + comm
+        tbo_s = 0.0
+        if plan is not None and t_max > 1:                # two micro-batches through the MoE layers, comm inside
+            tbo_s, kt = self._tbo(step, mode, decode, plan["delta"], total)
+            gpu = m.first_k_dense_replace * attn + dense_ffn + head + comm + tbo_s
+            kernels += kt
+        else:
+            if mode:                                      # DeepEP's kernels instead of the declared all-to-all
+                comm += self.moe_layers * sum(self._deepep_s(mode, t_max))
+                kc += 2 * self.moe_layers
+            gpu = m.num_layers * attn + ffn + head + comm
         kernels += kf + kc
-        launch = 0.0 if step.graph else kernels * self.instance.hardware.launch_overhead_us * 1e-6
+        graph = step.graph and (not mode or deepep.graph_capturable(mode))   # normal DeepEP: never in a graph
+        launch = 0.0 if graph else kernels * self.instance.hardware.launch_overhead_us * 1e-6
         sched = scheduler_s(self.cfg, step)
-        forward, total = combine(self.cfg, gpu, launch, step.graph, sched, self.overlap, self.eager_floor)
+        forward, total = combine(self.cfg, gpu, launch, graph, sched, self.overlap, self.eager_floor)
         return {"attention_s": m.num_layers * attn, "ffn_s": ffn, "head_s": head, "comm_s": comm,
                 "launch_s": launch, "kernels": kernels, "gpu_s": gpu, "forward_s": forward, "scheduler_s": sched,
+                "tbo_moe_layers_s": tbo_s, "graph": float(graph), "moe_rank_imbalance": self.imbalance,
                 "total_s": total}
 
-    def _ffn(self, t_max: int, total: int) -> tuple[float, int]:
-        """Every dense FFN and MoE layer of a step whose largest batch has `t_max` tokens, `total` in all."""
+    # -- wide EP (issue 21) ----------------------------------------------------------------------------------------
+    def _wide_ep(self, instance: InstanceShape) -> None:
+        """What the MoE backend's config asks of the step: DeepEP's kernels, the placement's imbalance."""
+        cfg, m, lay = self.cfg, self.m, self.lay
+        _, _, self.moe_cls, self.moe_cfg = plugin_configs(instance)
+        self.dispatch = str(getattr(self.moe_cfg, "dispatch", ""))
+        self.deepep = self.dispatch in deepep.MODES and lay.moe_tokens == "local" and lay.size > 1
+        if self.deepep and self.dispatch == "deepep_auto" and lay.groups > 1:
+            raise ValueError("moe.dispatch=deepep_auto cannot run under DP attention: its DP groups would run normal "
+                             "(prefill) and low-latency (decode) kernels in one step (SGLang 2025; lmsys blog "
+                             "2025-05-05). Use deepep_normal or deepep_low_latency per phase, as PD disaggregation "
+                             "does")
+        if cfg.expert_loads not in SOURCES and not cfg.expert_loads.endswith(".json"):
+            raise ValueError(f"sim.cost.expert_loads={cfg.expert_loads!r} is not one of {', '.join(SOURCES)} or a "
+                             f"path to a .json of recorded loads")
+        if not 0 < cfg.deepep_normal_sms < instance.hardware.sm_count:
+            raise ValueError(f"sim.cost.deepep_normal_sms={cfg.deepep_normal_sms} must be in 1.."
+                             f"{instance.hardware.sm_count - 1} (hardware.sm_count)")
+        self.imbalance, self.slots_per_expert = 1.0, 1.0
+        slots = self.moe_cls.expert_slots(self.moe_cfg, m.n_routed_experts, lay.size) if m.n_routed_experts else None
+        if not slots or lay.size == 1:
+            return
+        self.slots_per_expert = len(slots) / m.n_routed_experts
+        loads = layer_loads(cfg.expert_loads, m.n_routed_experts, m.num_experts_per_tok, self.moe_layers,
+                            cfg.zipf_exponent, cfg.expert_load_seed) or [[1.0] * m.n_routed_experts]
+        eplb = getattr(getattr(self.moe_cfg, "eplb", None), "rebalance_every", 0) > 0
+        per_layer = [rank_imbalance(row, rebalance(row, len(slots), lay.size) if eplb else slots, lay.size)
+                     for row in loads]
+        self.imbalance = sum(per_layer) / len(per_layer)   # the slowest rank paces each layer: their mean
+
+    def _deepep_s(self, mode: str, tokens: int) -> tuple[float, float]:
+        """(dispatch, combine) seconds of one layer on the busiest rank (its receive scales with the imbalance)."""
+        hw, m, fp8 = self.instance.hardware, self.m, self.cfg.deepep_dispatch_fp8
+        if mode == "deepep_normal":
+            d, c = deepep.normal_s(tokens, self.lay.size, hw.gpus_per_node, m, fp8, self.act)
+        else:
+            d, c = deepep.low_latency_s(tokens, self.lay.size, m, fp8, self.act)
+        return d * self.imbalance, c * self.imbalance
+
+    def _tbo(self, step: Step, mode: str, decode: bool, delta: int, total: int) -> tuple[float, int]:
+        """The MoE layers as two micro-batches of the largest batch (the slowest group paces every layer); every
+        group splits alike, so a micro-batch's experts serve its share of the step's `total` tokens."""
+        b = max(step.batches, key=lambda b: sum(b.new_tokens))
+        return self._tbo_layers(_split(b, decode), mode, decode, delta, sum(b.new_tokens), total)
+
+    def _tbo_layers(self, halves: tuple, mode: str, decode: bool, delta: int, t_max: int,
+                    total: int) -> tuple[float, int]:
+        layers, kernels = [], 0
+        slow = 1.0
+        if mode == "deepep_normal":                       # the GEMMs share the SMs with DeepEP's normal kernels
+            sms = self.instance.hardware.sm_count
+            slow = sms / (sms - self.cfg.deepep_normal_sms)
+        for half in halves:
+            t = sum(half.new_tokens)
+            normal = half.mode == "extend" and not any(half.prefix)
+            proj, kp = self._projections(t, normal)
+            attn, ka = self._attention(half, t)
+            lay = self.lay
+            if lay.moe_tokens == "all":                   # as _ffn lays the tokens out, for this micro-batch
+                t_in = t_routed = lay.groups * t
+            else:
+                t_in = t if lay.groups > 1 else -(-t // lay.size)
+                t_routed = round(total * t / t_max)
+            gate, routed, add, shared = self._moe_parts(t_in, t_routed)
+            if mode:
+                dispatch, comb = self._deepep_s(mode, t)
+            else:                                         # the backend's own collectives, split at the dispatch
+                cs = self.moe_cls.layer_comm(self.moe_cfg, self.m, [t] * self.lay.size)
+                times = [self.rf.collective(c.kind, c.bytes, len(c.ranks)) for c in cs]
+                dispatch, comb = sum(times[:-1]), sum(times[-1:])
+            build = decode_layer if decode else prefill_layer
+            layers.append(build(proj * slow, (attn - proj) * slow, gate[0] * slow, shared[0] * slow,
+                                (routed[0] + add[0]) * slow, dispatch, comb))
+            kernels += self.moe_layers * (ka + gate[1] + routed[1] + add[1] + shared[1])
+        return overlapped_s((layers[0], layers[1]), self.moe_layers, delta), kernels
+
+    def _ffn(self, t_max: int, total: int) -> tuple[float, float, int]:
+        """(dense FFN seconds, MoE seconds, kernels) of a step whose largest batch has `t_max` tokens, `total` in
+        all."""
         lay, m = self.lay, self.m
         gathered = lay.groups * t_max                     # padded to the largest batch (SGLang v0.4's all-gather)
-        dense, kd = self._dense(gathered)
+        if self.cfg.dense_dp and lay.groups > 1:          # each rank its own tokens, the whole dense FFN
+            dense, kd = self._mlp(t_max, m.intermediate_size / lay.attn_tp)
+        else:
+            dense, kd = self._dense(gathered)
         if lay.moe_tokens == "all":
             moe, km = self._moe(gathered, gathered)
         else:                                             # each rank passes its own tokens; its experts get theirs
             moe, km = self._moe(t_max if lay.groups > 1 else -(-t_max // lay.size), total)
         n_dense = m.first_k_dense_replace
-        return n_dense * dense + self.moe_layers * moe, n_dense * kd + self.moe_layers * km
+        return n_dense * dense, self.moe_layers * moe, n_dense * kd + self.moe_layers * km
 
-    def _declared_comm(self, tokens: tuple[int, ...], reqs: tuple[int, ...]) -> tuple[float, int]:
-        collectives = declared_collectives(self.instance, self.lay, tokens, reqs)
+    def _declared_comm(self, tokens: tuple[int, ...], reqs: tuple[int, ...], moe: bool = True) -> tuple[float, int]:
+        """The plugins' declared collectives; without the MoE backend's own when DeepEP's kernels or two-batch
+        overlap price them (`moe` False), without the dense layers' under dense_dp."""
+        collectives = declared_collectives(self.instance, self.lay, tokens, reqs, moe_comm=moe and not self.deepep,
+                                           dense_comm=not (self.cfg.dense_dp and self.lay.groups > 1))
         return (sum(c.count * self.rf.collective(c.kind, c.nbytes, c.ranks) for c in collectives),
                 sum(c.count for c in collectives))
 
@@ -247,12 +359,18 @@ class RooflineCost(CostModel):
     def _moe(self, t_in: int, t_routed: int) -> tuple[float, int]:
         """One MoE layer on a rank whose backend takes `t_in` tokens and whose experts serve `t_routed` tokens' picks
         (the same unless an all-to-all backend brings each rank the tokens routed to its experts)."""
+        parts = self._moe_parts(t_in, t_routed)
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def _moe_parts(self, t_in: int, t_routed: int) -> tuple:
+        """(gate, routed experts, weighted sum, shared experts) as (seconds, kernels) each. The busiest rank's
+        experts run `imbalance` times the mean's pairs, over its slots (replicas included)."""
         m, lay, rf = self.m, self.lay, self.rf
         e, k = m.n_routed_experts, m.num_experts_per_tok
         gate = _total(self._gemm(t_in, e, m.hidden_size, quantized=False),
                       rf.memop("act", t_in * e * 4))                        # logits, then the fp32 top-k
-        assigned = t_routed * k / lay.expert_split
-        touched = expected_touched(e, k, t_routed) / lay.expert_split
+        assigned = t_routed * k / lay.expert_split * self.imbalance
+        touched = expected_touched(e, k, t_routed) / lay.expert_split * self.slots_per_expert
         inter = m.moe_intermediate_size / lay.inter_split
         routed = (self._mlp(assigned / touched, inter, batch=touched, assigned=assigned, tokens_in=t_routed)
                   if touched else (0.0, 0))
@@ -261,14 +379,22 @@ class RooflineCost(CostModel):
         if m.n_shared_experts:
             sliced = lay.size if lay.moe_partial else 1
             shared = self._mlp(t_in, m.n_shared_experts * m.moe_intermediate_size / sliced)
-        parts = (gate, routed, combine, shared)
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        return gate, routed, combine, shared
 
     def _head(self, t: int, reqs: int) -> tuple[float, int]:
         """Embedding, final norm, lm_head on each request's last token (vocabulary split across attention TP)."""
         m, rf, a = self.m, self.rf, self.act
         return _total(rf.memop("emb", 2 * t * m.hidden_size * a), rf.memop("rmsnorm", 2 * t * m.hidden_size * a),
                       self._gemm(reqs, m.vocab_size / self.lay.attn_tp, m.hidden_size, quantized=False))
+
+    def kv_link(self, intra_node: bool) -> tuple[float, float]:
+        """A KV transfer's link (prefill/decode disaggregation): the spec-sheet bandwidth at the fitted point-to-point
+        efficiency and latency (the fit's send_recv between 2 ranks, nccl-tests on the profiled machine: NVLink
+        inside a node, the NICs between nodes); the contract's default where the fit has no such term."""
+        table = (self.rf.fit.intra_node if intra_node else self.rf.fit.inter_node).get("send_recv", {})
+        bandwidth, latency = super().kv_link(intra_node)
+        term = table.get(2) or (table[min(table)] if table else None)
+        return (bandwidth * term.bus_eff, term.latency_us * 1e-6) if term else (bandwidth, latency)
 
     def _gemm(self, t: float, n: float, k: float, batch: float = 1.0, quantized: bool = True,
               eff: float = 1.0, quant_rows: float | None = None) -> float:
@@ -282,3 +408,27 @@ class RooflineCost(CostModel):
             rows = t * batch if quant_rows is None else quant_rows
             time += self.rf.memop("act", rows * k * (self.act + 1))
         return time
+
+
+def _split(b: BatchShape, decode: bool) -> tuple[BatchShape, BatchShape]:
+    """A batch as SGLang's two-batch overlap cuts it: decode halves the requests; extend cuts the sequences where the
+    halves' tokens differ least, and when one sequence holds most of them, that sequence's tokens in two."""
+    n = len(b.new_tokens)
+    if n >= 2 and decode:                   # the context split in proportion (a decode batch is priced by its sum)
+        cut, context = n // 2, sum(b.prefix)
+        first = context * cut // n
+        return (BatchShape("decode", (1,) * cut, (first,) + (0,) * (cut - 1)),
+                BatchShape("decode", (1,) * (n - cut), (context - first,) + (0,) * (n - cut - 1)))
+    if n >= 2:
+        if decode:
+            cut = n // 2
+        else:
+            total, left, cut, best = sum(b.new_tokens), 0, 1, float("inf")
+            for i in range(1, n):
+                left += b.new_tokens[i - 1]
+                if abs(2 * left - total) < best:
+                    cut, best = i, abs(2 * left - total)
+        return (BatchShape(b.mode, b.new_tokens[:cut], b.prefix[:cut]),
+                BatchShape(b.mode, b.new_tokens[cut:], b.prefix[cut:]))
+    a = (b.new_tokens[0] + 1) // 2
+    return (BatchShape(b.mode, (a,), b.prefix), BatchShape(b.mode, (b.new_tokens[0] - a,), (b.prefix[0] + a,)))

@@ -57,6 +57,11 @@ class Dispatch(enum.StrEnum):
     """How tokens reach their experts' ranks (`moe.dispatch`)."""
     all_to_all = "all_to_all"   # each to the ranks owning its experts, and back
     all_reduce = "all_reduce"   # SGLang v0.4: every rank sees every token, a sum over ranks combines
+    # SGLang 2025's DeepEP (--deepep-mode normal | low_latency | auto): run here as all_to_all (same tokens, same
+    # logits); mode=sim prices DeepEP's kernels and their CUDA-graph rule (plugins/cost/lib/deepep.py)
+    deepep_normal = "deepep_normal"
+    deepep_low_latency = "deepep_low_latency"
+    deepep_auto = "deepep_auto"
 
 
 DISPATCHES = tuple(d.value for d in Dispatch)
@@ -145,7 +150,7 @@ class EPMoE(MoEBackend):
     def layout(cls, cfg, size: int) -> tuple[str, bool]:
         if cfg.dispatch not in DISPATCHES:
             raise ValueError(f"moe.dispatch={cfg.dispatch!r} is not one of {', '.join(DISPATCHES)}")
-        return ("local", False) if cfg.dispatch == Dispatch.all_to_all else ("all", size > 1)
+        return ("local", False) if cfg.dispatch != Dispatch.all_reduce else ("all", size > 1)
 
     @classmethod
     def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:
@@ -166,7 +171,7 @@ class EPMoE(MoEBackend):
         pair), sized for the rank that sends the most; all_reduce: none of its own. Under moe.tbo each micro-batch
         makes the three (plugins/moe/lib/tbo.py: moe_plan says how they overlap)."""
         size = len(tokens)
-        if cfg.dispatch != Dispatch.all_to_all or size == 1:
+        if cfg.dispatch == Dispatch.all_reduce or size == 1:
             return []
         m = model_cfg
         ranks, row = tuple(range(size)), m.hidden_size * m.itemsize
@@ -183,7 +188,7 @@ class EPMoE(MoEBackend):
     def overlap_plan(cls, cfg, tokens: int, decode: bool) -> dict | None:
         """Under moe.tbo, the micro-batches and stages of the all-to-all layer; the offset is SGLang's for the mode
         (decode 2, prefill 0) unless moe.tbo_delta_stages fixes one, as the real path runs it."""
-        if not cfg.tbo or cfg.dispatch != Dispatch.all_to_all:
+        if not cfg.tbo or cfg.dispatch == Dispatch.all_reduce:
             return None
         d = cfg.tbo_delta_stages
         plan = overlap.moe_plan(tokens, overlap.delta_stages(decode) if d is None else d)
