@@ -19,7 +19,8 @@ SCHEME = "scheme_keys"   # the keys of the parallelism plugin's describe() (what
 STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
                "kv_capacity_tokens_instance")
 GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
-GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps")              # one scheduler per DP group
+GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps",             # one scheduler per DP group
+                  "cache_hit_tokens", "cache_prefill_tokens")
 RANK_COUNTERS = ("idle_steps", "skipped_idle_steps", "schedule_s", "forward_s")   # every rank's own
 # the same on every rank: rank 0's (graph counters: every rank replays the same steps; under DP attention the eager
 # reason is rank 0's own, e.g. `disagree` where the rank in extend counts `mode`)
@@ -38,7 +39,7 @@ def rank_snapshot(scheduler, scheme: dict, rank: int, dp_rank: int, leads: bool,
             "kv_capacity_tokens_per_rank": s.pool.capacity, "kv_used_tokens": s.pool.used(),
             "cache_tokens": s.cache.total_size(), "kv_bytes_per_token_per_rank": memory.kv_bytes_per_token,
             "kv_sizing": memory.sizing, "weight_bytes_per_rank": memory.weight_bytes_total,
-            "requests": requests, **s.stats, **counters,
+            "requests": requests, **s.stats, **counters, "hit_rate_points": list(s.hit_log.points),
             "expert_counts": expert_counts or {}, "expert_counts_local": expert_counts_local}
 
 
@@ -61,14 +62,17 @@ def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[s
         **{k: sum(r[k] for r in ranks) for k in RANK_COUNTERS},
         **{k: first[k] for k in STEP_COUNTERS},
         "requests_per_rank": [r["requests"] for r in ranks],
+        "hit_rate_points": [r.get("hit_rate_points", []) for r in leaders],     # one series per scheduler
         "expert_counts": combine_rank_counts([(r["expert_counts"], r["expert_counts_local"]) for r in ranks]),
     })
     return out
 
 
-def engine_figures(before: list[dict], after: list[dict]) -> dict[str, Any]:
+def engine_figures(before: list[dict], after: list[dict], start: float | None = None) -> dict[str, Any]:
     """results.json's engine keys for instances of one config: `after[i]` and `before[i]` are instance i's stats at
-    the end and at the start of the run ({} for a fresh instance). The largest batch is since the instance started."""
+    the end and at the start of the run ({} for a fresh instance). The largest batch is since the instance started.
+    `start`: when the run began on the engines' clock (hit-rate series times count from it; default: from the
+    run's first prefill)."""
     pairs = [(b, a) for b, a in zip(before, after) if "kv_sizing" in a]   # not a failed or external server
     if not pairs:
         return {}
@@ -86,7 +90,79 @@ def engine_figures(before: list[dict], after: list[dict]) -> dict[str, Any]:
         [n - m for n, m in zip(a["requests_per_rank"], b.get("requests_per_rank", [0] * len(a["requests_per_rank"])))]
         for b, a in pairs))]
     out.update(load_stats(_expert_deltas(pairs), first.get("parallel_size", 1)))
+    out.update(hit_rate_figures(pairs, start))
     return out
+
+
+class HitRateLog:
+    """SGLang v0.4's cache hit rate, as Scheduler.log_prefill_stats computes it (tree_cache_metrics): per scheduler,
+    cumulative since it started, token-weighted: the prompt tokens its prefill batches found cached over those plus
+    the tokens they ran. A request's first chunk counts its cached prefix, a later chunk none (PrefillAdder's
+    add_being_chunked_req), a retracted request counts again when it is prefilled again. The counters live in the
+    scheduler's `stats` (cache_hit_tokens, cache_prefill_tokens, the latter without the hits); `points` samples
+    (time, hit, hit + prefill) at the end of a prefill step (SGLang logs as the batch forms, one step earlier),
+    thinned to at most MAX_POINTS by keeping every other point."""
+    MAX_POINTS = 256
+
+    def __init__(self, stats: dict):
+        self.stats, self.points = stats, []
+        self._due, self._count, self._every = False, 0, 1
+
+    def prefill(self, reqs, continued) -> None:
+        """A prefill batch formed of `reqs`; `continued`: the request whose next chunk it runs (or None)."""
+        self.stats["cache_hit_tokens"] += sum(len(r.prefix_indices) for r in reqs if r is not continued)
+        self.stats["cache_prefill_tokens"] += sum(r.extend_input_len for r in reqs)
+        self._due = True
+
+    def stamp(self, now: float) -> None:
+        """The prefill step ended at `now`: sample the counters."""
+        if not self._due:
+            return
+        self._due, self._count = False, self._count + 1
+        if self._count % self._every:
+            return
+        hit = self.stats["cache_hit_tokens"]
+        self.points.append((now, hit, hit + self.stats["cache_prefill_tokens"]))
+        if len(self.points) > self.MAX_POINTS:
+            self.points, self._every = self.points[1::2], self._every * 2
+
+
+def _rate(hit: float, total: float) -> float:
+    return hit / total if total else 0.0
+
+
+def hit_rate_figures(pairs: list[tuple[dict, dict]], start: float | None) -> dict[str, Any]:
+    """SGLang's hit rate at the end of the run (all schedulers' tokens together, and per instance: cumulative since
+    each started, as SGLang's log shows it, warm-up and earlier runs on the same instances included), the same over
+    this run's prefills only (`_run`), and over time: per instance, one [[t_s, rate], ...] per scheduler."""
+    if not all("cache_hit_tokens" in a for _, a in pairs):
+        return {}
+    hit = sum(a["cache_hit_tokens"] for _, a in pairs)
+    total = hit + sum(a["cache_prefill_tokens"] for _, a in pairs)
+    if start is None:                     # the run's first prefill: the first point newer than every `before` one
+        old = max((p[0] for b, _ in pairs for s in b.get("hit_rate_points", []) for p in s), default=float("-inf"))
+        new = [p[0] for _, a in pairs for s in a["hit_rate_points"] for p in s if p[0] > old]
+        start = min(new, default=0.0)
+    run_hit = hit - sum(b.get("cache_hit_tokens", 0) for b, _ in pairs)       # this run's own tokens only
+    run_total = total - sum(b.get("cache_hit_tokens", 0) + b.get("cache_prefill_tokens", 0) for b, _ in pairs)
+    return {"sglang_cache_hit_rate": _rate(hit, total), "sglang_cache_hit_rate_run": _rate(run_hit, run_total),
+            "sglang_cache_hit_rate_per_instance": [
+                _rate(a["cache_hit_tokens"], a["cache_hit_tokens"] + a["cache_prefill_tokens"]) for _, a in pairs],
+            "sglang_cache_hit_rate_series": [[[[t - start, _rate(h, n)] for t, h, n in s] for s in a["hit_rate_points"]]
+                                             for _, a in pairs]}
+
+
+def crossing_time(series: list[list[float]], level: float) -> float | None:
+    """The first time a [[t, rate], ...] series reaches `level`, linearly between samples (None: never)."""
+    prev = None
+    for t, rate in series:
+        if rate >= level:
+            if prev is None or prev[1] >= level:
+                return t
+            (t0, r0) = prev
+            return t0 + (t - t0) * (level - r0) / (rate - r0)
+        prev = (t, rate)
+    return None
 
 
 def _expert_deltas(pairs: list[tuple[dict, dict]]) -> dict[int, list[int]]:

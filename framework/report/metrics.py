@@ -59,7 +59,24 @@ def summarize(records: list[RequestRecord], duration_s: float, slo=None) -> dict
         **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
         **_stats("itl", [gap for r in ok for gap in r.itl_s]),
         **_stats("e2e", [r.e2e_s for r in ok]),
+        "bench_serving": bench_serving_figures(ok, duration_s),
     }
+
+
+def bench_serving_figures(ok: list[RequestRecord], duration_s: float) -> dict[str, float]:
+    """The figures SGLang v0.4's bench_serving prints and writes, under its names and definitions (calculate_metrics):
+    `duration` from the first send (after its warm-up request) to the last request's end; `total_input_tokens` the
+    completed requests' prompt tokens, `total_output_tokens` their output tokens; each throughput is its total over
+    `duration`, `total_throughput` input plus output. One difference stays: the prompt tokens here are the server's
+    count (its BOS included), where bench_serving counts its client's (random: the nominal input_len;
+    generated-shared-prefix: tokenizer.encode(prompt), which adds the BOS itself)."""
+    d = max(duration_s, 1e-9)
+    total_input = sum(r.prompt_tokens for r in ok)
+    total_output = sum(r.completion_tokens for r in ok)
+    return {"duration": duration_s, "completed": len(ok), "total_input_tokens": total_input,
+            "total_output_tokens": total_output, "request_throughput": len(ok) / d, "input_throughput": total_input / d,
+            "output_throughput": total_output / d, "total_throughput": (total_input + total_output) / d,
+            "concurrency": sum(r.e2e_s for r in ok) / d}
 
 
 def failure_summary(records: list[RequestRecord]) -> str | None:
