@@ -116,9 +116,7 @@ class Cluster:
         # each prefill instance's bootstrap port (where decode instances ask it for a room's KV)
         self.bootstrap_ports = {i: p for i, p in zip([i for i, r in enumerate(self.roles) if r is Role.prefill],
                                                      free_ports(self.service.host, self.roles.count(Role.prefill)))}
-        if Role.prefill in self.roles and self.service.impl is not RouterImpl.sglang:
-            raise ClusterError("cluster.roles with prefill and decode instances needs a P/D router: router.impl=sglang "
-                               "(sglang-router --pd-disaggregation); servelab's router does not route pairs yet")
+        # (servelab's router learns the roles from each worker's /server_info; sglang-router is told them: pd_workers)
         self.kv_block_size = kv_block_size(cc, self.policy_cfg)
         if cc.startup_timeout_s <= 0:
             raise ClusterError(f"cluster.startup_timeout_s={cc.startup_timeout_s} must be > 0")

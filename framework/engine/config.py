@@ -64,6 +64,7 @@ class EngineConfig:
     disaggregation_host: str = "127.0.0.1"      # the address this instance's transfer endpoints are reached at
     disaggregation_layerwise: bool = False      # true: one transfer per layer; false: one per request
     disaggregation_decode_prefix_reuse: bool = False   # decode: receive only what its radix cache lacks (servelab)
+    disaggregation_local_prefill: bool = False   # decode: serve a request without bootstrap fields whole (servelab)
     disaggregation_timeout_s: float = 60.0      # a room unpaired, or a transfer unanswered, this long fails
 
     def validate(self) -> None:

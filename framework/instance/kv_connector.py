@@ -175,6 +175,8 @@ class KVConnector:
                 **self.disagg.stats()}
         if self.role is Role.prefill:
             info["disaggregation_bootstrap_port"] = self.bootstrap_port
+        else:   # what a P/D router's decider may send it: a request without a pairing, prefilled here
+            info["disaggregation_local_prefill"] = self.engine.cfg.disaggregation_local_prefill
         return info
 
     def poll(self) -> list:

@@ -73,6 +73,11 @@ class WorkerState:
     failures: int = 0  # breaker failures: connection errors, 5xx but 503/504
     last_health_error: str | None = None
     endpoints: dict = field(default_factory=dict)  # the driver's own per-worker cache (the HTTP router's parsed URLs)
+    # P/D disaggregation (GET /server_info): mixed | prefill | decode, None until asked; a prefill's bootstrap port;
+    # whether a decode worker serves a request without bootstrap fields itself (engine.disaggregation_local_prefill)
+    role: str | None = None
+    bootstrap_port: int | None = None
+    local_prefill: bool = False
     clock: Callable[[], float] = time.monotonic  # the router's (``describe``'s default time)
 
     @property

@@ -239,10 +239,14 @@ class WorkerServer:
         fields, role = req.bootstrap(), self.role
         if role == "mixed":
             return None, params
+        if fields is None and role == "decode" and self.engine.stats().get("disaggregation_local_prefill"):
+            return None, params           # a P/D router's decider chose local prefill: served as on a mixed one
         if fields is None:
             raise ApiError(400, f"this worker serves the {role} role of disaggregated serving: a request needs "
                                 f"bootstrap_host, bootstrap_port and bootstrap_room (send it through a P/D router, "
-                                f"e.g. sglang-router --pd-disaggregation)", param="bootstrap_room")
+                                f"e.g. sglang-router --pd-disaggregation; a decode worker started with "
+                                f"engine.disaggregation_local_prefill=true serves one without them)",
+                                param="bootstrap_room")
         host, port, room = fields
         if role == "prefill":
             params = dataclasses.replace(params, max_new_tokens=1)

@@ -62,6 +62,13 @@ class RouterServiceConfig:
     tls_key_path: Optional[str] = None
     cors_allowed_origins: list[str] = field(default_factory=list)  # origins (or "*") browsers may call from
     request_id_headers: list[str] = field(default_factory=list)  # where a client's request id is; []: SGLang's list
+    # prefill/decode disaggregation (pd.py; framework/routing/pairs.py): each worker's role comes from its
+    # GET /server_info; with prefill and decode workers every request goes to a pair, or, per the decider, to a
+    # decode worker alone (one started with engine.disaggregation_local_prefill=true)
+    pd_decider: str = "always"              # always (sglang-router's) | decode_first (llm-d) | conditional (Dynamo)
+    pd_local_prefill_max_tokens: int = 256  # decode_first, conditional: up to this many uncached tokens prefill locally
+    pd_max_prefill_queue: int = 2           # conditional: remote only while a prefill worker has fewer in flight
+    pd_bytes_per_token: float = 1.0         # the prompt's tokens from its text when the client sent no ids (byte model)
 
     def validate(self) -> None:
         problems = []
@@ -90,6 +97,13 @@ class RouterServiceConfig:
             parse_control_keys(self.control_plane_api_keys)
         except ValueError as e:
             problems.append(str(e))
+        from framework.routing.pairs import DECIDERS
+        if self.pd_decider not in DECIDERS:
+            problems.append(f"router.pd_decider={self.pd_decider!r}: one of {', '.join(DECIDERS)}")
+        if self.pd_local_prefill_max_tokens < 0 or self.pd_max_prefill_queue < 0 or self.pd_bytes_per_token <= 0:
+            problems.append(f"router.pd_local_prefill_max_tokens and router.pd_max_prefill_queue must be >= 0 and "
+                            f"router.pd_bytes_per_token > 0, got {self.pd_local_prefill_max_tokens}, "
+                            f"{self.pd_max_prefill_queue} and {self.pd_bytes_per_token}")
         if self.breaker_failure_threshold < 1:
             problems.append(f"router.breaker_failure_threshold must be >= 1, got {self.breaker_failure_threshold}")
         if problems:

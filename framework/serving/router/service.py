@@ -8,6 +8,8 @@ streams go chunk by chunk. Why not aiohttp: experiments/bench_router (the same p
 sglang-router's CPU per request). ``create_router_app`` runs the same handling behind an aiohttp app
 (aiohttp_shell.py), for code that embeds the router in one. In front of the forwarding, the front door
 (docs/router-security.md): request ids, CORS, API keys (security.py), admission control (admission.py).
+With prefill and decode workers (their roles from GET /server_info) every request goes to a pair, as sglang-router's
+P/D mode sends it (pd.py; the pair and the per-request decider: framework/routing/pairs.py).
 
 Reliability, beyond SGLang router 0.1.0 (docs/fidelity.md, "Router"):
 
@@ -57,6 +59,7 @@ from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.control import ControlEndpoints, Membership
 from framework.serving.router.events import USAGE_TAIL, WorkerEvents, parse_usage
 from framework.serving.router.health import WaitTimer, WorkerTimeout, describe_error, normalize_worker_url, run_every
+from framework.serving.router.pd import PairRouting
 from framework.serving.router.security import Guard, parse_control_keys
 from framework.serving.router.server import Answering, Headers, HttpServer, Request, server_ssl_context, start_server
 from framework.serving.router.stats import router_registry
@@ -129,6 +132,7 @@ class Router:
         self.control = ControlEndpoints(self.core, self.membership, self.events, self.registry, self._session,
                                         self.guard, self.admission)
         self._removals = self.membership.removals
+        self.pd = PairRouting(self)  # prefill/decode workers: requests go to pairs (pd.py)
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
         self._origins: dict[str, _Origin] = {}
@@ -161,6 +165,7 @@ class Router:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.pd.close()
         await self.events.close()
         self.pool.close()
         if self.session is not None:
@@ -185,9 +190,12 @@ class Router:
 
     async def check_health(self) -> None:
         await self.membership.check_health()
+        await self.pd.discover()  # the role of each worker that came up (GET /server_info)
 
     async def add_worker(self, url: str) -> WorkerState:
-        return await self.membership.add_worker(url)
+        state = await self.membership.add_worker(url)
+        await self.pd.discover()
+        return state
 
     async def remove_worker(self, url: str) -> dict:
         return await self.membership.remove_worker(url)
@@ -288,6 +296,9 @@ class Router:
             self.stats.outcomes[route, "invalid_request" if call is None else call.outcome] += 1
 
     async def _forward(self, req: Request, conn: Answering, call: _Call) -> None:
+        if self.pd.active:  # prefill and decode workers: each request to a pair
+            await self.pd.forward(req, conn, call)
+            return
         call.outcome = "no_worker"
         failed = None
         while (plan := self._next(call, failed)) is not None:
