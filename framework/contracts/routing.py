@@ -118,6 +118,9 @@ class RoutingPolicy(abc.ABC):
     sglang_ignores: ClassVar[tuple[str, ...]] = ()  # Config fields SGLang's router has no flag for (sglang_args)
     accuracy: dict[str, int] | None = None  # a policy's own account of its estimates beside what the workers reported
     last_pair: tuple[RoutingDecision, RoutingDecision] | None = None  # select_pair's (prefill, decode) decisions
+    # The role select() picks for: None, or "prefill"/"decode" inside select_pair. sglang-router keeps one policy per
+    # role; a policy whose state is a position over its candidates (round robin) keeps one per role by this key.
+    role: str | None = None
 
     def __init__(self, cfg: Any = None, seed: int = 0):
         self.cfg = cfg if cfg is not None else self.Config()
@@ -181,13 +184,18 @@ class RoutingPolicy(abc.ABC):
         """Prefill/decode disaggregation: a (prefill, decode) pair for ``request``, each counted in flight; after it,
         ``last_pair`` holds the two decisions. Default: one ``select`` over each role's workers (sglang-router's P/D
         mode), so every policy routes pairs unchanged; a policy that weighs the pair together overrides it."""
-        prefill = self.select(request, prefill_workers)
-        first = self.last_decision
         try:
-            decode = self.select(request, decode_workers)
-        except BaseException:
-            self.on_request_done(prefill)  # no pair: the prefill half is not sent
-            raise
+            self.role = "prefill"
+            prefill = self.select(request, prefill_workers)
+            first = self.last_decision
+            try:
+                self.role = "decode"
+                decode = self.select(request, decode_workers)
+            except BaseException:
+                self.on_request_done(prefill)  # no pair: the prefill half is not sent
+                raise
+        finally:
+            self.role = None
         self.last_pair = (first, self.last_decision)
         return prefill, decode
 

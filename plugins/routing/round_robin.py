@@ -19,13 +19,14 @@ class RoundRobinRouting(RoutingPolicy):
 
     def __init__(self, cfg: RoundRobinConfig | None = None, seed: int = 0):
         super().__init__(cfg, seed)
-        self._next = 0
+        self._next: dict[str | None, int] = {}  # per role (select_pair), as sglang-router's policy per role
 
     @classmethod
     def sglang_args(cls, cfg: RoundRobinConfig) -> list[str]:
         return ["--policy", "round_robin"]
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
-        worker = candidates[self._next % len(candidates)]
-        self._next += 1
+        n = self._next.get(self.role, 0)
+        worker = candidates[n % len(candidates)]
+        self._next[self.role] = n + 1
         return RoutingDecision(worker, 0, len(request.text), "round_robin")

@@ -36,6 +36,18 @@ def test_the_default_select_pair_takes_one_worker_of_each_role_and_counts_both(k
     assert sum(policy.loads.values()) == 12
 
 
+def test_round_robin_turns_on_each_side_as_sglang_routers_policy_per_role():
+    """One counter for both selects of a pair would move twice per pair and always land on the same prefill worker
+    of two; sglang-router keeps a policy per role, so each side turns on its own."""
+    cls = ROUTING.get("round_robin")
+    policy = cls(cls.Config())
+    for w in PREFILL + DECODE:
+        policy.add_worker(w)
+    pairs = [policy.select_pair("x", PREFILL, DECODE) for _ in range(4)]
+    assert pairs == [(PREFILL[i % 2], DECODE[i % 2]) for i in range(4)]
+    assert [policy.select("x") for _ in range(2)] == [PREFILL[0], PREFILL[1]]  # a plain select: its own turn
+
+
 def test_the_deciders_branches():
     assert remote_prefill(ALWAYS, 0, 100, 9, 1)
     assert not remote_prefill(DECODE_FIRST, 100, 100, 0, 1) and remote_prefill(DECODE_FIRST, 101, 100, 9, 1)
