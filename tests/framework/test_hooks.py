@@ -44,7 +44,7 @@ def test_a_cost_model_describes_itself(cost, hardware):
 
 
 @pytest.mark.parametrize("override, allowed", [
-    ("moe=ep moe.dispatch=bogus", "[all_to_all, all_reduce]"),
+    ("moe=ep moe.dispatch=bogus", "[all_to_all, all_reduce, "),   # + DeepEP's modes (priced in mode=sim)
     ("moe=triton_fused moe.kernel=cuda", "[auto, triton, torch]"),
     ("engine.schedule_policy=random", "[fcfs, lpm]"),
     ("engine.device=tpu", "[auto, cpu, cuda]"),

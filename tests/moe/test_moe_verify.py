@@ -21,6 +21,8 @@ from plugins.moe.triton_fused import TritonFusedConfig
 ATOL = 1e-4
 MOE_CASES = {"reference": MoEConfig(), "triton_fused": TritonFusedConfig(), "ep_all_to_all": EPConfig(),
              "ep_all_reduce": EPConfig(dispatch="all_reduce"),
+             # DeepEP's modes run as all_to_all here (mode=sim prices DeepEP's kernels): the same logits
+             "ep_deepep_low_latency": EPConfig(dispatch="deepep_low_latency"),
              # replicas anywhere, EPLB re-placing them every 4 forwards of a layer, two-batch overlap in SGLang's
              # stage order by phase (decode steps lag two stages, prefill steps none)
              "ep_placed_tbo": EPConfig(num_redundant_experts=2, placement="shuffled", eplb=EPLBConfig(rebalance_every=4),
