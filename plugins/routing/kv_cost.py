@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
-from plugins.routing.lib.kv_policy import Credit, KvViewConfig, KvViewPolicy
+from plugins.routing.lib.kv_policy import KvViewConfig, KvViewPolicy
 
 
 @dataclass
@@ -53,7 +53,7 @@ class KvCostRouting(KvViewPolicy):
         """(cost per candidate, leading blocks each holds) for the request's ``RequestBlocks``."""
         b, n = self.cfg.block_size, len(req.tokens)
         blocks = -(-n // b)
-        matched = self.view.match(req.keys, candidates)
+        matched = self.view.match(req.keys, candidates, req.continued)
         w8 = self.cfg.overlap_score_weight
         cost = {w: w8 * (n - self.estimate(matched[w], n) + self.prefill_tokens.get(w, 0)) / b
                 + self.active_blocks.get(w, 0) + blocks for w in candidates}
@@ -68,9 +68,10 @@ class KvCostRouting(KvViewPolicy):
         else:
             worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
         held = self.estimate(matched[worker], n)
-        credit = Credit(self.credit(worker, req, matched[worker]), n - held, -(-n // self.cfg.block_size))
-        self.active_blocks[worker] = self.active_blocks.get(worker, 0) + credit.blocks
-        return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap", credit)
+        blocks = -(-n // self.cfg.block_size)
+        self.active_blocks[worker] = self.active_blocks.get(worker, 0) + blocks
+        return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap",
+                             self.credit(worker, req, matched[worker]), n - held, blocks)
 
     def _sample(self, cost: dict[str, float], candidates: list[str]) -> str:
         lo, hi = min(cost.values()), max(cost.values())

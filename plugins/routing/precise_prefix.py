@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
-from plugins.routing.lib.kv_policy import Credit, KvViewConfig, KvViewPolicy
+from plugins.routing.lib.kv_policy import KvViewConfig, KvViewPolicy
 
 
 
@@ -136,9 +136,9 @@ class PrecisePrefixRouting(KvViewPolicy):
         cfg, loads = self.cfg, self.loads
         req = self.blocks(request)
         n = len(req.tokens)
-        matched = self.view.match(req.keys, candidates)
-        lo = min(loads[w] for w in candidates)
-        hi = max(loads[w] for w in candidates)
+        matched = self.view.match(req.keys, candidates, req.continued)
+        counts = [loads[w] for w in candidates]
+        lo, hi = min(counts), max(counts)
         session = self._session_worker(req.keys, candidates) if cfg.session_affinity else None
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             worker, reason = min(candidates, key=loads.__getitem__), "balance"
@@ -168,32 +168,25 @@ class PrecisePrefixRouting(KvViewPolicy):
                     by = loads.__getitem__ if cfg.miss_policy == MissPolicy.least_loaded else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        credit = Credit(self.credit(worker, req, held), n - self.estimate(held, n))
+        keys, first = self.credit(worker, req, held), None
         if req.keys:
             if cfg.session_affinity:
                 self._remember(req.keys[-1], worker)
             if cfg.spill_factor:
                 hot = (worker, req.keys[0])
                 self._hot[hot] = self._hot.get(hot, 0) + 1
-                credit = credit._replace(first_block=req.keys[0])
-        return self.decision(worker, req, held, reason, credit)
+                first = req.keys[0]
+        return self.decision(worker, req, held, reason, keys, n - self.estimate(held, n), first_block=first)
 
     def _session_worker(self, keys: list[int], candidates: list[str]) -> str | None:
         """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is
         some request's last block (None: none, or its worker is not a candidate); that request counts as continued."""
         last = self._last_worker
-        if len(keys) > 8:  # one set test in C finds whether any of them is remembered, before the walk
-            hits = last.keys() & set(keys)
-            if not hits:
-                return None
-            keys = [k for k in keys if k in hits]
-        for key in reversed(keys):
-            entry = last.pop(key, None)  # a request is continued once: the next turn, not every prompt it leads
-            if entry is not None:
-                worker, epoch, at = entry
-                if self._epoch.get(worker) != epoch or self.clock() - at > self.cfg.affinity_ttl_s:
-                    return None  # its worker's cache was reset since, or it is too old: no affinity left
-                return worker if worker in candidates else None
+        for key in filter(last.__contains__, reversed(keys)):  # the deepest first, scanned in C
+            worker, epoch, at = last.pop(key)  # a request is continued once: the next turn, not every prompt it leads
+            if self._epoch.get(worker) != epoch or self.clock() - at > self.cfg.affinity_ttl_s:
+                return None  # its worker's cache was reset since, or it is too old: no affinity left
+            return worker if worker in candidates else None
         return None
 
     def _remember(self, key: int, worker: str) -> None:

@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 
 from framework.contracts.routing import (EVENTS_LOST, KV_EVENTS, USAGE, RequestUsage, RequestView, RoutingConfig,
                                          RoutingDecision, RoutingPolicy)
-from framework.kv_events.hashing import BlockKeys
+from framework.kv_events.hashing import ROOT_HASH, BlockKeys
 from plugins.routing.lib.kv_view import KvView
 
 
@@ -59,74 +59,100 @@ class Credit(NamedTuple):
 class PromptKeys:
     """A request's block keys, reusing those of a recent prompt it continues: the next turn of a conversation or an
     agent's next step repeats its history, so only the blocks past it are hashed (hashing every block of a long prompt
-    was most of a decision's time). The last ``size`` prompts of at least ``min_blocks`` blocks are remembered, at most
-    ``per_prefix`` per first block (the ones that share it are compared with the request, newest first, until one is a
-    prefix of it: a ``bytes`` test in C); prompts of tokens >= 256 are hashed whole."""
+    was most of a decision's time). The last ``size`` prompts of at least ``min_blocks`` blocks that no later one
+    continued are remembered (a prompt continued gives its place to the one that continues it), filed
+    by an anchor: for a prompt of n blocks, d the largest power of two <= n, its block d (past a shared system prompt
+    as soon as the prompt is twice as long, so a conversation's turns share few anchors with other conversations), at
+    most ``per_anchor`` per anchor. A request looks up its own block d at each power of two from its largest down, and
+    compares the prompts filed there with itself, newest first, until one is a prefix of it (a ``bytes`` test in C,
+    on the prompt's last block first, which tells most others apart without reading them). Any remembered prefix
+    gives the same keys: the lookup decides only how many blocks are hashed. Prompts of tokens >= 256 are hashed
+    whole."""
 
-    def __init__(self, keys: BlockKeys, size: int = 1024, per_prefix: int = 64, min_blocks: int = 16):
+    def __init__(self, keys: BlockKeys, size: int = 256, per_anchor: int = 64, min_blocks: int = 16):
+        if min_blocks < 1:
+            raise ValueError(f"min_blocks={min_blocks} must be >= 1")
         self.chain, self.b = keys.chain, keys.block_size
-        self.size, self.per_prefix, self.min_blocks = size, per_prefix, min_blocks
-        self._by_first: dict[bytes, deque[tuple[bytes, list[int]]]] = {}  # first block -> recent prompts
-        self._order: deque[bytes] = deque()  # the first block of each remembered prompt, oldest first
+        self.size, self.per_anchor, self.min_blocks = size, per_anchor, min_blocks
+        self._lowest = 1 << (min_blocks.bit_length() - 1)  # the smallest anchor depth a remembered prompt has
+        self._by_anchor: dict[tuple[int, bytes], deque[tuple[bytes, bytes, list[int]]]] = {}  # -> recent prompts
+        self._order: deque[tuple[int, bytes]] = deque()  # the anchor of each remembered prompt, oldest first
         self._count = 0
+        self.continued = 0  # blocks the last ``keys`` took from the prompt it continues (a hint for ``KvView.match``)
 
     def __len__(self) -> int:
         return self._count
 
     def keys(self, tokens) -> list[int]:
         b = self.b
+        self.continued = 0
         if len(tokens) < self.min_blocks * b:
             return self.chain(tokens)
         try:
             raw = tokens if isinstance(tokens, bytes) else bytes(tokens)
         except ValueError:  # a token of 256 or more
             return self.chain(tokens)
-        raw = raw[:len(raw) // b * b]
-        first = raw[:b]
-        recent = self._by_first.get(first)
-        best, best_keys = b"", None
-        if recent:
-            startswith = raw.startswith
-            for prev, keys in reversed(recent):  # the newest it continues (usually the turn before it)
-                if startswith(prev):
-                    best, best_keys = prev, keys
-                    break
+        n = len(raw) // b
+        raw = raw[:n * b]
+        depth = top = 1 << (n.bit_length() - 1)
+        best, best_keys, found = b"", None, None
+        startswith, by_anchor = raw.startswith, self._by_anchor
+        while best_keys is None and depth >= self._lowest:
+            anchor = (depth, raw[(depth - 1) * b:depth * b])
+            filed = by_anchor.get(anchor)
+            if filed:
+                for entry in reversed(filed):  # the newest it continues (usually the turn before it)
+                    prev, tail, keys = entry
+                    if startswith(tail, len(prev) - b) and startswith(prev):
+                        best, best_keys, found = prev, keys, (anchor, entry)
+                        break
+            depth >>= 1
         if best_keys is None:
             keys = self.chain(raw)
         elif len(best) == len(raw):
+            self.continued = len(best_keys)
             return best_keys
         else:
+            self.continued = len(best_keys)
             keys = best_keys + self.chain(raw[len(best):], best_keys[-1])
-        self._remember(first, raw, keys, recent)
+            anchor, entry = found  # continued: this prompt takes its place (a prompt is continued once, as a rule)
+            filed = by_anchor[anchor]
+            filed.remove(entry)
+            self._count -= 1
+            if not filed:
+                del by_anchor[anchor]
+        self._remember((top, raw[(top - 1) * b:top * b]), raw, keys)
         return keys
 
-    def _remember(self, first: bytes, raw: bytes, keys: list[int], recent) -> None:
-        if recent is None:
-            recent = self._by_first[first] = deque()
-        elif len(recent) >= self.per_prefix:
-            recent.popleft()
+    def _remember(self, anchor: tuple[int, bytes], raw: bytes, keys: list[int]) -> None:
+        filed = self._by_anchor.get(anchor)
+        if filed is None:
+            filed = self._by_anchor[anchor] = deque()
+        elif len(filed) >= self.per_anchor:
+            filed.popleft()
             self._count -= 1
-        recent.append((raw, keys))
-        self._order.append(first)
+        filed.append((raw, raw[-self.b:], keys))
+        self._order.append(anchor)
         self._count += 1
-        while self._count > self.size:  # the oldest prompt of the oldest first block goes (entries may be gone)
+        while self._count > self.size:  # the oldest prompt of the oldest anchor goes (entries may be gone)
             old = self._order.popleft()
-            bucket = self._by_first.get(old)
-            if bucket:
-                bucket.popleft()
+            filed = self._by_anchor.get(old)
+            if filed:
+                filed.popleft()
                 self._count -= 1
-                if not bucket:
-                    del self._by_first[old]
+                if not filed:
+                    del self._by_anchor[old]
         if len(self._order) > 4 * self.size:  # drop the stale names of prompts already gone
-            self._order = deque(f for f, q in self._by_first.items() for _ in q)
+            self._order = deque(a for a, q in self._by_anchor.items() for _ in q)
 
 
 class RequestBlocks:
-    """A request's tokens and block keys, computed once per decision."""
-    __slots__ = ("tokens", "keys")
+    """A request's tokens and block keys, computed once per decision; ``continued``: how many of them are those of a
+    recent prompt it continues (the worker that prompt went to likely holds that many: ``KvView.match``'s hint)."""
+    __slots__ = ("tokens", "keys", "continued")
 
-    def __init__(self, tokens: Sequence[int], keys: list[int]):
-        self.tokens, self.keys = tokens, keys
+    def __init__(self, tokens: Sequence[int], keys: list[int], continued: int = 0):
+        self.tokens, self.keys, self.continued = tokens, keys, continued
 
 
 class KvViewPolicy(RoutingPolicy):
@@ -172,25 +198,29 @@ class KvViewPolicy(RoutingPolicy):
 
     def blocks(self, request: RequestView) -> RequestBlocks:
         tokens = request.token_ids if request.token_ids is not None else request.text.encode("utf-8")
-        return RequestBlocks(tokens, self.prompts.keys(tokens))
+        keys = self.prompts.keys(tokens)
+        return RequestBlocks(tokens, keys, self.prompts.continued)
 
     def estimate(self, matched_blocks: int, n_tokens: int) -> int:
         """Prompt tokens a worker holding ``matched_blocks`` leading blocks serves from cache: SGLang and vLLM compute
         at least the last prompt token."""
         return min(matched_blocks * self.cfg.block_size, max(n_tokens - 1, 0))
 
-    def decision(self, worker: str, req: RequestBlocks, matched_blocks: int, reason: str,
-                 credit: "Credit") -> RoutingDecision:
+    def decision(self, worker: str, req: RequestBlocks, matched_blocks: int, reason: str, keys: tuple[int, ...],
+                 prefill_tokens: int = 0, blocks: int = 0, first_block: int | None = None) -> RoutingDecision:
         """The decision, with its estimate (``matched_chars``): the prompt tokens ``worker`` will serve from cache by
         the view -- stored, recently ended and in flight: a request queued behind another with its prefix finds that
-        prefix prefilled. The memo keeps the estimate without the in-flight credits too (``accuracy``)."""
+        prefix prefilled. Its memo (``Credit``: the credited ``keys`` and the rest) keeps the estimate without the
+        in-flight credits too (``accuracy``)."""
         n = len(req.tokens)
         stored = self.view.confirmed_prefix(worker, req.keys, matched_blocks)
-        if credit.prefill_tokens:
-            self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + credit.prefill_tokens
-        memo = credit._replace(confirmed_tokens=self.estimate(stored, n), since=self.view.removals)
+        if prefill_tokens:
+            self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + prefill_tokens
+        hold, hold_until = (), 0.0
         if self.cfg.hold_s > 0 and stored < matched_blocks:  # the rest is some request's prefill in flight there
-            memo = memo._replace(hold=tuple(req.keys[:matched_blocks]), hold_until=self.clock() + self.cfg.hold_s)
+            hold, hold_until = tuple(req.keys[:matched_blocks]), self.clock() + self.cfg.hold_s
+        memo = Credit(keys, prefill_tokens, blocks, self.estimate(stored, n), first_block, self.view.removals, hold,
+                      hold_until)
         return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason, memo=memo)
 
     def hold_s(self, decision: RoutingDecision) -> float:
@@ -213,7 +243,7 @@ class KvViewPolicy(RoutingPolicy):
         if not self.cfg.pending_credit:
             return ()
         keys = tuple(req.keys[held:])
-        self.view.credit(worker, keys)
+        self.view.credit(worker, keys, req.keys[held - 1] if held else ROOT_HASH, held)
         return keys
 
     def maintain(self, now: float | None = None) -> None:

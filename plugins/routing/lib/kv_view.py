@@ -26,11 +26,21 @@ showed at once) and ``stored_total`` (how much it stored lately: its turnover). 
 each time the workers together have stored as many blocks as their caches hold (a full turnover of the cluster), so
 it tells how fast each cache turns over now, not over the router's lifetime; a flush starts that worker's count over
 (and the count towards the next halving: after every worker was flushed the view is a fresh router's).
+
+A match is a binary search, not a walk: where a worker's blocks are prefix-closed (each block it holds, its parent
+too), it holds the first k blocks of a request exactly when it holds block k-1, so ~log2(blocks) probes find its
+longest match. Closure breaks where a worker lacks a block under one it holds (its gaps: a prefix evicted while a
+request that extends it is in flight, a flush under requests in flight, a cache that evicts a block before its
+children); the view keeps each worker's gaps with their depths, from each held block's parent and depth (``_parent``)
+and the number of held children of each block (``_children``), updated as a block turns held or not. A request's
+blocks at one of the worker's gaps bound the search (below the first gap on the request's path its blocks are
+prefix-closed), so a match stays exact at ~log2(blocks) probes plus one per gap. The same holds of
+``confirmed_prefix`` over stored and recent blocks.
 """
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice, takewhile
+from itertools import islice
 from typing import Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
@@ -52,6 +62,14 @@ class KvView:
         self._peak: dict[str, int] = {}  # worker -> the most blocks its events showed it holding at once
         self._stored_total: dict[str, float] = {}  # worker -> blocks stored lately, aged: how fast its cache turns over
         self._stored_since_aging = 0  # blocks stored by every worker since the counts last halved
+        # the index that turns a match into a binary search: each held block's parent and depth, and per worker how
+        # many of the blocks it holds (in ``_holders``; ``_conf_*``: stored or recent) have each parent, and its gaps
+        # key in ``_holders`` -> (its parent block's key (ROOT_HASH: a first block), its depth: 0 for a first block)
+        self._parent: dict[int, tuple[int, int]] = {}
+        self._children: dict[str, dict[int, int]] = {}  # worker -> key -> how many of its children the worker holds
+        self._gaps: dict[str, dict[int, int]] = {}  # worker -> key it lacks under a block it holds -> the key's depth
+        self._conf_children: dict[str, dict[int, int]] = {}  # the same over stored and recent blocks
+        self._conf_gaps: dict[str, dict[int, int]] = {}
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -82,24 +100,29 @@ class KvView:
                              f"{len(e.token_ids)} tokens, not {len(e.block_hashes) * b}")
         ext = self._external.setdefault(worker, {})
         if e.parent_block_hash is None:
-            parent = ROOT_HASH
+            parent, depth = ROOT_HASH, 0
         else:
             parent = ext.get(e.parent_block_hash)
             if parent is None:  # stored on a block the view never saw: unreachable from a request's first block
                 self.stats["orphans"] += len(e.block_hashes)
                 return
+            depth = self._parent[parent][1] + 1
         stored, recent = self._by_events.setdefault(worker, {}), self._recent.get(worker)
         removed_at = self._removed_at.get(worker)
         new = 0
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
+            above, parent, depth = parent, key, depth + 1
             if h in ext:
                 continue  # stored again without a removal in between: still one copy
             ext[h] = key
             new += 1
-            stored[key] = stored.get(key, 0) + 1
+            self._add(worker, key, above, depth - 1)
+            n = stored.get(key, 0)
+            stored[key] = n + 1
+            if not n and not (recent and key in recent):
+                self._confirmed(worker, key, True)
             if removed_at:
                 removed_at.pop(key, None)
-            self._add(worker, key)
             self.stats["stored"] += 1
             if recent and recent.get(key):  # the event an ended request was waiting for
                 self._take(recent, key)
@@ -116,7 +139,10 @@ class KvView:
                 totals[w] /= 2
 
     def _unstore(self, worker: str, key: int) -> None:
-        self._take(self._by_events[worker], key)
+        stored = self._by_events[worker]
+        self._take(stored, key)
+        if key not in stored and key not in self._recent.get(worker, ()):
+            self._confirmed(worker, key, False)
         self._drop(worker, key)
         self.removals += 1
         if worker in self._holders.get(key, ()):  # credited to requests in flight: ``retire`` must not await it
@@ -134,6 +160,8 @@ class KvView:
         for key, n in self._recent.pop(worker, {}).items():
             for _ in range(n):
                 self._drop(worker, key)
+        self._conf_children.pop(worker, None)  # nothing stored or recent is left of it
+        self._conf_gaps.pop(worker, None)
         self._stored_total.pop(worker, None)
         self._stored_since_aging = 0
         if capacity:
@@ -150,6 +178,9 @@ class KvView:
             del self._holders[key][worker]
             if not self._holders[key]:
                 del self._holders[key]
+                del self._parent[key]
+        for index in (self._children, self._gaps, self._conf_children, self._conf_gaps):
+            index.pop(worker, None)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
@@ -164,59 +195,92 @@ class KvView:
         """Entries per structure (``RoutingPolicy.state_sizes``)."""
         return {"view_blocks": len(self._holders), "view_worker_hashes": sum(map(len, self._external.values())),
                 "view_recent": sum(map(len, self._recent.values())), "view_deadlines": len(self._deadlines),
-                "view_removed_at": sum(map(len, self._removed_at.values()))}
+                "view_removed_at": sum(map(len, self._removed_at.values())), "view_parents": len(self._parent),
+                "view_child_counts": sum(map(len, self._children.values()))
+                + sum(map(len, self._conf_children.values()))}
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
         return self._peak.get(worker, 0)
 
     # -- requests ----------------------------------------------------------------------------------------------------
-    def match(self, keys: Sequence[int], candidates: list[str]) -> dict[str, int]:
-        """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent)."""
-        matched = dict.fromkeys(candidates, 0)
-        live = candidates
-        live_set = set(live)
-        holders = self._holders
-        depth, n = 0, len(keys)
-        while depth < n:
-            held = holders.get(keys[depth])
-            if held is None:
-                break
-            if held.keys() >= live_set:  # every candidate still in holds it (a set test in C)
-                depth += 1
-                continue
-            for w in live:
-                if w not in held:
-                    matched[w] = depth
-            live = [w for w in live if w in held]
-            if not live:
-                return matched
-            depth += 1
-            if len(live) == 1:  # the common case past the first blocks: one worker holds the session's history
-                w = live[0]
-                while depth < n:
-                    held = holders.get(keys[depth])
-                    if held is None or w not in held:
-                        break
-                    depth += 1
-                break
-            live_set = set(live)
-        for w in live:
-            matched[w] = depth
+    def match(self, keys: Sequence[int], candidates: list[str], hint: int | None = None) -> dict[str, int]:
+        """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent). ``hint``: a likely
+        answer (the length of the prompt the request continues), tried first; then each candidate's answer is the
+        next one's hint (a shared prefix). Hints cost probes, never change an answer."""
+        holders, all_gaps = self._holders, self._gaps
+        matched, last = {}, None
+        for w in candidates:
+            lo, hi = 0, len(keys)  # it holds the first lo blocks, not the first hi + 1
+            gaps = all_gaps.get(w)
+            if gaps:
+                hi = _below_gaps(keys, gaps)
+            for guess in (last, hint):  # at most 2 probes each, and each narrows the search
+                if guess is None or not lo <= guess <= hi:
+                    continue
+                if guess and w not in holders.get(keys[guess - 1], ()):
+                    hi = guess - 1
+                else:
+                    lo = guess
+                    if guess < hi and w not in holders.get(keys[guess], ()):
+                        hi = guess
+                if lo == hi:
+                    break
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if w in holders.get(keys[mid - 1], ()):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            matched[w] = last = lo
         return matched
 
     def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
         """How many of the first ``upto`` of ``keys`` ``worker`` holds stored or recent (in-flight credits aside)."""
         stored, recent = self._by_events.get(worker, {}), self._recent.get(worker, {})
-        n = len(list(takewhile(stored.__contains__, islice(keys, upto))))  # the stored run, iterated in C
-        while n < upto and (keys[n] in stored or keys[n] in recent):
-            n += 1
-        return n
+        lo, hi = 0, upto
+        gaps = self._conf_gaps.get(worker)
+        if gaps:
+            hi = min(hi, _below_gaps(keys, gaps))
+        if hi and (keys[hi - 1] in stored or keys[hi - 1] in recent):  # the common case: all of it
+            return hi
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            key = keys[mid - 1]
+            if key in stored or key in recent:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
-    def credit(self, worker: str, keys: Sequence[int]) -> None:
-        """A request with these blocks is in flight on ``worker``."""
-        for key in keys:
-            self._add(worker, key)
+    def credit(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
+        """A request's blocks (a chain: each the parent of the next, the first a child of ``parent`` at ``depth``) are
+        in flight on ``worker``. ``_add`` inlined: past the first, each block's parent is the block before, held."""
+        if not keys:
+            return
+        self._add(worker, keys[0], parent, depth)
+        holders, parents = self._holders, self._parent
+        counts = self._children.setdefault(worker, {})
+        gaps = self._gaps.get(worker)
+        parent = keys[0]
+        for key in islice(keys, 1, None):
+            depth += 1
+            held = holders.get(key)
+            if held is None:
+                holders[key] = {worker: 1}
+                parents[key] = (parent, depth)
+            elif worker in held:
+                held[worker] += 1
+                parent = key
+                continue
+            else:
+                held[worker] = 1
+            counts[parent] = counts.get(parent, 0) + 1  # its parent is held: no gap above it, and none at it now
+            if gaps:
+                gaps.pop(key, None)
+            parent = key
+        if gaps is not None and not gaps:
+            del self._gaps[worker]
 
     def debit(self, worker: str, keys: Sequence[int]) -> None:
         """A request credited with these blocks failed there."""
@@ -239,7 +303,10 @@ class KvView:
                 if worker not in self._holders.get(key, ()):  # no credit left to retire: forget the removal
                     del removed_at[key]
             else:
-                recent[key] = recent.get(key, 0) + 1
+                n = recent.get(key, 0)
+                recent[key] = n + 1
+                if not n:  # not stored either (above)
+                    self._confirmed(worker, key, True)
                 self._deadlines.append((deadline, worker, key))
 
     def expire(self, now: float) -> None:
@@ -250,6 +317,8 @@ class KvView:
             recent = self._recent.get(worker)
             if recent and recent.get(key):  # else confirmed (or forgotten) already
                 self._take(recent, key)
+                if key not in recent and key not in self._by_events.get(worker, ()):
+                    self._confirmed(worker, key, False)
                 self._drop(worker, key)
                 self.stats["lapsed"] += 1
 
@@ -261,19 +330,80 @@ class KvView:
         else:
             counts[key] -= 1
 
-    def _add(self, worker: str, key: int) -> None:
+    def _add(self, worker: str, key: int, parent: int = ROOT_HASH, depth: int = 0) -> None:
+        """One more count of ``key`` on ``worker``; ``parent`` and ``depth``: where it lies, needed when no worker holds
+        it."""
         held = self._holders.get(key)
         if held is None:
             self._holders[key] = {worker: 1}
+            self._parent[key] = (parent, depth)
+        elif worker in held:
+            held[worker] += 1
+            return
         else:
-            held[worker] = held.get(worker, 0) + 1
+            held[worker] = 1
+        self._turned(self._children, self._gaps, worker, key, True, self._holds)
 
     def _drop(self, worker: str, key: int) -> None:
         held = self._holders[key]
         n = held[worker] - 1
         if n:
             held[worker] = n
-        else:
-            del held[worker]
-            if not held:
-                del self._holders[key]
+            return
+        del held[worker]
+        self._turned(self._children, self._gaps, worker, key, False, self._holds)
+        if not held:
+            del self._holders[key]
+            del self._parent[key]
+
+    def _confirmed(self, worker: str, key: int, now: bool) -> None:
+        """``key`` turned stored-or-recent on ``worker`` (``now``), or stopped being either."""
+        self._turned(self._conf_children, self._conf_gaps, worker, key, now, self._confirms)
+
+    def _holds(self, worker: str, key: int) -> bool:
+        return worker in self._holders.get(key, ())
+
+    def _confirms(self, worker: str, key: int) -> bool:
+        return key in self._by_events.get(worker, ()) or key in self._recent.get(worker, ())
+
+    def _turned(self, children: dict, all_gaps: dict, worker: str, key: int, now: bool, has) -> None:
+        """Keep ``worker``'s gaps as ``key`` joins (``now``) or leaves its set (``has``: membership of the others): a
+        block is a gap while it is out of the set and one of its children is in."""
+        counts = children.get(worker)
+        if counts is None:
+            counts = children[worker] = {}
+        gaps = all_gaps.get(worker)
+        parent, depth = self._parent[key]
+        if parent != ROOT_HASH:
+            n = counts.get(parent, 0)
+            if now:
+                counts[parent] = n + 1
+                if not n and not has(worker, parent):
+                    if gaps is None:
+                        gaps = all_gaps[worker] = {}
+                    gaps[parent] = depth - 1
+            elif n == 1:
+                del counts[parent]
+                if gaps:
+                    gaps.pop(parent, None)
+            else:
+                counts[parent] = n - 1
+        if now:
+            if gaps:
+                gaps.pop(key, None)
+        elif key in counts:
+            if gaps is None:
+                gaps = all_gaps[worker] = {}
+            gaps[key] = depth
+        if gaps is not None and not gaps:
+            del all_gaps[worker]
+
+
+def _below_gaps(keys: Sequence[int], gaps: dict[int, int]) -> int:
+    """The depth of the shallowest of ``gaps`` (key -> depth) on the path ``keys`` (len(keys): none): above it, the
+    worker's blocks on the path are prefix-closed."""
+    first = len(keys)
+    for key, depth in gaps.items():
+        if depth < first and keys[depth] == key:
+            first = depth
+    return first

@@ -1,0 +1,130 @@
+"""The exact view's index (kv_view.py: a match is a binary search while a worker's blocks are prefix-closed) answers
+what the walk block by block answers, on random streams of KV events, credits, ends, lapses, flushes and removals --
+removals of middle blocks and prefixes removed under requests in flight included, the cases that break closure.
+
+Oracle: the first block each worker misses, found by walking the view's own counts (``_holders``; stored and recent
+for ``confirmed_prefix``), and the orphans counted from scratch."""
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
+from framework.kv_events.hashing import ROOT_HASH, BlockKeys, chain_hashes
+from plugins.routing.lib.kv_policy import PromptKeys
+from plugins.routing.lib.kv_view import KvView
+
+B = 2
+WORKERS = "ab"
+texts = st.binary(min_size=0, max_size=24).map(lambda s: bytes(97 + c % 2 for c in s))  # two letters: shared prefixes
+# each op: (what, worker, which text of the example's few, how many of its bytes, a number for the op)
+ops = st.lists(st.tuples(st.sampled_from(["store", "store", "store_tail", "remove", "remove", "clear", "credit",
+                                          "credit", "end", "fail", "expire", "forget", "drop"]),
+                         st.sampled_from(WORKERS), st.integers(0, 3), st.integers(0, 24), st.integers(0, 11)),
+               min_size=5, max_size=50)
+
+
+def walked(view: KvView, keys: list[int], worker: str) -> int:
+    n = 0
+    while n < len(keys) and worker in view._holders.get(keys[n], ()):
+        n += 1
+    return n
+
+
+def walked_confirmed(view: KvView, keys: list[int], worker: str, upto: int) -> int:
+    stored, recent = view._by_events.get(worker, {}), view._recent.get(worker, {})
+    n = 0
+    while n < upto and (keys[n] in stored or keys[n] in recent):
+        n += 1
+    return n
+
+
+def gaps(view: KvView, worker: str, has) -> dict[int, int]:
+    """Blocks the worker lacks right above one it has (in ``has``), with their depths, counted from scratch."""
+    out = {}
+    for key, (parent, depth) in view._parent.items():
+        if has(key) and parent != ROOT_HASH and not has(parent):
+            out[parent] = depth - 1
+    return out
+
+
+def check(view: KvView, probes: list[bytes]) -> None:
+    for w in WORKERS:
+        stored, recent = view._by_events.get(w, {}), view._recent.get(w, {})
+        assert view._gaps.get(w, {}) == gaps(view, w, lambda k: w in view._holders.get(k, ()))
+        assert view._conf_gaps.get(w, {}) == gaps(view, w, lambda k: k in stored or k in recent)
+    for parent, depth in view._parent.values():  # a block's depth: its parent's + 1
+        assert parent in view._parent and view._parent[parent][1] == depth - 1 or parent not in view._parent
+    assert set(view._parent) == set(view._holders)
+    for text in probes:
+        keys = view.keys.chain(text)
+        assert all(view._parent[k][1] == i for i, k in enumerate(keys) if k in view._parent)  # its place on the path
+        got = view.match(keys, list(WORKERS))
+        for w in WORKERS:
+            assert got[w] == walked(view, keys, w), (text, w)
+            for upto in {got[w], len(keys)}:
+                assert view.confirmed_prefix(w, keys, upto) == walked_confirmed(view, keys, w, upto), (text, w, upto)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops, st.lists(texts, min_size=4, max_size=4))
+def test_the_index_answers_what_the_walk_answers(sequence, probes):
+    view = KvView(B, confirm_s=1.0)
+    now = 0.0
+    in_flight = []  # (worker, credited keys, removals at the decision)
+    for op, w, which, cut, k in sequence:
+        text = probes[which][:cut]
+        hashes = chain_hashes(list(text), B)
+        if op in ("store", "store_tail") and hashes:
+            first = min(k, len(hashes) - 1) if op == "store_tail" else 0  # a tail: chained on its parent's hash
+            view.apply(w, BlockStored(tuple(hashes[first:]), hashes[first - 1] if first else None,
+                                      tuple(text[first * B:len(hashes) * B]), B))
+        elif op == "remove" and hashes:  # any block, a middle one included (a cache that is not prefix-closed)
+            view.apply(w, BlockRemoved((hashes[k % len(hashes)],)))
+        elif op == "clear":
+            view.apply(w, AllBlocksCleared())
+        elif op == "credit":
+            keys = view.keys.chain(text)
+            held = view.match(keys, [w])[w]
+            view.credit(w, keys[held:], keys[held - 1] if held else ROOT_HASH, held)
+            in_flight.append((w, keys[held:], view.removals))
+        elif op in ("end", "fail") and in_flight:
+            worker, keys, since = in_flight.pop(k % len(in_flight))
+            if op == "end":
+                view.retire(worker, keys, now, since)
+            else:
+                view.debit(worker, keys)
+        elif op == "expire":
+            now += 0.6
+            view.expire(now)
+        elif op == "forget":
+            view.forget(w, capacity=k % 2 == 0)
+        elif op == "drop":  # a removed worker: everything of it goes, its requests never end
+            view.forget(w, capacity=True)
+            view.drop_credits(w)
+            in_flight = [f for f in in_flight if f[0] != w]
+        check(view, probes + [text])
+    for worker, keys, since in in_flight:  # every request ends, every credit lapses: nothing is left but events'
+        view.retire(worker, keys, now, since)
+    view.expire(now + 10)
+    check(view, probes)
+    for w in WORKERS:
+        view.apply(w, AllBlocksCleared())
+    assert view._holders == {} and view._parent == {} and view._gaps == {} and view._conf_gaps == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=20).map(lambda s: bytes(97 + c % 3 for c in s)),
+                          st.booleans()), min_size=1, max_size=40))
+def test_prompt_keys_reuse_gives_the_keys_of_a_full_hash(turns):
+    """Conversations that grow turn by turn (and branch, and repeat a turn): the keys reused from a remembered prompt
+    are those a full hash gives, whatever the memo's bounds dropped."""
+    keys = BlockKeys(B)
+    memo = PromptKeys(keys, size=6, per_anchor=2, min_blocks=3)
+    history = [b""] * 6
+    for conversation, turn, branch in turns:
+        text = (history[conversation] if not branch else history[conversation][:len(history[conversation]) // 2]) + turn
+        history[conversation] = text
+        got = memo.keys(text)
+        assert got == keys.chain(text)
+        assert memo.continued <= len(got) and got[:memo.continued] == keys.chain(text)[:memo.continued]
+    assert len(memo) <= 6
