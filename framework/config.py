@@ -261,7 +261,9 @@ RANK_KEYS = ("parallel.backend", "parallel.timeout_s", "parallel.master_port")  
 HTTP_CLIENT_KEYS = ("workload.api", "workload.model", "workload.sample_interval_s")  # the HTTP load client's
 LOCAL_INSTANCE_KEYS = ("model", "parallel", "moe", "engine", "cluster.instances", "cluster.worker_ports",
                        "cluster.kv_events", "cluster.kv_block_size")               # what local workers are built from
-SIM_ROUTER_KEYS = ("router.maintain_interval_secs", "router.load_poll_interval_s")  # the service settings sim reads
+SIM_ROUTER_KEYS = ("router.maintain_interval_secs", "router.load_poll_interval_s",  # the service settings sim reads
+                   "router.pd_decider", "router.pd_local_prefill_max_tokens", "router.pd_max_prefill_queue",
+                   "router.pd_bytes_per_token")                                   # (P/D: framework/sim/pd.py)
 
 
 def set_keys(overrides) -> list[tuple[str, str]]:

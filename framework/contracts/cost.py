@@ -97,6 +97,20 @@ class CostModel(ABC):
         return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
                                           for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
 
+    def kv_link(self, intra_node: bool) -> tuple[float, float]:
+        """Prefill/decode disaggregation: (bytes/s, seconds) of one GPU's link that a KV transfer between two
+        instances takes, one direction, and its latency per transfer: NVLink inside a node, the GPU's NIC between
+        nodes (`hardware.nvlink_gb_s`, `inter_node_gb_s`). The simulator (framework/sim/pd.py) runs an instance's
+        ranks' links in parallel and shares each among the transfers using it. Default: the spec-sheet peak, no
+        latency; a model with measured link terms overrides it."""
+        hw = self.instance.hardware
+        return (hw.nvlink_gb_s if intra_node else hw.inter_node_gb_s) * 1e9, 0.0
+
+    def kv_transfer_time(self, nbytes: float, intra_node: bool, lanes: int = 1) -> float:
+        """Seconds to move `nbytes` of KV over `lanes` such links in parallel, alone on them (no contention)."""
+        bandwidth, latency = self.kv_link(intra_node)
+        return latency + nbytes / (bandwidth * max(lanes, 1)) if nbytes > 0 else 0.0
+
 
 def decode_shape(n: int, context: int) -> BatchShape:
     """A DECODE batch of n requests holding `context` tokens of KV in all, in one canonical form (the whole context

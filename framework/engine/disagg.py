@@ -90,6 +90,7 @@ class Disaggregation:
         req = self.sending.pop(rid, None)
         if req is not None:
             self.s.cache.cache_finished_req(req)
+            self.s.batch_is_full = False      # its KV is free: a waiting request refused for room may fit now
         return req
 
     # -- decode ---------------------------------------------------------------------------------------------------
@@ -120,7 +121,8 @@ class Disaggregation:
             s.req_to_token.write(req.req_pool_idx, len(prefix), out)
             req.prefix_indices, req.last_node = prefix, node
             self.receiving[req.rid] = req
-            self._allocated.append(Destination(req.rid, len(prefix), [int(x) for x in out]))
+            self._allocated.append(Destination(req.rid, len(prefix), [int(x) for x in out] if isinstance(
+                out, torch.Tensor) else out))              # the simulator's counting pool: counted slots, unnamed
 
     def take_allocated(self) -> list[Destination]:
         """The destinations allocated since the last call (the connector asks the prefill side for their KV)."""

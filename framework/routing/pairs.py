@@ -81,6 +81,16 @@ def _attempt(core: RouterCore, url: str, decision: RoutingDecision, elapsed_s: f
     return Attempt(w, decision)
 
 
+def _select_as(policy, role: str, request, urls: list[str]) -> str:
+    """One select for `role` (a policy keeping a position per role, round robin, keeps the two apart as in
+    select_pair; one shared counter would pair each decode worker with the same few prefill workers)."""
+    policy.role = role
+    try:
+        return policy.select(request, urls)
+    finally:
+        policy.role = None
+
+
 def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Sequence[WorkerState],
                   decode_pool: Sequence[WorkerState], decider: str = ALWAYS, max_local_tokens: int = 0,
                   max_queue: int = 0, bytes_per_token: float = 1.0, retry: bool = False) -> PairPlan:
@@ -95,7 +105,7 @@ def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Se
         pd, dd = policy.last_pair
         return PairPlan(_attempt(core, p, pd, dt, retry), _attempt(core, d, dd, dt, False), "always")
     t0 = time.perf_counter()  # llm-d's and Dynamo's order: the decode worker first, its cache decides
-    d = policy.select(request, [w.url for w in decode_pool])
+    d = _select_as(policy, DECODE, request, [w.url for w in decode_pool])
     dd = policy.last_decision
     decode = _attempt(core, d, dd, time.perf_counter() - t0, retry)
     uncached = uncached_tokens(dd, prompt_tokens(request, bytes_per_token))
@@ -107,5 +117,5 @@ def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Se
     else:
         return PairPlan(None, decode, "local_prefill")
     t0 = time.perf_counter()
-    p = policy.select(request, prefill_urls)
+    p = _select_as(policy, PREFILL, request, prefill_urls)
     return PairPlan(_attempt(core, p, policy.last_decision, time.perf_counter() - t0, False), decode, why)

@@ -16,7 +16,9 @@ from framework.engine.stats import engine_figures
 from framework.core.errors import UserError
 from framework.report.metrics import summarize
 from framework.core.registry import COST, ROUTING, WORKLOAD
-from framework.cluster.cluster import kv_block_size
+from framework.cluster.cluster import instance_roles, kv_block_size
+from framework.engine.config import Role
+from framework.sim.pd import PD, instance_config
 from framework.cluster.figures import cluster_figures
 from framework.core.errors import ClusterError
 from framework.serving.router.config import split_router_config
@@ -53,7 +55,12 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
     cost = cost or cost_model(cfg)
     http = cfg.cluster.http                 # cluster.http=false: one instance, the in-process driver (no router, HTTP)
     names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
-    instances = {n: SimInstance(n, cfg, cost, cfg.seed) for n in names}
+    try:                                    # cluster.roles: prefill/decode disaggregation (framework/sim/pd.py)
+        roles = instance_roles(cfg.cluster, len(names), cfg.engine.role) if http else [Role.mixed]
+    except ClusterError as e:
+        raise ValueError(str(e)) from None
+    cfgs = {n: cfg if r is Role.mixed else instance_config(cfg, r) for n, r in zip(names, roles)}
+    instances = {n: SimInstance(n, cfgs[n], cost, cfg.seed) for n in names}
     policy_cfg, service = split_router_config(cfg.router)
     try:
         block_size = kv_block_size(cfg.cluster, policy_cfg)
@@ -64,10 +71,13 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer
-    return Simulation(instances, router, sessions, cfg.workload, tokenizer,
-                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
-                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=2 if http else 0,
-                      background=s.host_background, itl=s.itl, progress=progress)
+    sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
+                     network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
+                     fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=2 if http else 0,
+                     background=s.host_background, itl=s.itl, progress=progress)
+    if Role.prefill in roles:
+        sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
+    return sim
 
 
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
@@ -85,6 +95,8 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     for key in ("router_decision_p50_us", "router_decision_p99_us"):
         del figures[key]                            # the router's own speed is not simulated
     results.update(figures)
+    if sim.pd is not None:
+        results.update(sim.pd.describe())
     results.update(engine_figures([{}] * len(stats), list(stats.values()), start=0.0))   # t=0: the run began
     results.update({**cost.describe(), "sim_model": asdict(cfg.model), "sim_instances": len(stats),
                     "sim_wall_s": wall, "sim_requests_per_wall_s": len(records) / wall if wall > 0 else float("nan"),

@@ -12,6 +12,10 @@ in, so the decisions and times are those of stepping one at a time.
 its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
 `side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight, and
 `background` busy processes of other work all along.
+
+Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
+decode instance alone, and moves the KV between them on the simulated links; the hooks here hand it the prefill
+halves' tokens, the decode instances' pre-allocations and the landed transfers.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from framework.sim.frontend import FrontEnd
 from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
+PD_EVENT = 6                                  # a KV transfer drained or landed (framework/sim/pd.py)
 MAX_RUN = 64                                  # decode steps one event advances at most
 
 
@@ -73,6 +78,7 @@ class Simulation:
         self.flights: dict[str, _Flight] = {}
         self.now = 0.0                              # the time of the event being handled
         router.on_release = self._release
+        self.pd = None               # prefill/decode disaggregation (framework/sim/pd.py's PD), set by the builder
         self.records: list[RequestRecord] = []
         self.end = 0.0
 
@@ -95,7 +101,7 @@ class Simulation:
         self.bar = tqdm(total=total, desc="simulated requests", disable=not self.progress, leave=False,
                         mininterval=0.5)
         handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain,
-                    POLL: self._poll, HOLD: self._hold_over}
+                    POLL: self._poll, HOLD: self._hold_over, PD_EVENT: lambda t, *a: self.pd.on_event(t, *a)}
         heap = self.heap
         while heap:
             t, kind, _, payload = heapq.heappop(heap)
@@ -134,6 +140,9 @@ class Simulation:
                                 ignore_eos=self.wl.ignore_eos)
         at_router = now + self.net
         ids = self.tokenizer.encode(text, add_bos=getattr(self.wl, "bos", False))   # workload.bos: the server's BOS
+        if self.pd is not None:                   # a prefill/decode pair, or the decode instance alone
+            self.pd.send(now, s, k, ids, text, params)
+            return
         att, hold = self.router.send(text, ids, at_router)
         at_server = at_router + self.router_s + self.net
         req = Req(ids, params, rid=f"{s.sid}/{k}",
@@ -167,7 +176,8 @@ class Simulation:
             ok=True, prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, ttft_s=req.first_token_time + 2 * self.net - flight.send_s,
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
-            itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.attempt.decision)))
+            itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.attempt.decision),
+            kv_transfer_bytes=req.kv_transfer_bytes, kv_transfer_s=req.kv_transfer_s))
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):
@@ -203,7 +213,12 @@ class Simulation:
             self._start(now, worker)
 
     def _queue(self, now: float, worker: str, flight: _Flight) -> None:
+        if self.pd is not None and self.pd.lands(now, worker, flight):   # its KV landed: it joins the running batch
+            return
         try:
+            if flight.req.pairing is not None:
+                self.instances[worker].add_paired(flight.req)
+                return
             self.instances[worker].add(flight.req)
         except ValueError as e:
             self._fail(now, flight, str(e))
@@ -223,11 +238,18 @@ class Simulation:
             return
         st.ends = None
         d = inst.start_step()
+        if self.pd is not None:                   # a decode instance may have pre-allocated a request's slots
+            self.pd.started(now, worker, d)
         if d is None:
             st.busy = False
             self.busy_ranks -= inst.size
             return
         self.push(now + d * stretch, STEP, worker, st.version)
+
+    def kick(self, now: float, worker: str) -> None:
+        """Something freed room on an idle instance (a transfer let a prefill's KV go): let it step."""
+        if not self.state[worker].busy:
+            self._start(now, worker)
 
     def _step(self, now: float, worker: str, version: int) -> None:
         inst, st = self.instances[worker], self.state[worker]
@@ -240,6 +262,8 @@ class Simulation:
             out = inst.finish_step(now)
             ends = [now]
         for req, written in zip(out, self.frontends[worker].stream(ends, out)):   # chunks out, one by one
+            if self.pd is not None and self.pd.prefilled(now, worker, req):   # a prefill half: its KV is sent
+                continue
             flight = self.flights[req.rid]
             if self.itl:
                 flight.times += ends                       # a step gives each request one token, a run one per step

@@ -71,6 +71,13 @@ class SimInstance:
         group.add(req)
         self.answers[req.rid] = answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
 
+    def add_paired(self, req: Req) -> None:
+        """Queue a request that carries a prefill/decode pairing on its role's path (framework/engine/disagg.py): a
+        prefill instance runs it with max_new_tokens 1 and holds its KV; a decode instance pre-allocates its slots."""
+        group = self.groups[self.dispatcher.assign(None, req.prompt_ids)]
+        self.answers[req.rid] = answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
+        group.add_paired(req)
+
     def has_work(self) -> bool:
         return any(g.has_work() for g in self.groups)
 
@@ -121,6 +128,8 @@ class SimInstance:
     def run_ahead(self) -> int:
         """Steps from here certain to be plain DECODE steps of every group with work (a group without any idles
         through them); 0 when the next step may differ. The last of them may finish requests."""
+        if any(g.disagg is not None and g.disagg.waiting_slots for g in self.groups):
+            return 0           # a decode instance pre-allocates slots at each step: step one at a time meanwhile
         return self.step.run_ahead()
 
     def run_times(self, k: int) -> list[float]:

@@ -1,0 +1,165 @@
+"""Predict DistServe's OPT-13B chatbot result (OSDI'24, section 6.2, Figure 8 top row) in mode=sim, before reading it:
+the SLO attainment of a colocated vLLM instance (1 GPU) and of DistServe's disaggregated pair (a prefill instance on
+2 GPUs with TP, a decode instance on 1 GPU, one node: the KV over NVLink) against the per-GPU request rate, and the
+per-GPU goodput (the highest per-GPU Poisson rate at which >= 90% of requests meet both SLOs) of each, and their
+ratio. Writes predictions.json beside this file; the published figures are in compare.py, which reads it.
+
+The setup is DistServe's artifact's (LLMServe/DistServe, evaluation/2-benchmark-serving/2-start-api-server.py and
+evaluation/ae-scripts/e2e/opt-13b-distllm-client.sh), each figure's source in SETUP below; what servelab cannot
+express is said there too (the model is an MLA stand-in, the engines are servelab's SGLang-v0.4 scheduler).
+
+    python experiments/pd_repro/predict.py [--sharegpt PATH] [--requests 300] [--quick]
+
+--sharegpt: the real ShareGPT file (ShareGPT_V3_unfiltered_cleaned_split.json, which DistServe samples); without it,
+the synthetic ShareGPT-format sample this repository ships (data/sharegpt/, log-normal lengths, not real chats), and
+predictions.json says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from framework.config import compose  # noqa: E402
+from framework.core.registry import ROUTING, WORKLOAD  # noqa: E402
+from framework.engine.config import Role  # noqa: E402
+from framework.report.metrics import summarize  # noqa: E402
+from framework.runs.sim import cost_model  # noqa: E402
+from framework.serving.router.config import split_router_config  # noqa: E402
+from framework.sim.cluster import Simulation  # noqa: E402
+from framework.sim.instance import SimInstance  # noqa: E402
+from framework.sim.pd import PD, instance_config  # noqa: E402
+from framework.sim.router import SimRouter  # noqa: E402
+
+MEM_MB = 0.95 * 80 * 1024  # --gpu-memory-utilization 0.95 of an 80 GB A100 (2-start-api-server.py, both systems)
+ATTAINMENT = 0.9          # DistServe's goodput: the highest rate with >= 90% of requests within both SLOs
+SETUP = {
+    "model": "OPT-13B, fp16 (DistServe section 6.1; model=opt13b_mla, an MLA stand-in with OPT's shapes and KV bytes)",
+    "hardware": "A100-SXM4-80GB, NVLink inside a node (DistServe section 6.1; hardware=a100_80g)",
+    "slo": "chatbot OPT-13B: TTFT 0.25 s, TPOT 0.1 s (DistServe Table 1)",
+    "workload": "ShareGPT, Poisson arrivals, 300 requests per rate (opt-13b-distllm-client.sh: --num-prompts-req-rates "
+                "[(300, r), ...]); without --sharegpt, all 190 usable conversations of the shipped synthetic sample",
+    "vllm": "one instance, TP 1 (2-start-api-server.py: vllm 1), max-num-batched-tokens 16384, max-num-seqs 1024, no "
+            "chunked prefill, no prefix caching (vLLM 0.2's scheduler, prefill first; here servelab's with a "
+            "16384-token prefill chunk, FCFS, no radix cache)",
+    "distserve": "prefill TP 2, decode TP 1 (2-start-api-server.py: (context_tp, context_pp, decoding_tp, decoding_pp) "
+                 "= (2, 1, 1, 1)), context max tokens per batch 8192 and max batch 128, decoding max batch 1024, FCFS; "
+                 "both on one node (the KV over NVLink); the prefill runs at once and holds the KV until the decode "
+                 "instance takes it (DistServe's pull: framework/sim/pd.py prefill_after_slots=False)",
+    "cost_model": "sim.cost=roofline on hardware=a100_80g (the fitted A100 terms, data/gpu-profiles/fit/a100.json); "
+                  "decode attention as multi-head attention reads it (sim.cost.decode_head_block=0: each KV byte "
+                  "once; sim.cost.mla_decode_kv_splits=0: no split-K partials), the stand-in's absorbed-MLA FLOPs "
+                  "kept (decode steps ~1.3x OPT's at batch 32)",
+    "engines": "servelab's scheduler (SGLang v0.4's) stands for vLLM 0.2's and DistServe's; no pipeline parallelism",
+}
+
+
+def overrides(sharegpt: str | None, n: int, rate: float) -> list[str]:
+    out = ["mode=sim", "logger.mode=disabled", "model=opt13b_mla", "hardware=a100_80g", "sim.cost=roofline",
+           "sim.cost.decode_head_block=0", "sim.cost.mla_decode_kv_splits=0",     # OPT's MHA: KV read once, no splits
+           "workload=sharegpt", f"workload.num_prompts={n if sharegpt else 0}",   # (the sample: all of its 190)
+           f"workload.request_rate={rate}",
+           "workload.max_concurrency=0", "workload.max_output_len=0", "workload.max_prompt_len=2047",
+           "workload.max_total_len=2048", "workload.slo.ttft_ms=250", "workload.slo.tpot_ms=100",
+           "router=round_robin", "engine.radix_cache=false", f"engine.mem_budget_mb={MEM_MB}",
+           "engine.schedule_policy=fcfs",
+           "engine.max_running_requests=1024", "sim.itl=true"]
+    return out + ([f"workload.path={sharegpt}"] if sharegpt else [])
+
+
+def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict) -> dict:
+    names = list(instances)
+    policy_cfg, service = split_router_config(cfg.router)
+    router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs, 0,
+                       service.load_poll_interval_s)
+    s = cfg.sim
+    sim = Simulation(instances, router, sessions, cfg.workload, instances[names[0]].tokenizer,
+                     network_s=s.network_latency_s, router_s=s.router_overhead_s, fast_forward=s.fast_forward)
+    if roles:
+        # DistServe's order: the prefill runs at once and its instance holds the KV until the decode side pulls it
+        sim.pd = PD(sim, roles, cfgs, instances[names[0]].cost, cfg.router, prefill_after_slots=False)
+    records, duration = sim.run()
+    res = summarize(records, duration, cfg.workload.slo)
+    if sim.pd:
+        res.update(sim.pd.describe())
+    return res
+
+
+def vllm(sharegpt, n, rate_per_gpu) -> dict:
+    cfg = compose(overrides(sharegpt, n, rate_per_gpu) + ["parallel=single", "cluster.instances=1",
+                                                          "engine.chunked_prefill_tokens=16384",
+                                                          "engine.max_prefill_tokens=16384"])
+    sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
+    inst = {"sim://vllm-0": SimInstance("sim://vllm-0", cfg, cost_model(cfg), cfg.seed)}
+    return run_sim(inst, cfg, sessions, None, {})
+
+
+def distserve(sharegpt, n, rate_per_gpu) -> dict:
+    rate = 3 * rate_per_gpu                                   # 3 GPUs: per-GPU rate x 3
+    base = overrides(sharegpt, n, rate) + ["cluster.instances=2", "cluster.roles=[prefill,decode]"]
+    cfg_p = compose(base + ["parallel=tp", "parallel.size=2", "engine.chunked_prefill_tokens=8192",
+                            "engine.max_prefill_tokens=8192", "engine.max_running_requests=128"])
+    cfg_d = compose(base + ["parallel=single"])
+    cfgs = {"sim://prefill-0": instance_config(cfg_p, Role.prefill), "sim://decode-0": instance_config(cfg_d, Role.decode)}
+    roles = {"sim://prefill-0": Role.prefill, "sim://decode-0": Role.decode}
+    sessions = WORKLOAD.build(cfg_d.workload.name, cfg_d.workload, cfg_d.seed).sessions()
+    inst = {n_: SimInstance(n_, c, cost_model(c), c.seed) for n_, c in cfgs.items()}
+    return run_sim(inst, cfg_d, sessions, roles, cfgs)
+
+
+def goodput(curve: list[tuple[float, float]]) -> float:
+    """The highest per-GPU rate with attainment >= ATTAINMENT, interpolated between the grid's points (the first
+    crossing from above)."""
+    best = 0.0
+    for (r0, a0), (r1, a1) in zip([(0.0, 1.0)] + curve, curve):
+        if a1 >= ATTAINMENT:
+            best = r1
+            continue
+        if a0 >= ATTAINMENT:
+            best = r0 + (r1 - r0) * (a0 - ATTAINMENT) / (a0 - a1)
+        break
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sharegpt", default=None)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--quick", action="store_true", help="a coarse grid (a smoke run, not the prediction)")
+    args = ap.parse_args()
+    step = 0.5 if args.quick else 0.125
+    rates = [round(step * k, 3) for k in range(1, int(12 / step) + 1)]   # until attainment falls below 0.5
+    out = {"setup": SETUP, "dataset": args.sharegpt or "data/sharegpt/synthetic_sharegpt.json.gz (a stand-in: "
+           "synthetic lengths, not ShareGPT's)", "requests_per_rate": args.requests, "attainment_target": ATTAINMENT,
+           "systems": {}}
+    t0 = time.time()
+    for name, fn in (("vllm", vllm), ("distserve", distserve)):
+        curve, rows = [], []
+        for r in rates:
+            res = fn(args.sharegpt, args.requests, r)
+            curve.append((r, res["slo_attainment"]))
+            rows.append({"rate_per_gpu": r, "slo_attainment": res["slo_attainment"],
+                         "ttft_p90_ms": res["ttft_p90_ms"], "tpot_p90_ms": res["tpot_p90_ms"],
+                         **{k: v for k, v in res.items() if k.startswith("pd_transfer_p")}})
+            print(f"{name:>9} {r:6.3f} req/s/GPU  attainment {res['slo_attainment']:.3f}  "
+                  f"TTFT p90 {res['ttft_p90_ms']:8.1f} ms  TPOT p90 {res['tpot_p90_ms']:7.1f} ms", flush=True)
+            below = [a for _, a in curve[-4:] if a < ATTAINMENT]
+            if res["slo_attainment"] < 0.5 or len(below) == 4:   # past the knee: the goodput is settled
+                break
+        out["systems"][name] = {"curve": rows, "goodput_per_gpu": goodput(curve)}
+    v, d = out["systems"]["vllm"]["goodput_per_gpu"], out["systems"]["distserve"]["goodput_per_gpu"]
+    out["predicted"] = {"vllm_goodput_per_gpu": v, "distserve_goodput_per_gpu": d,
+                        "distserve_over_vllm": d / v if v else None}
+    out["sim_wall_s"] = time.time() - t0
+    (HERE / "predictions.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\npredicted per-GPU goodput (>= {ATTAINMENT:.0%} within TTFT 0.25 s and TPOT 0.1 s): vLLM {v:.3f}, "
+          f"DistServe {d:.3f} req/s/GPU, ratio {out['predicted']['distserve_over_vllm'] or float('nan'):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
