@@ -30,6 +30,8 @@ scheduler share where SGLang's router, a thread per core, gets one per core, so 
 ratio at c=256 moves towards SGLang whatever the CPU per request.
 
     python experiments/bench_router/bench_http.py       # ~5 min, writes experiments/bench_router/results_http.json
+    python experiments/bench_router/bench_http.py --proxies router --baseline /tmp/base --out /tmp/ab.json
+        # A/B of a change: another checkout's router (a copy of the tree before it) interleaved in the same run
 """
 from __future__ import annotations
 
@@ -379,7 +381,7 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
 
 NAMES = {"router": "servelab router", "router_asyncio": "servelab, asyncio loop",
          "router_aiohttp": "servelab on aiohttp", "sglang": "SGLang router 0.3.2", "bare": "bare aiohttp proxy",
-         "minimal": "60-line proxy"}
+         "minimal": "60-line proxy", "baseline": "servelab, --baseline tree"}
 
 
 def report(r: dict) -> None:
@@ -424,6 +426,9 @@ def main() -> None:
     ap.add_argument("--proxies", nargs="+", default=[n for n in NAMES if n != "sglang" or installed_version()],
                     choices=list(NAMES), help="what to compare (default: all that are installed)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--baseline", default=None,
+                    help="another checkout's root: its router runs beside this one as proxy 'baseline' (A/B of a "
+                         "change in the same run)")
     ap.add_argument("--c1-requests", type=int, default=1000)
     ap.add_argument("--c256-requests", type=int, default=8000)
     ap.add_argument("--phase-max-s", type=float, default=4.0,
@@ -450,7 +455,7 @@ def main() -> None:
     from framework.cluster.peer_router import SglangRouter
     from framework.core.ports import free_ports
 
-    names = ["router", *(n for n in args.proxies if n != "router")]
+    names = ["router", *(n for n in args.proxies if n != "router"), *(["baseline"] if args.baseline else [])]
     stub_ports = free_ports("127.0.0.1", 2)
     ports = {n: free_ports("127.0.0.1", 2)[0] for n in names}  # the minimal proxy reports its CPU on port + 1
     me = [sys.executable, str(Path(__file__).resolve())]
@@ -459,12 +464,16 @@ def main() -> None:
     roles = {"router": ["--role", "router", "--uvloop"], "router_asyncio": ["--role", "router"],
              "router_aiohttp": ["--role", "router_aiohttp", "--uvloop"], "bare": ["--role", "bare_proxy"],
              "minimal": ["--role", "minimal_proxy", "--uvloop"]}
+    if args.baseline:
+        roles["baseline"] = [str(Path(args.baseline) / "experiments/bench_router/bench_http.py"), "--role", "router",
+                             "--uvloop"]
     proxies, peer = {}, None
     try:
         for n in names:
             if n == "sglang":
                 continue
-            procs.append(subprocess.Popen([*me, *roles[n], "--ports", str(ports[n]), "--workers", workers]))
+            cmd = [sys.executable, *roles[n]] if n == "baseline" else [*me, *roles[n]]
+            procs.append(subprocess.Popen([*cmd, "--ports", str(ports[n]), "--workers", workers]))
             proxies[n] = (ports[n], stats_cpu(ports[n] + (n == "minimal")))
         if "sglang" in names:    # the same stubs, round robin, SGLang's defaults otherwise
             asyncio.run(wait_up(stub_ports[0]))

@@ -78,6 +78,7 @@ class Connection(asyncio.Protocol, Answering):
     def __init__(self, handler: Handler, max_body: int, extra: Callable[[Request, int], Headers] | None,
                  live: set | None = None):
         self.handler, self.max_body, self.extra, self.live = handler, max_body, extra, live
+        self.loop = asyncio.get_running_loop()  # (the protocol factory runs in the loop; one lookup per connection)
         self.active = True  # bytes came in since the last idle sweep (HttpServer.sweep)
         self.idle_sweeps = 0
         self.transport: asyncio.Transport | None = None
@@ -122,7 +123,7 @@ class Connection(asyncio.Protocol, Answering):
 
     def pause_writing(self) -> None:
         if self._drain is None:
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self.loop.create_future()
 
     def resume_writing(self) -> None:
         self._wake()
@@ -177,7 +178,7 @@ class Connection(asyncio.Protocol, Answering):
 
     def _begin(self, req: Request) -> None:
         self.request, self.started = req, False
-        self.task = asyncio.get_running_loop().create_task(self._serve(req))
+        self.task = self.loop.create_task(self._serve(req))
 
     async def _serve(self, req: Request) -> None:
         try:
@@ -214,9 +215,15 @@ class Connection(asyncio.Protocol, Answering):
         """The whole response at once (Content-Length set here)."""
         if self.closed:
             raise ConnectionResetError("the client closed the connection")
-        headers = [*headers, *self._extra(status)]
-        keep = b"" if self.request.keep_alive else b"Connection: close\r\n"
-        self.transport.write(head_bytes(status, headers, b"Content-Length: %d\r\n%s\r\n" % (len(body), keep)) + body)
+        req = self.request
+        extra = self.extra(req, status) if self.extra is not None else None
+        if extra:
+            headers = [*headers, *extra]
+        tail = b"Content-Length: %d\r\n\r\n" if req.keep_alive else b"Content-Length: %d\r\nConnection: close\r\n\r\n"
+        # one write, one system call: head and body together
+        self.transport.write(b"%s%s%s%s" % (STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
+                                            b"".join([b"%s: %s\r\n" % kv for kv in headers]),
+                                            tail % len(body), body))
         self._done()
 
     def start(self, status: int, headers: Headers) -> None:

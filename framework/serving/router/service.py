@@ -91,12 +91,13 @@ class _Call:
 
 class _Origin:
     """Where a worker's requests go: its pooled connections' key and the start of every request line."""
-    __slots__ = ("key", "host", "url")
+    __slots__ = ("key", "host", "url", "lines")
 
     def __init__(self, url: str):
         u = urlsplit(url)
         self.key = (u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme == "https")
         self.host, self.url = u.netloc.encode(), url.encode()
+        self.lines = {route: b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (route.encode(), self.host) for route in ROUTES}
 
 
 def _wake(released: list[Attempt]) -> None:
@@ -222,6 +223,9 @@ class Router:
         try:
             if req.method == "OPTIONS" and (allow := self.guard.preflight(req.lower)) is not None:
                 conn.send(200, allow)  # the origin's headers come with extra_headers
+                return
+            if req.method == "POST" and req.path in ROUTES:  # the data path: no route lookup, no partial
+                await self.forward(req, conn, req.path)
                 return
             route = self.routes.get(req.path)
             if route is None:
@@ -362,8 +366,7 @@ class Router:
         up = None
         try:
             with self._timer(*self._deadline(call)):  # the response head, then the whole body unless it streams
-                up = await self.pool.request(origin.key, b"POST %s HTTP/1.1\r\nHost: %s\r\n%s%s" % (
-                    call.route.encode(), origin.host, call.head, call.raw))
+                up = await self.pool.request(origin.key, b"%s%s%s" % (origin.lines[call.route], call.head, call.raw))
                 status = up.status
                 retriable = status in (408, 429) or status >= 500
                 relay = not retriable and (up.content_type() == b"text/event-stream" or up.content_length() is None)

@@ -21,6 +21,7 @@ from collections import deque
 import httptools
 
 Headers = list[tuple[bytes, bytes]]
+_MEDIA_TYPES: dict[bytes, bytes] = {}  # a Content-Type value -> its media type, lower case
 _BUFFER_LIMIT = 1 << 20  # bytes of a streamed response held before the socket stops being read
 
 
@@ -41,6 +42,7 @@ class UpstreamResponse(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.alive = True  # the connection is open
         self.idle_since = 0.0
+        self._chunks: deque[bytes] = deque()
         self._reset()
 
     def _reset(self) -> None:
@@ -49,7 +51,7 @@ class UpstreamResponse(asyncio.Protocol):
         self.lower: dict[bytes, bytes] = {}
         self.keep_alive = False
         self.complete = False
-        self._chunks: deque[bytes] = deque()
+        self._chunks.clear()
         self._buffered = 0
         self._paused = False
         self._head: asyncio.Future | None = None
@@ -60,6 +62,7 @@ class UpstreamResponse(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -110,7 +113,13 @@ class UpstreamResponse(asyncio.Protocol):
     # ----------------------------------------------------------------------------- the caller's side
 
     def content_type(self) -> bytes:
-        return self.lower.get(b"content-type", b"").partition(b";")[0].strip().lower()
+        raw = self.lower.get(b"content-type", b"")
+        ct = _MEDIA_TYPES.get(raw)
+        if ct is None:  # workers repeat a few values: each is normalised once
+            ct = raw.partition(b";")[0].strip().lower()
+            if len(_MEDIA_TYPES) < 256:
+                _MEDIA_TYPES[raw] = ct
+        return ct
 
     def content_length(self) -> int | None:
         n = self.lower.get(b"content-length")
@@ -123,7 +132,7 @@ class UpstreamResponse(asyncio.Protocol):
                 return b""
             if self._error is not None:
                 raise self._error
-            self._more = asyncio.get_running_loop().create_future()
+            self._more = self.loop.create_future()
             try:
                 await self._more
             finally:
@@ -140,7 +149,7 @@ class UpstreamResponse(asyncio.Protocol):
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            self._more = asyncio.get_running_loop().create_future()
+            self._more = self.loop.create_future()
             try:
                 await self._more
             finally:
@@ -205,7 +214,7 @@ class UpstreamPool:
         conn = self._pooled(origin) or await self._connect(origin)
         try:
             conn._reset()
-            conn._head = head = asyncio.get_running_loop().create_future()
+            conn._head = head = conn.loop.create_future()
             conn.transport.write(data)
             await head
         except BaseException:
