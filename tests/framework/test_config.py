@@ -23,6 +23,7 @@ def _options(group):
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+@pytest.mark.long   # ~10 s of Hydra composes: every option of every group
 @pytest.mark.parametrize("group", ["model", "parallel", "moe", "router", "workload", "cluster", "logger"])
 def test_every_option_composes_and_builds(group):
     for option in _options(group):

@@ -90,6 +90,7 @@ def test_an_ignored_key_is_refused_with_its_reason(overrides, key, why):
     ["router=sticky_prefix", "router.affinity_size=10", "router.spill_pressure=2", "router.confirm_s=1"],
     ["experiment=pr1970", "parallel=dp_attn"],          # the experiment's own cluster.http=false is not an override
 ])
+@pytest.mark.long   # ~4 s of composes; the refusals above run in the default set
 def test_what_the_run_reads_passes(overrides):
     overrides = group_overrides(overrides)
     refuse_ignored_keys(compose(overrides), overrides)
@@ -100,8 +101,8 @@ def test_every_ignored_key_is_named_in_one_sentence():
     assert sentence.count(" is ignored: ") == 2 and "router=random" in sentence and "cluster.instances=3" in sentence
 
 
-# long: workload=trace reads the whole Mooncake trace first (seconds)
-@pytest.mark.parametrize("workload", [pytest.param(w, marks=pytest.mark.long) if w == "trace" else w
+# long but for one workload: each builds its workload first (seconds); trace reads the whole Mooncake trace
+@pytest.mark.parametrize("workload", [w if w == "random" else pytest.param(w, marks=pytest.mark.long)
                                       for w in sorted(WORKLOAD.keys())])
 def test_num_requests_above_what_a_workload_makes_is_refused(workload):
     """Every workload honours workload.num_requests up to what it makes, and refuses more (it used to run fewer

@@ -32,6 +32,7 @@ def test_one_runs_plots_fit_at_scale(tmp_path, drawn):
     assert len(drawn) == 2 and not drawn.problems, drawn.problems
 
 
+@pytest.mark.long
 def test_study_plots_fit_at_their_extremes(tmp_path, drawn):
     """A rate sweep of one series over a doubling range, long labels on many runs, a threshold grid too wide for
     three panels a row (they stack); test_report.py draws the ordinary cases."""

@@ -103,6 +103,7 @@ def test_repeats_and_runs_without_overrides(tmp_path, drawn):
     assert labels == ["router=cache_aware workload.num_requests=10", "router=sticky_prefix workload.num_requests=20"]
 
 
+@pytest.mark.long
 def test_two_swept_thresholds_make_a_heatmap(tmp_path, drawn):
     """A cache_threshold x balance_abs_threshold grid, one point failed: heatmap.png beside the table, its three
     panels side by side, every plot's labels fitting."""

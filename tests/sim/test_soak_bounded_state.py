@@ -24,6 +24,7 @@ from framework.routing.core import OK, RouterCore
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTERS = sorted(p.stem for p in (ROOT / "conf" / "router").glob("*.yaml"))
+DEFAULT_SET = {"cache_aware", "precise_prefix", "sticky_prefix"}   # the others under -m long
 B = 4                    # tokens per block
 WORKERS = [f"http://w{i}" for i in range(4)]
 
@@ -145,7 +146,7 @@ def assert_plateau(sizes: dict[int, dict[str, int]], mid: int, end: int, session
         assert sizes[at].get("sessions", 0) <= sessions_bound, sizes
 
 
-@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("router", [r if r in DEFAULT_SET else pytest.param(r, marks=pytest.mark.long) for r in ROUTERS])
 def test_state_stays_bounded(router):
     """3,000 requests over 600 simulated seconds, sessions remembered for 60 s (past it by the half-way mark),
     caches of 200 blocks (full well before it)."""
