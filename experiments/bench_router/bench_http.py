@@ -423,8 +423,9 @@ def main() -> None:
     ap.add_argument("--workers", default="", help="router: comma-separated worker URLs")
     ap.add_argument("--uvloop", action="store_true", help="router: run on uvloop's event loop")
     ap.add_argument("--concurrency", type=int, default=256, help="client: connections")
-    ap.add_argument("--proxies", nargs="+", default=[n for n in NAMES if n != "sglang" or installed_version()],
-                    choices=list(NAMES), help="what to compare (default: all that are installed)")
+    contenders = [n for n in NAMES if n != "baseline"]   # 'baseline' runs only with --baseline DIR
+    ap.add_argument("--proxies", nargs="+", default=[n for n in contenders if n != "sglang" or installed_version()],
+                    choices=contenders, help="what to compare (default: all that are installed)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--baseline", default=None,
                     help="another checkout's root: its router runs beside this one as proxy 'baseline' (A/B of a "

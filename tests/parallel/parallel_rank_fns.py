@@ -46,10 +46,11 @@ class Recorder:
 
 
 def rank_weight_bytes(engine) -> int:
-    """Bytes of every weight tensor the rank holds: the model's parameters and the MoE backends' expert tensors."""
+    """Bytes of every weight tensor the rank holds: the model's parameters and the MoE backends' expert tensors (the
+    floating-point ones: a backend's integer bookkeeping, such as expert loads or a replica placement, is no weight)."""
     params = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     experts = sum(t.numel() * t.element_size() for layer in engine.model.moe_layers()
-                  for t in vars(layer.backend).values() if isinstance(t, torch.Tensor))
+                  for t in vars(layer.backend).values() if isinstance(t, torch.Tensor) and t.is_floating_point())
     return params + experts
 
 
