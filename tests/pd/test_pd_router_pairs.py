@@ -8,6 +8,7 @@ import json
 import pytest
 
 from framework.contracts.routing import RequestView
+from framework.core.ports import free_ports
 from framework.core.registry import ROUTING
 from framework.routing.core import RouterCore
 from framework.routing.pairs import (ALWAYS, CONDITIONAL, DECODE_FIRST, dispatch_pair, prompt_tokens, remote_prefill,
@@ -17,6 +18,7 @@ from framework.serving.router.pd import paired_body, role_of
 
 PREFILL = ["http://p0:1", "http://p1:1"]
 DECODE = ["http://d0:1", "http://d1:1"]
+BOOT = free_ports("127.0.0.1", 1)[0]   # a bootstrap port as a worker would advertise it (none is opened)
 
 
 @pytest.mark.parametrize("key", ROUTING.keys())
@@ -107,7 +109,7 @@ def test_a_decode_worker_that_cannot_prefill_locally_is_always_paired_and_condit
 def test_a_workers_role_and_the_paired_body():
     assert role_of({"disaggregation_mode": "null"}) == ("mixed", None, False)
     assert role_of({}) == ("mixed", None, False)
-    assert role_of({"disaggregation_mode": "prefill", "disaggregation_bootstrap_port": 8998}) == ("prefill", 8998,
+    assert role_of({"disaggregation_mode": "prefill", "disaggregation_bootstrap_port": BOOT}) == ("prefill", BOOT,
                                                                                                     False)
     assert role_of({"disaggregation_mode": "decode", "disaggregation_local_prefill": True}) == ("decode", None, True)
     with pytest.raises(ValueError, match="bootstrap_port"):
@@ -116,9 +118,9 @@ def test_a_workers_role_and_the_paired_body():
         role_of({"disaggregation_mode": "encode"})
     core = _core("round_robin")
     p = core.workers[PREFILL[0]]
-    p.bootstrap_port = 8998
+    p.bootstrap_port = BOOT
     body = json.loads(paired_body({"text": "hi", "stream": True}, p, 12345))
-    assert body == {"text": "hi", "stream": True, "bootstrap_host": "p0", "bootstrap_port": 8998,
+    assert body == {"text": "hi", "stream": True, "bootstrap_host": "p0", "bootstrap_port": BOOT,
                     "bootstrap_room": 12345}
 
 

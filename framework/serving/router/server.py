@@ -13,6 +13,7 @@ Streamed answers use chunked transfer coding, and ``write`` waits while the clie
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import ssl
@@ -57,12 +58,13 @@ def head_bytes(status: int, headers: Headers, tail: bytes) -> bytes:
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
 
 
-class Answering:
+class Answering(abc.ABC):
     """How a handler answers: ``send`` (a whole response), or ``start``, ``await write`` each chunk, ``await end``
     (a streamed one). This server's Connection and the aiohttp shell (aiohttp_shell.py) both implement it."""
 
+    @abc.abstractmethod
     def send(self, status: int, headers: Headers, body: bytes = b"") -> None:
-        raise NotImplementedError
+        """One whole response."""
 
     def send_json(self, status: int, obj: object, headers: Headers = ()) -> None:
         self.send(status, [(b"Content-Type", b"application/json; charset=utf-8"), *headers], json_bytes(obj))
