@@ -10,10 +10,15 @@ H100 GPUs" (lm-sys/lm-sys.github.io blog/2025-05-05-large-scale-ep.md): "Ablatio
 2,000 tokens of KV, EP72). The absolute figures come with issue 19's caveat: the absolute model is still off for
 SGLang PR #1970 (experiments/sim_repro/comparison_round1.json).
 
-    python experiments/wide_ep/compare.py
+    python experiments/wide_ep/compare.py             # round 1: predictions.json -> comparison.json
+    python experiments/wide_ep/compare.py --round 2   # round 2: predictions_round2.json -> comparison_round2.json
+
+Round 2 is the same table against the prediction with the blog's published expert distribution replayed
+(predict.py --round 2); its EPLB ratios rest on no free knob.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -35,7 +40,12 @@ PUBLISHED = [
 
 
 def main() -> None:
-    pred = json.loads((HERE / "predictions.json").read_text())["cells"]
+    ap = argparse.ArgumentParser(description="Issue 21: the published wide-EP figures beside a prediction")
+    ap.add_argument("--round", type=int, choices=(1, 2), default=1, dest="round_")
+    round_ = ap.parse_args().round_
+    source, target = {1: ("predictions.json", "comparison.json"),
+                      2: ("predictions_round2.json", "comparison_round2.json")}[round_]
+    pred = json.loads((HERE / source).read_text())["cells"]
     rows = []
     for cell, published, what, kind in PUBLISHED:
         value = pred[cell]["value"]
@@ -52,8 +62,11 @@ def main() -> None:
         print(f"{r['cell']:42s} {r['published']:10.3f} {r['predicted']:10.3f} {r['error']:+8.1%}  "
               f"{'yes' if r['within_15pct'] else 'no ':3s} {r['what']}")
     eplb = {k: v["value"] for k, v in pred.items() if k.startswith("eplb_") and "_s" in k}
-    print("EPLB ratio across the free zipf exponent:", {k: round(v, 2) for k, v in eplb.items()})
-    (HERE / "comparison.json").write_text(json.dumps({"target": TARGET, "rows": rows}, indent=1) + "\n")
+    if eplb:                                # round 1 only: round 2 has no free exponent
+        print("EPLB ratio across the free zipf exponent:", {k: round(v, 2) for k, v in eplb.items()})
+    out = {"target": TARGET, "rows": rows} if round_ == 1 else {"round": 2, "predictions": source, "target": TARGET,
+                                                                 "rows": rows}
+    (HERE / target).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

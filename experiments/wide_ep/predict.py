@@ -14,10 +14,18 @@ Throughput per node = 8 x tokens per device / step seconds.
 Writes predictions.json (the figures, the configs, git commit and a digest of the model's files; no published
 figure). compare.py holds the published figures.
 
-    python experiments/wide_ep/predict.py        # ~30 s
+Round 2 (`--round 2`) changes one input and nothing else: the expert loads are replayed from the distribution
+SGLang's blog published for DeepSeek-V3 (its "Expert Distribution Statistics" figure, read off by
+digitize_loads.py into loads/sglang_blog_{prefill,decode}.json: prefill cells replay the prefill map, decode cells
+the decode map) instead of the unsourced Zipf skew. Every round-1 cell is predicted again with that one change; the
+exponent sweep has no place (no free knob is left). Writes predictions_round2.json and predictions_round2.md.
+
+    python experiments/wide_ep/predict.py             # round 1, ~30 s
+    python experiments/wide_ep/predict.py --round 2   # round 2, ~30 s
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -32,6 +40,7 @@ from framework.config import compose  # noqa: E402
 from framework.contracts.cost import BatchShape, Step, decode_shape  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import cost_model  # noqa: E402
+from plugins.cost.lib.expert_load import rank_imbalance, read_loads, rebalance  # noqa: E402
 
 PROMPT, CONTEXT, GPUS_PER_NODE = 4096, 2000, 8
 EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25)
@@ -39,10 +48,15 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_layout.py", "plugins/c
                "plugins/cost/lib/deepep.py", "plugins/cost/lib/expert_load.py", "plugins/cost/lib/tbo.py",
                "framework/gpu/roofline.py", "framework/gpu/hardware.py", "conf/experiment/wide_ep_prefill.yaml",
                "conf/experiment/wide_ep_decode.yaml", "data/gpu-profiles/fit/h100.json")
+LOADS = {"prefill": "experiments/wide_ep/loads/sglang_blog_prefill.json",
+         "decode": "experiments/wide_ep/loads/sglang_blog_decode.json"}
+ROUND2_FILES = MODEL_FILES + ("framework/contracts/eplb.py", "framework/contracts/tbo.py",
+                              "experiments/wide_ep/digitize_loads.py", *LOADS.values())
+BASE: dict[str, list[str]] = {"prefill": [], "decode": []}   # overrides every cell of a phase starts from
 
 
 def prefill(tokens_per_device: int, extra: list[str]) -> dict:
-    cfg = compose(["experiment=wide_ep_prefill"] + extra)
+    cfg = compose(["experiment=wide_ep_prefill"] + BASE["prefill"] + extra)
     n = tokens_per_device // PROMPT
     if n >= 1:
         batch = BatchShape("extend", (PROMPT,) * n, (0,) * n)
@@ -54,7 +68,7 @@ def prefill(tokens_per_device: int, extra: list[str]) -> dict:
 
 
 def decode(batch: int, extra: list[str]) -> dict:
-    cfg = compose(["experiment=wide_ep_decode"] + extra)
+    cfg = compose(["experiment=wide_ep_decode"] + BASE["decode"] + extra)
     r = cost_model(cfg).step_breakdown(Step((decode_shape(batch, batch * CONTEXT),) * cfg.parallel.size,
                                             graph=True))
     return {"tok_s_per_node": GPUS_PER_NODE * batch / r["total_s"], "step_s": r["total_s"], "overrides": extra,
@@ -65,16 +79,31 @@ def ratio(on: dict, off: dict) -> float:
     return on["tok_s_per_node"] / off["tok_s_per_node"]
 
 
-def main() -> None:
-    t0 = time.time()
+def eplb_cells(round_: int) -> dict[str, dict]:
+    """EPLB with vs without (the same 288 slots, placed in order), at the blog's settings."""
+    off = ["moe.eplb.rebalance_every=0"]
+    if round_ == 2:
+        loads = "replayed: the blog's expert distribution (loads/sglang_blog_{prefill,decode}.json)"
+        return {"eplb_prefill": {"value": ratio(prefill(16384, []), prefill(16384, off)), "primary": loads},
+                "eplb_decode": {"value": ratio(decode(256, []), decode(256, off)), "primary": loads}}
     cells: dict[str, dict] = {}
-    # EPLB: with vs without (the same 288 slots, placed in order), at the blog's settings
     for e in EXPONENTS:
         z = [f"sim.cost.zipf_exponent={e}"]
-        cells[f"eplb_prefill_s{e}"] = {"value": ratio(prefill(16384, z), prefill(16384, z + ["moe.eplb.rebalance_every=0"]))}
-        cells[f"eplb_decode_s{e}"] = {"value": ratio(decode(256, z), decode(256, z + ["moe.eplb.rebalance_every=0"]))}
+        cells[f"eplb_prefill_s{e}"] = {"value": ratio(prefill(16384, z), prefill(16384, z + off))}
+        cells[f"eplb_decode_s{e}"] = {"value": ratio(decode(256, z), decode(256, z + off))}
     cells["eplb_prefill"] = dict(cells["eplb_prefill_s1.0"], primary="zipf_exponent=1.0 (the default)")
     cells["eplb_decode"] = dict(cells["eplb_decode_s1.0"], primary="zipf_exponent=1.0 (the default)")
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Issue 21's pre-registered wide-EP prediction")
+    ap.add_argument("--round", type=int, choices=(1, 2), default=1, dest="round_")
+    round_ = ap.parse_args().round_
+    if round_ == 2:
+        BASE.update({phase: [f"sim.cost.expert_loads={path}"] for phase, path in LOADS.items()})
+    t0 = time.time()
+    cells = eplb_cells(round_)
     # two-batch overlap: on vs off at the same tokens per device
     for tokens in (4096, 8192, 16384):
         cells[f"tbo_prefill_{tokens}"] = {"value": ratio(prefill(tokens, []), prefill(tokens, ["moe.tbo=false"])) - 1}
@@ -89,15 +118,68 @@ def main() -> None:
     cells["prefill_4k_ep32_tok_s_per_node"] = {"value": p["tok_s_per_node"], "breakdown": p["breakdown"]}
     cells["prefill_4k_ep32_uniform_tok_s_per_node"] = {"value": pu["tok_s_per_node"]}
     cells["decode_2k_ep72_tok_s_per_node"] = {"value": d["tok_s_per_node"], "breakdown": d["breakdown"]}
+    files = MODEL_FILES if round_ == 1 else ROUND2_FILES
     out = {"experiment": "wide_ep", "git_sha": git_sha(), "wall_s": time.time() - t0,
-           "digest": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16] for f in MODEL_FILES},
+           "digest": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16] for f in files},
            "configs": {name: {"sim.cost": vars(c.sim.cost), "moe": vars(c.moe), "parallel": vars(c.parallel)}
-                       for name, c in (("prefill", compose(["experiment=wide_ep_prefill"])),
-                                       ("decode", compose(["experiment=wide_ep_decode"])))},
+                       for name, c in (("prefill", compose(["experiment=wide_ep_prefill"] + BASE["prefill"])),
+                                       ("decode", compose(["experiment=wide_ep_decode"] + BASE["decode"])))},
            "cells": cells}
-    (HERE / "predictions.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if round_ == 2:
+        out["round"], out["loads"] = 2, LOADS
+        out["load_checks"] = load_checks()
+    name = "predictions.json" if round_ == 1 else "predictions_round2.json"
+    (HERE / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if round_ == 2:
+        (HERE / "predictions_round2.md").write_text(round2_md(out))
     for k, v in cells.items():
         print(f"{k:45s} {v['value']:12.3f}")
+
+
+def load_checks() -> dict:
+    """What the replayed loads say before any cost model prices them: balancedness (mean / max rank load, the
+    blog's definition, mean over the MoE layers) of each phase's map on 8-72 ranks, the experts in contiguous
+    blocks (v0.4) and EPLB's placement for the same loads over 32 redundant slots where they divide."""
+    out = {}
+    for phase, path in LOADS.items():
+        rows = read_loads(path, 256)
+        for ranks in (8, 16, 32, 64, 72):
+            row = {}
+            if 256 % ranks == 0:
+                row["blocks"] = sum(1 / rank_imbalance(r, list(range(256)), ranks) for r in rows) / len(rows)
+            if 288 % ranks == 0:
+                row["eplb_288"] = sum(1 / rank_imbalance(r, rebalance(r, 288, ranks), ranks) for r in rows) / len(rows)
+            out[f"{phase}_{ranks}_ranks"] = row
+    return out
+
+
+WHAT = {"eplb_prefill": "x throughput, EPLB on / off, prefill EP32, 16,384 tok/device",
+        "eplb_decode": "x throughput, EPLB on / off, decode EP72, 256 per device",
+        "prefill_4k_ep32_tok_s_per_node": "input tok/s per node", "decode_2k_ep72_tok_s_per_node":
+        "output tok/s per node", "prefill_4k_ep32_uniform_tok_s_per_node": "input tok/s per node, uniform loads"}
+
+
+def round2_md(out: dict) -> str:
+    lines = ["# Issue 21, wide EP: round 2 prediction (pre-registered)", "",
+             "Written by `python experiments/wide_ep/predict.py --round 2` before any comparison; it holds no "
+             "published figure. The one change from round 1: the expert loads are replayed from the DeepSeek-V3 "
+             "expert distribution SGLang's blog published (`loads/`, read off its figure by `digitize_loads.py`), "
+             "not drawn from a Zipf skew whose exponent no source gives. Everything else is round 1's model: EPLB on is "
+             "its placement for the same loads (in distribution); EPLB off is the 288 slots in order, slot s holding "
+             "expert s mod 256 (SGLang's trivial expert location), so experts 0-31 have two replicas each.", "",
+             f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round2.json.", "",
+             "| cell | round 2 predicted | round 1 predicted (zipf 1.0) | what |", "|---|---:|---:|---|"]
+    round1 = json.loads((HERE / "predictions.json").read_text())["cells"]
+    for k, v in out["cells"].items():
+        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
+                               if k.startswith("decode_256_") else "")
+        lines.append(f"| {k} | {v['value']:,.3f} | {round1[k]['value']:,.3f} | {what} |")
+    lines += ["", "Balancedness of the replayed loads alone (mean / max rank load, mean over the 58 MoE layers):", "",
+              "| phase, ranks | experts in blocks | EPLB, 288 slots |", "|---|---:|---:|"]
+    for k, row in out["load_checks"].items():
+        cells = [f"{row[c]:.3f}" if c in row else "-" for c in ("blocks", "eplb_288")]
+        lines.append(f"| {k.replace('_', ' ')} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

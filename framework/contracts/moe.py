@@ -29,6 +29,10 @@ class MoEBackend(ABC):
 
     A rank with no tokens (an IDLE batch) still calls `forward` with `[0, H]` hidden states and `[0, k]` ids, and
     the backend must join every collective its peers make.
+
+    `stats` holds the backend's counters since it was built, the whole instance's on every rank: a backend that
+    re-places experts counts `eplb_rebalances`, `eplb_experts_moved` and `eplb_bytes_moved` there
+    (framework.model.moe_stats.PLACEMENT_KEYS), which the engine sums over the MoE layers into results.json.
     """
 
     Config = MoEConfig
@@ -39,6 +43,7 @@ class MoEBackend(ABC):
         """w13: [E, 2*I, H] (gate rows then up rows), w2: [E, H, I]: the full expert weights of the layer;
         the backend keeps the part its rank owns."""
         self.cfg, self.group = cfg, group
+        self.stats: dict[str, int] = {}
         self.token_layout, self.partial = self.layout(cfg, group.size)
         if self.token_layout not in TOKEN_LAYOUTS:
             raise ValueError(f"{type(self).__name__}.token_layout={self.token_layout!r} is not one of "

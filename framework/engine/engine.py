@@ -20,7 +20,7 @@ from framework.engine.step import InstanceStep, StepPlan
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
 from framework.model.tokenizer import ByteTokenizer
-from framework.model.moe_stats import rank_expert_counts
+from framework.model.moe_stats import placement_stats, rank_expert_counts
 from framework.core.registry import MOE
 
 log = logging.getLogger(__name__)
@@ -154,4 +154,4 @@ class Engine:
         counts, local = rank_expert_counts(self.model)
         return rank_snapshot(self.scheduler, par.describe(par.cfg), par.rank, par.dp_rank, par.leads, self.memory,
                              self.requests, {**par.stats, **self.instance_step.counters[0], **self.graphs.stats,
-                                                  **self.timing}, counts, local)
+                                                  **self.timing, **placement_stats(self.model)}, counts, local)

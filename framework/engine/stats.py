@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from framework.engine.cuda_graph import GRAPH_COUNTERS
-from framework.model.moe_stats import combine_rank_counts, load_stats
+from framework.model.moe_stats import PLACEMENT_KEYS, combine_rank_counts, load_stats
 
 SCHEME = "scheme_keys"   # the keys of the parallelism plugin's describe() (what ran), passed through whole
 STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_rank", "kv_capacity_tokens_per_rank",
@@ -64,6 +64,9 @@ def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[s
         "requests_per_rank": [r["requests"] for r in ranks],
         "hit_rate_points": [r.get("hit_rate_points", []) for r in leaders],     # one series per scheduler
         "expert_counts": combine_rank_counts([(r["expert_counts"], r["expert_counts_local"]) for r in ranks]),
+        # EPLB's re-placements (a MoE backend's `stats`): every rank derives the same moves, so rank 0's are the
+        # instance's
+        **{k: first[k] for k in PLACEMENT_KEYS if k in first},
     })
     return out
 
@@ -90,6 +93,7 @@ def engine_figures(before: list[dict], after: list[dict], start: float | None = 
         [n - m for n, m in zip(a["requests_per_rank"], b.get("requests_per_rank", [0] * len(a["requests_per_rank"])))]
         for b, a in pairs))]
     out.update(load_stats(_expert_deltas(pairs), first.get("parallel_size", 1)))
+    out.update({k: delta(k) for k in PLACEMENT_KEYS if k in first})
     out.update(hit_rate_figures(pairs, start))
     return out
 

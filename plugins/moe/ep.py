@@ -22,7 +22,7 @@ Beyond v0.4 (SGLang 2025; each off by default, v0.4's behaviour):
   of its replicas. P = E in order is v0.4's blocks.
 - EPLB (`moe.eplb.rebalance_every` > 0): every that many forward passes of the layer, the expert loads the layer
   recorded since the last rebalance (its `expert_counts`, summed over the ranks) place the slots anew by
-  deepseek-ai/EPLB's algorithm (plugins/moe/lib/eplb.py) and each rank receives the experts it lacks over one
+  deepseek-ai/EPLB's algorithm (framework/contracts/eplb.py) and each rank receives the experts it lacks over one
   all-to-all; `stats` counts the rebalances, the experts moved and their bytes.
 - two-batch overlap (`moe.tbo`): the all-to-all dispatch in two micro-batches, each one's dispatch and combine in
   flight (async) while the other's experts compute; micro-batch B lags two stages when the instance decodes, none
@@ -48,7 +48,7 @@ from framework.contracts.parallel import Collective
 from framework.core.registry import MOE
 from plugins.moe.lib import tbo as overlap
 from plugins.moe.lib.a2a import exchange_counts, launch_all_to_all
-from plugins.moe.lib.eplb import Policy, rebalance
+from framework.contracts.eplb import Policy, rebalance
 from plugins.moe.lib.placement import Placement, contiguous, physical_ids, shuffled
 from plugins.moe.triton_fused import Kernel
 

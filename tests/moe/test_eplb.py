@@ -1,6 +1,7 @@
-"""Expert placement and EPLB (plugins/moe/lib), two-batch overlap's schedule (plugins/moe/lib/tbo.py), and moe=ep
-re-placing its experts in one process. The size-2 oracle (replicas anywhere, EPLB every forward, TBO against
-experts_reference on gloo) is tests/moe/test_moe_backends.py's; the whole model's, test_moe_verify.py's."""
+"""Expert placement (plugins/moe/lib), EPLB (framework/contracts/eplb.py), two-batch overlap's schedule
+(plugins/moe/lib/tbo.py), and moe=ep re-placing its experts in one process. The size-2 oracle (replicas anywhere,
+EPLB every forward, TBO against experts_reference on gloo) is tests/moe/test_moe_backends.py's; the whole model's,
+test_moe_verify.py's."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,7 @@ from framework.model.reference import experts_reference
 from moe_rank_fns import E, H, layer_weights, step_inputs
 from plugins.moe.ep import EPConfig, EPLBConfig, initial_placement
 from plugins.moe.lib import tbo
-from plugins.moe.lib.eplb import balanced_packing, rebalance, replicate_experts
+from framework.contracts.eplb import balanced_packing, rebalance, replicate_experts
 from plugins.moe.lib.placement import Placement, contiguous, physical_ids, shuffled
 
 # deepseek-ai/EPLB's README example: 2 layers of 12 experts, 16 slots, 4 groups, 2 nodes, 8 GPUs, and its output

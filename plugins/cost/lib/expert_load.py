@@ -7,18 +7,17 @@ far the busiest rank of expert parallelism is above the mean under a placement o
   {"layer<i>": counts}, or a plain list of per-layer lists);
 - placement: physical slot s holds logical expert phy2log[s], rank r holds slots [r P/n, (r+1) P/n); an expert's
   pairs split evenly over its replicas (SGLang 2025 dispatches to replicas at random: the expectation);
-- EPLB: `rebalance` places P slots for the loads: each extra slot to the expert with the most load per replica,
-  then replicas packed onto ranks heaviest first into the lightest rank with room (deepseek-ai/EPLB's global
-  policy: replicate_experts + balanced_packing). A plain re-implementation here because a cost plugin may not import
-  the MoE plugin's (plugins/moe/lib/eplb.py): plugins meet only through the registry.
+- EPLB: `rebalance` places P slots for the loads with deepseek-ai/EPLB's global policy (replicate_experts +
+  balanced_packing), the same code the MoE backend places its experts with (framework/contracts/eplb.py).
 """
 from __future__ import annotations
 
-import heapq
 import json
 import random
 from pathlib import Path
 
+from framework.contracts.eplb import Policy
+from framework.contracts.eplb import rebalance as eplb_rebalance
 from framework.core.errors import UserError
 from framework.core.paths import REPO_ROOT
 
@@ -93,21 +92,4 @@ def rebalance(loads: list[float], num_physical: int, ranks: int) -> list[int]:
     experts = len(loads)
     if num_physical < experts or num_physical % ranks:
         raise ValueError(f"{num_physical} slots must hold {experts} experts and divide over {ranks} ranks")
-    phy2log, count = list(range(experts)), [1] * experts
-    heap = [(-loads[e], e) for e in range(experts)]
-    heapq.heapify(heap)
-    for _ in range(num_physical - experts):         # each extra slot to the most loaded per replica
-        _, e = heapq.heappop(heap)
-        phy2log.append(e)
-        count[e] += 1
-        heapq.heappush(heap, (-loads[e] / count[e], e))
-    weight = [loads[e] / count[e] for e in phy2log]
-    per_rank = num_physical // ranks
-    packs: list[list[int]] = [[] for _ in range(ranks)]
-    lightest = [(0.0, r) for r in range(ranks)]     # ranks with room, lightest first
-    for s in sorted(range(num_physical), key=lambda s: (-weight[s], s)):
-        total, r = heapq.heappop(lightest)
-        packs[r].append(phy2log[s])
-        if len(packs[r]) < per_rank:
-            heapq.heappush(lightest, (total + weight[s], r))
-    return [e for pack in packs for e in pack]
+    return eplb_rebalance(loads, num_physical, 1, 1, ranks, Policy["global"])

@@ -1,45 +1,55 @@
 """Two-batch overlap priced (issue 21, item 2's simulator half): the MoE layers of a step as two micro-batches'
-operations, in SGLang's stage order (sglang operations_strategy.py, `_compute_moe_deepseek_blog_prefill` /
-`_decode`), on a GPU with one compute stream and one communication engine.
+operations, in SGLang's stage order (framework/contracts/tbo.py's DECODE_STAGES / PREFILL_STAGES, the lists the MoE
+backend's real overlap shares), on a GPU with one compute stream and one communication engine.
 
 A layer is a list of stages; a stage a list of operations:
-- ("compute", s): kernels on the compute stream, in the order the host issues them;
+- ("compute", s): kernels on the compute stream, in the order the host issues them (a stage's consecutive compute
+  operations are one, their seconds summed in order);
 - ("send", name, s): a dispatch or combine launched (it starts once the micro-batch's last compute is done and the
   link is free, and holds the link for s seconds);
 - ("recv", name): the micro-batch's stream waits for that transfer (DeepEP's hook / event wait): the compute stream
   stalls until it lands, as a CUDA stream does.
 
 Micro-batch B starts `delta` stages after A (decode 2, prefill 0), then at each tick A's stage runs before B's
-(plugins/moe/lib/tbo.py's `schedule`, rewritten here: a cost plugin imports no other plugin).
+(framework/contracts/tbo.py's `schedule`).
 """
 from __future__ import annotations
+
+from framework.contracts.tbo import DECODE_STAGES, PREFILL_STAGES, schedule
+
+
+def layer_ops(stages: tuple[tuple[str, ...], ...], seconds: dict[str, float]) -> list[list[tuple]]:
+    """One layer's operations from named stages and each name's seconds (see framework/contracts/tbo.py)."""
+    layer = []
+    for stage in stages:
+        ops: list[tuple] = []
+        for name in stage:
+            if name.endswith(">"):
+                ops.append(("send", name[:-1], seconds[name[:-1]]))
+            elif name.startswith("<"):
+                ops.append(("recv", name[1:]))
+            elif ops and ops[-1][0] == "compute":
+                ops[-1] = ("compute", ops[-1][1] + seconds[name])
+            else:
+                ops.append(("compute", seconds[name]))
+        layer.append(ops)
+    return layer
 
 
 def decode_layer(proj: float, core: float, gate: float, shared: float, experts: float, dispatch: float,
                  combine: float) -> list[list[tuple]]:
     """SGLang's decode strategy: [prepare] | [core, gate] | [dispatch_a, shared] | [dispatch_b, experts, combine_a]
     | [combine_b] (tbo_delta_stages=2)."""
-    return [[("compute", proj)], [("compute", core + gate)], [("send", "d", dispatch), ("compute", shared)],
-            [("recv", "d"), ("compute", experts), ("send", "c", combine)], [("recv", "c")]]
+    return layer_ops(DECODE_STAGES, dict(proj=proj, core=core, gate=gate, shared=shared, experts=experts,
+                                         dispatch=dispatch, combine=combine))
 
 
 def prefill_layer(proj: float, core: float, gate: float, shared: float, experts: float, dispatch: float,
                   combine: float) -> list[list[tuple]]:
     """SGLang's prefill strategy: [attention, gate, dispatch_a] | [dispatch_b, experts, combine_a] | [shared,
     combine_b] (tbo_delta_stages=0)."""
-    return [[("compute", proj + core + gate), ("send", "d", dispatch)],
-            [("recv", "d"), ("compute", experts), ("send", "c", combine)],
-            [("compute", shared), ("recv", "c")]]
-
-
-def schedule(stages: int, delta: int) -> list[tuple[int, int]]:
-    order = []
-    for t in range(stages + delta):
-        if t < stages:
-            order.append((0, t))
-        if 0 <= t - delta < stages:
-            order.append((1, t - delta))
-    return order
+    return layer_ops(PREFILL_STAGES, dict(proj=proj, core=core, gate=gate, shared=shared, experts=experts,
+                                          dispatch=dispatch, combine=combine))
 
 
 def overlapped_s(layers: tuple[list[list[tuple]], list[list[tuple]]], num_layers: int, delta: int) -> float:

@@ -5,7 +5,8 @@ compute, with the cut and the stage offsets of sglang's two_batch_overlap.py.
   halves the requests; an IDLE batch cuts at 0. The real MoE backend cuts its rows at `split_rows` (a MoE layer
   treats every token alone, so a token-level cut is exact and balances any batch).
 - The stage offsets (`delta_stages`): micro-batch B starts `delta` stages after A; decode lags two stages, prefill
-  none. `schedule` gives the order the stages run in, A's stage before B's at each tick.
+  none. `schedule` gives the order the stages run in, A's stage before B's at each tick. Both are
+  framework/contracts/tbo.py's, the order the cost model prices too.
 - `run_overlapped` runs two lists of stages in that order. A stage returns after launching its collective
   (async_op=True) and the micro-batch's next stage waits on it, so the collective is in flight while the other
   micro-batch's stage computes. Every rank must run the same order: collectives pair up in issue order.
@@ -18,7 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-DECODE_DELTA, PREFILL_DELTA = 2, 0
+from framework.contracts.tbo import DECODE_DELTA, PREFILL_DELTA, delta_stages, schedule
+
+__all__ = ["DECODE_DELTA", "PREFILL_DELTA", "MOE_STAGES", "TBOPlan", "delta_stages", "moe_plan", "run_overlapped",
+           "schedule", "split_rows", "split_seq_index"]    # the shared order re-exported: ep.py reads it from here
+
 MOE_STAGES = ("dispatch", "experts", "combine")   # what each micro-batch runs in an all-to-all MoE layer
 
 
@@ -40,23 +45,6 @@ def split_seq_index(decode: bool, extend_lens: Sequence[int]) -> int:
 def split_rows(n: int) -> int:
     """Rows of micro-batch A when a layer may cut anywhere (the MoE layer): the larger half."""
     return (n + 1) // 2
-
-
-def delta_stages(decode: bool) -> int:
-    return DECODE_DELTA if decode else PREFILL_DELTA
-
-
-def schedule(num_stages: int, delta: int) -> list[tuple[int, int]]:
-    """(micro-batch, stage) in execution order: at tick t, A's stage t then B's stage t - delta."""
-    if not 0 <= delta <= num_stages:
-        raise ValueError(f"a stage offset must be in 0..{num_stages}, got {delta}")
-    order = []
-    for t in range(num_stages + delta):
-        if t < num_stages:
-            order.append((0, t))
-        if 0 <= t - delta < num_stages:
-            order.append((1, t - delta))
-    return order
 
 
 def run_overlapped(stages: Sequence[Callable[[Any], Any]], inputs: tuple[Any, Any], delta: int) -> list[Any]:

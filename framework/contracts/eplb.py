@@ -1,7 +1,10 @@
 """Expert-parallel load balancing: where the physical expert slots of one MoE layer go, from its experts' loads.
 
-The algorithm of deepseek-ai/EPLB (eplb.py), rewritten for one layer at a time in plain Python (a layer has tens
-to hundreds of experts; a placement is recomputed every few thousand steps):
+Shared by the MoE backend that places experts (plugins/moe/ep.py) and the cost model that prices the placement
+(plugins/cost/roofline.py): plugins may not import each other, so the one algorithm lives here (L2, pure Python).
+
+The algorithm of deepseek-ai/EPLB (eplb.py), rewritten for one layer at a time (a layer has tens to hundreds of
+experts; a placement is recomputed every few thousand steps):
 
 - `balanced_packing`: n weighted items into m packs of exactly n/m items each, heaviest first into the lightest pack
   that still has room (greedy longest-processing-time with a capacity);
@@ -17,7 +20,7 @@ The result is `phy2log`: physical slot s holds logical expert phy2log[s]; slot s
 from __future__ import annotations
 
 import enum
-
+import heapq
 
 # Which of EPLB's policies places the experts (`moe.eplb.policy`): auto is EPLB's rule (hierarchical when the groups
 # divide among the nodes, else global). The functional form: `global` is a keyword, and the config names the member.
@@ -32,12 +35,14 @@ def balanced_packing(weights: list[float], num_packs: int) -> tuple[list[int], l
         raise ValueError(f"balanced_packing needs the {n} items to divide into {num_packs} packs")
     per_pack = n // num_packs
     pack, rank = [0] * n, [0] * n
-    loads, counts = [0.0] * num_packs, [0] * num_packs
+    counts = [0] * num_packs
+    lightest = [(0.0, p) for p in range(num_packs)]          # packs with room: (load, pack), lightest first
     for item in sorted(range(n), key=lambda i: (-weights[i], i)):
-        p = min((p for p in range(num_packs) if counts[p] < per_pack), key=lambda p: (loads[p], p))
+        load, p = heapq.heappop(lightest)
         pack[item], rank[item] = p, counts[p]
-        loads[p] += weights[item]
         counts[p] += 1
+        if counts[p] < per_pack:
+            heapq.heappush(lightest, (load + weights[item], p))
     return pack, rank
 
 
@@ -48,10 +53,13 @@ def replicate_experts(weights: list[float], num_physical: int) -> tuple[list[int
     if num_physical < num_logical:
         raise ValueError(f"{num_physical} physical slots cannot hold {num_logical} experts")
     phy2log, count = list(range(num_logical)), [1] * num_logical
+    heaviest = [(-weights[e], e) for e in range(num_logical)]   # (-load per replica, expert)
+    heapq.heapify(heaviest)
     for _ in range(num_physical - num_logical):
-        e = max(range(num_logical), key=lambda e: (weights[e] / count[e], -e))
+        _, e = heapq.heappop(heaviest)
         phy2log.append(e)
         count[e] += 1
+        heapq.heappush(heaviest, (-weights[e] / count[e], e))
     return phy2log, count
 
 
