@@ -62,6 +62,10 @@ class SimConfig:
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
     itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale
     published: Any = None             # an experiment's published figures, printed beside the run's (framework/runs/sim.py)
+    # cluster.roles: when a prefill half starts (framework/sim/pd.py). sglang: once its decode instance pre-allocated
+    # its slots (SGLang's bootstrap queue); distserve: at once, its KV held until the decode side takes it (DistServe's
+    # pull, as servelab's real path does)
+    pd_order: str = "sglang"
 
 
 @dataclass
@@ -262,6 +266,7 @@ HTTP_CLIENT_KEYS = ("workload.api", "workload.model", "workload.sample_interval_
 LOCAL_INSTANCE_KEYS = ("model", "parallel", "moe", "engine", "cluster.instances", "cluster.worker_ports",
                        "cluster.kv_events", "cluster.kv_block_size")               # what local workers are built from
 SIM_ROUTER_KEYS = ("router.maintain_interval_secs", "router.load_poll_interval_s",  # the service settings sim reads
+                   "router.dp_aware",
                    "router.pd_decider", "router.pd_local_prefill_max_tokens", "router.pd_max_prefill_queue",
                    "router.pd_bytes_per_token")                                   # (P/D: framework/sim/pd.py)
 

@@ -1,15 +1,17 @@
 """What a run leaves in its folder besides its figures: what it printed (run.log, after Hydra's own log lines) and,
 when it fails after its config was composed, its error (results.json's `error`, and error.txt with the traceback of
-anything that is not a UserError). The child processes a cluster starts (router, workers) write to the console
-only."""
+anything that is not a UserError). The child processes a cluster starts (router, workers) write to the console and,
+line by line with their name in front (`[worker 0] ...`), to run.log (framework/cluster/processes.py)."""
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+from framework.cluster.processes import children_output_to
 from framework.core.errors import UserError
 from framework.core.paths import git_sha
 from framework.core.records import RESULTS_FILE
@@ -22,12 +24,13 @@ class _Tee:
     """A console stream that also writes to the run's log; to callers it is still the console (isatty, fileno), so
     progress bars and colours decide as before."""
 
-    def __init__(self, console, log):
-        self._console, self._log = console, log
+    def __init__(self, console, log, lock):
+        self._console, self._log, self._lock = console, log, lock
 
     def write(self, text: str) -> int:
         if "\r" not in text:                 # a progress bar's redraw stays on the console
-            self._log.write(text)
+            with self._lock:
+                self._log.write(text)
         return self._console.write(text)
 
     def flush(self) -> None:
@@ -40,12 +43,20 @@ class _Tee:
 
 @contextmanager
 def console_to_log(out_dir: str):
-    """Copy what this process prints to stdout and stderr into `out_dir`/run.log while the block runs."""
+    """Copy what this process and the cluster's children print to stdout and stderr into `out_dir`/run.log while
+    the block runs (a child's lines prefixed by its name; they come from the children's relay threads)."""
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOG_FILE, "a", buffering=1) as log:
+    lock = threading.Lock()
+
+    def child_line(name: str, line: str) -> None:
+        with lock:
+            if not log.closed:
+                log.write(f"[{name}] {line}")
+
+    with open(path / LOG_FILE, "a", buffering=1) as log, children_output_to(child_line):
         stdout, stderr = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(stdout, log), _Tee(stderr, log)
+        sys.stdout, sys.stderr = _Tee(stdout, log, lock), _Tee(stderr, log, lock)
         try:
             yield
         finally:

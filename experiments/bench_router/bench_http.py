@@ -434,8 +434,15 @@ def main() -> None:
     ap.add_argument("--c256-requests", type=int, default=8000)
     ap.add_argument("--phase-max-s", type=float, default=4.0,
                     help="a c=256 phase stops after this long (a c=1 phase after half), whatever its request count")
-    ap.add_argument("--out", default=str(HERE / "results_http.json"))
+    ap.add_argument("--out", default=str(HERE / "results_http.json"),
+                    help="the results' file; a directory (existing, or named with a trailing /): results_http.json "
+                         "in it")
     args = ap.parse_args()
+    out = Path(args.out)
+    if out.is_dir() or args.out.endswith(("/", "\\")):
+        out = out / "results_http.json"
+    if args.role == "bench":
+        out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a bad --out fails at once, not after it
     if args.role == "stubs":
         return asyncio.run(run_stubs([int(p) for p in args.ports.split(",")]))
     if args.role == "client":  # profile_http.py's load: --c256-requests over --concurrency connections
@@ -492,8 +499,8 @@ def main() -> None:
     results["targets"] = TARGETS
     results["sglang_router"] = installed_version() if peer is not None else None
     report(results)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

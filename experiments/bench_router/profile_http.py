@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 BENCH = str(HERE / "bench_http.py")
 AREAS = (("HTTP server (server.py; its socket writes)", "serving/router/server.py"),
          ("upstream client (upstream.py; its socket writes)", "upstream.py"),
-         ("request handling (service.py, wire.py)", ("service.py", "wire.py")),
+         ("request handling (service.py, flight.py, wire.py)", ("service.py", "flight.py", "wire.py")),
          ("front door (security.py, admission.py)", ("security.py", "admission.py")),
          ("validation (pydantic, protocol.py)", ("pydantic", "validate_json", "protocol.py", "errors.py")),
          ("router core and policy", ("framework/routing", "plugins/")), ("timers (health.py)", "health.py"),

@@ -8,7 +8,12 @@ The setup is DistServe's artifact's (LLMServe/DistServe, evaluation/2-benchmark-
 evaluation/ae-scripts/e2e/opt-13b-distllm-client.sh), each figure's source in SETUP below; what servelab cannot
 express is said there too (the model is an MLA stand-in, the engines are servelab's SGLang-v0.4 scheduler).
 
-    python experiments/pd_repro/predict.py [--sharegpt PATH] [--requests 300] [--quick]
+    python experiments/pd_repro/predict.py [--round 1|2] [--sharegpt PATH] [--requests 300] [--quick]
+
+--round 1 (predictions.json, committed in 7b49e78): DistServe on servelab's decode admission (SGLang's 512 future
+tokens kept per decoding request) and ShareGPT's first exchange as the prompt. --round 2 (predictions_round2.json):
+DistServe's and vLLM 0.2's own policies and DistServe's dataset preparation, each from the artifact's or vLLM's code,
+none from the figure (ROUND2 below).
 
 --sharegpt: the real ShareGPT file (ShareGPT_V3_unfiltered_cleaned_split.json, which DistServe samples); without it,
 the synthetic ShareGPT-format sample this repository ships (data/sharegpt/, log-normal lengths, not real chats), and
@@ -17,7 +22,11 @@ predictions.json says so.
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
+import random
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -59,6 +68,51 @@ SETUP = {
 }
 
 
+ROUND2 = {
+    "distserve_pull": "sim.pd_order=distserve: the prefill runs at once and its KV waits in the prefill instance "
+                      "until the decode instance accepts it (distserve/context_stage_scheduler.py: finished prefills "
+                      "go to unaccepted_queue; decoding_stage_scheduler.py post_process pulls them in order)",
+    "distserve_decode_admission": "engine.disaggregation_decode_reserve_tokens=0 on the decode instance: DistServe "
+                                  "accepts a request when its prompt's blocks fit (decoding_stage_scheduler.py "
+                                  "should_accept); no future tokens are reserved, running out swaps a request out "
+                                  "(here: SGLang's retract, which recomputes it)",
+    "vllm_admission": "engine.init_new_token_ratio=0 on the vLLM instance: vLLM 0.2's scheduler admits a waiting "
+                      "request when its prompt's blocks fit (BlockSpaceManager.can_allocate) and preempts by "
+                      "recomputation when decoding runs out, reserving no future tokens",
+    "dataset": "DistServe's ShareGPT preparation (evaluation/2-benchmark-serving/0-prepare-dataset.py) applied to the "
+               "conversations available: at least 3 messages; k uniform in [1, n-1]; the prompt is the first k "
+               "messages joined by newlines, the answer message k; pairs with prompt + answer >= 2048 tokens pruned",
+    "grid_and_goodput": "as round 1: per-GPU rates every 0.125 req/s, goodput at the first 90% crossing, "
+                        "interpolated (the artifact's find_intersection does the same on its coarser grid)",
+}
+
+
+def distserve_dataset(source: str | None, seed: int) -> tuple[str, dict]:
+    """A ShareGPT-format file of DistServe's prepared requests (one exchange each) made from `source` (default: the
+    shipped synthetic sample); returns its path and what it holds."""
+    src = Path(source) if source else HERE.parents[1] / "data/sharegpt/synthetic_sharegpt.json.gz"
+    raw = json.loads((gzip.open(src, "rt") if src.suffix == ".gz" else open(src)).read())
+    rng, out = random.Random(seed), []
+    for row in raw:
+        msgs = [m["value"] for m in row["conversations"]]
+        if len(msgs) < 3:
+            continue
+        k = rng.randint(1, len(msgs) - 1)
+        prompt, answer = "\n".join(msgs[:k]), msgs[k]
+        if len(prompt.encode()) + len(answer.encode()) >= 2048:   # (the byte tokenizer: a token per byte)
+            continue
+        out.append({"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]})
+    text = json.dumps(out)
+    path = Path(tempfile.gettempdir()) / f"distserve_sharegpt_{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    path.write_text(text)
+    ins = sorted(len(r["conversations"][0]["value"].encode()) for r in out)
+    outs = sorted(len(r["conversations"][1]["value"].encode()) for r in out)
+    return str(path), {"source": str(src.relative_to(HERE.parents[1]) if not source else source), "requests": len(out),
+                       "sha256": hashlib.sha256(text.encode()).hexdigest(), "prompt_mean": sum(ins) / len(ins),
+                       "prompt_p50": ins[len(ins) // 2], "prompt_p90": ins[int(len(ins) * 0.9)],
+                       "output_mean": sum(outs) / len(outs)}
+
+
 def overrides(sharegpt: str | None, n: int, rate: float) -> list[str]:
     out = ["mode=sim", "logger.mode=disabled", "model=opt13b_mla", "hardware=a100_80g", "sim.cost=roofline",
            "sim.cost.decode_head_block=0", "sim.cost.mla_decode_kv_splits=0",     # OPT's MHA: KV read once, no splits
@@ -72,7 +126,7 @@ def overrides(sharegpt: str | None, n: int, rate: float) -> list[str]:
     return out + ([f"workload.path={sharegpt}"] if sharegpt else [])
 
 
-def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict) -> dict:
+def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict, rnd: int = 1) -> dict:
     names = list(instances)
     policy_cfg, service = split_router_config(cfg.router)
     router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs, 0,
@@ -82,7 +136,9 @@ def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict) -> d
                      network_s=s.network_latency_s, router_s=s.router_overhead_s, fast_forward=s.fast_forward)
     if roles:
         # DistServe's order: the prefill runs at once and its instance holds the KV until the decode side pulls it
-        sim.pd = PD(sim, roles, cfgs, instances[names[0]].cost, cfg.router, prefill_after_slots=False)
+        # (round 1 set the order in code; from round 2 the run's sim.pd_order does)
+        sim.pd = PD(sim, roles, cfgs, instances[names[0]].cost, cfg.router,
+                    prefill_after_slots=False if rnd == 1 else None)
     records, duration = sim.run()
     res = summarize(records, duration, cfg.workload.slo)
     if sim.pd:
@@ -90,26 +146,29 @@ def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict) -> d
     return res
 
 
-def vllm(sharegpt, n, rate_per_gpu) -> dict:
+def vllm(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
+    extra = ["engine.init_new_token_ratio=0"] if rnd >= 2 else []
     cfg = compose(overrides(sharegpt, n, rate_per_gpu) + ["parallel=single", "cluster.instances=1",
                                                           "engine.chunked_prefill_tokens=16384",
-                                                          "engine.max_prefill_tokens=16384"])
+                                                          "engine.max_prefill_tokens=16384"] + extra)
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
     inst = {"sim://vllm-0": SimInstance("sim://vllm-0", cfg, cost_model(cfg), cfg.seed)}
-    return run_sim(inst, cfg, sessions, None, {})
+    return run_sim(inst, cfg, sessions, None, {}, rnd)
 
 
-def distserve(sharegpt, n, rate_per_gpu) -> dict:
+def distserve(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
     rate = 3 * rate_per_gpu                                   # 3 GPUs: per-GPU rate x 3
     base = overrides(sharegpt, n, rate) + ["cluster.instances=2", "cluster.roles=[prefill,decode]"]
+    if rnd >= 2:
+        base.append("sim.pd_order=distserve")
     cfg_p = compose(base + ["parallel=tp", "parallel.size=2", "engine.chunked_prefill_tokens=8192",
                             "engine.max_prefill_tokens=8192", "engine.max_running_requests=128"])
-    cfg_d = compose(base + ["parallel=single"])
+    cfg_d = compose(base + ["parallel=single"] + (["engine.disaggregation_decode_reserve_tokens=0"] if rnd >= 2 else []))
     cfgs = {"sim://prefill-0": instance_config(cfg_p, Role.prefill), "sim://decode-0": instance_config(cfg_d, Role.decode)}
     roles = {"sim://prefill-0": Role.prefill, "sim://decode-0": Role.decode}
     sessions = WORKLOAD.build(cfg_d.workload.name, cfg_d.workload, cfg_d.seed).sessions()
     inst = {n_: SimInstance(n_, c, cost_model(c), c.seed) for n_, c in cfgs.items()}
-    return run_sim(inst, cfg_d, sessions, roles, cfgs)
+    return run_sim(inst, cfg_d, sessions, roles, cfgs, rnd)
 
 
 def goodput(curve: list[tuple[float, float]]) -> float:
@@ -131,17 +190,25 @@ def main() -> None:
     ap.add_argument("--sharegpt", default=None)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="a coarse grid (a smoke run, not the prediction)")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2))
     args = ap.parse_args()
+    sharegpt, dataset = args.sharegpt, None
+    if args.round >= 2:     # DistServe's preparation: a file of its prompts (the seed: the runs' own, 0)
+        sharegpt, dataset = distserve_dataset(args.sharegpt, seed=0)
     step = 0.5 if args.quick else 0.125
     rates = [round(step * k, 3) for k in range(1, int(12 / step) + 1)]   # until attainment falls below 0.5
     out = {"setup": SETUP, "dataset": args.sharegpt or "data/sharegpt/synthetic_sharegpt.json.gz (a stand-in: "
-           "synthetic lengths, not ShareGPT's)", "requests_per_rate": args.requests, "attainment_target": ATTAINMENT,
-           "systems": {}}
+           "synthetic lengths, not ShareGPT's)",
+           "requests_per_rate": args.requests if args.round == 1 or args.sharegpt else dataset["requests"],
+           "attainment_target": ATTAINMENT,
+           "round": args.round, "systems": {}}
+    if args.round >= 2:
+        out["round2_changes"], out["prepared_dataset"] = ROUND2, dataset
     t0 = time.time()
     for name, fn in (("vllm", vllm), ("distserve", distserve)):
         curve, rows = [], []
         for r in rates:
-            res = fn(args.sharegpt, args.requests, r)
+            res = fn(sharegpt, args.requests if args.round == 1 or args.sharegpt else 0, r, args.round)
             curve.append((r, res["slo_attainment"]))
             rows.append({"rate_per_gpu": r, "slo_attainment": res["slo_attainment"],
                          "ttft_p90_ms": res["ttft_p90_ms"], "tpot_p90_ms": res["tpot_p90_ms"],
@@ -156,7 +223,10 @@ def main() -> None:
     out["predicted"] = {"vllm_goodput_per_gpu": v, "distserve_goodput_per_gpu": d,
                         "distserve_over_vllm": d / v if v else None}
     out["sim_wall_s"] = time.time() - t0
-    (HERE / "predictions.json").write_text(json.dumps(out, indent=1) + "\n")
+    name = "predictions.json" if args.round == 1 else f"predictions_round{args.round}.json"
+    if args.quick:
+        name = name.replace(".json", "_quick.json")   # a smoke run never overwrites a registered prediction
+    (HERE / name).write_text(json.dumps(out, indent=1) + "\n")
     print(f"\npredicted per-GPU goodput (>= {ATTAINMENT:.0%} within TTFT 0.25 s and TPOT 0.1 s): vLLM {v:.3f}, "
           f"DistServe {d:.3f} req/s/GPU, ratio {out['predicted']['distserve_over_vllm'] or float('nan'):.2f}x")
 

@@ -4,7 +4,8 @@ shared_prefix workload; servelab's router also with llm-d's decode-first decider
 the decode worker, engine.disaggregation_local_prefill=true) and Dynamo's conditional one.
 
 One pair of workers serves every run (each run starts its own router process, after both workers' prefix caches are
-flushed), so every row sees the same engines and request sequence (same seed). Goodput is the requests per second
+flushed: experiments/router_ablation/loop.py, the loop router_ablation shares), so every row sees the same engines and
+request sequence (same seed). Goodput is the requests per second
 that met the stated SLO (TTFT and TPOT, --ttft-ms, --tpot-ms). Router CPU per request is the router process's CPU
 time over the run (servelab: its /router_stats; SGLang: /proc) divided by the requests. The machine is noisy (2
 shared cores): the table shows medians over --repeats runs, interleaved.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,13 +27,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "router_ablation"))
 
 from framework.config import compose  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
-from framework.core.registry import WORKLOAD  # noqa: E402
-from framework.cluster.cluster import Cluster  # noqa: E402
-from framework.cluster.figures import bench  # noqa: E402
 from framework.cluster.peer_router import installed_version  # noqa: E402
+from loop import Cell, median_run, run_cells, table as render, with_workers  # noqa: E402
 
 # (row name, router.impl, router.pd_decider): sglang-router has no decider, it pairs every request
 ROUTERS = (("sglang", "sglang", "always"), ("servelab", "servelab", "always"),
@@ -68,29 +67,14 @@ def main() -> None:
     routers = {name: compose(extra + [f"router={args.policy}", f"router.impl={impl}"] + (
         [f"router.pd_decider={decider}", f"router.pd_local_prefill_max_tokens={args.local_max_tokens}"]
         if impl == "servelab" else [])).router for name, impl, decider in rows}
-    trials: dict[str, list[dict]] = {name: [] for name in routers}
+    cells = {name: Cell(rc, cfg, {"router": name}) for name, rc in routers.items()}
+
+    def paired(results: dict, records: list) -> dict:
+        n = sum(1 for r in records if r.ok and r.kv_transfer_bytes > 0)
+        return {"paired_fraction": n / max(results["requests_completed"], 1)}
+
     t0 = time.time()
-    cluster = Cluster(cfg)
-    try:
-        cluster.start_workers()
-        cluster.warm_up()
-        for rep in range(args.repeats):           # repeats interleaved, so machine noise spreads over all
-            for name, rc in routers.items():
-                cluster.start_router(rc)
-                cluster.flush_caches()
-                sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
-                cpu0 = cluster.router_stats()["process_cpu_s"]
-                results, records = bench(cluster, cfg, sessions)
-                cpu = cluster.router_stats()["process_cpu_s"] - cpu0
-                results.pop("worker_load_timeline", None)
-                paired = sum(1 for r in records if r.ok and r.kv_transfer_bytes > 0)
-                trials[name].append({**results, "router": name, "repeat": rep,
-                                     "paired_fraction": paired / max(results["requests_completed"], 1),
-                                     "router_cpu_us_per_req": cpu / max(results["requests_completed"], 1) * 1e6})
-                print(f"  {name:<22} goodput {results['goodput_req_s']:.2f} req/s  TTFT p50 "
-                      f"{results['ttft_p50_ms']:.0f} ms  {results['duration_s']:.1f} s", flush=True)
-    finally:
-        cluster.stop()
+    trials = with_workers(cfg, lambda cluster: run_cells(cluster, cells, args.repeats, extra=paired))
     runs = [median_run(ts) for ts in trials.values()]
     print(table(runs))
     out = {"experiment": "pd_side_by_side", "git_sha": git_sha(), "wall_s": time.time() - t0,
@@ -105,18 +89,6 @@ def main() -> None:
         sys.exit("some requests failed: see requests_failed in the table")
 
 
-def median_run(trials: list[dict]) -> dict:
-    """One row per router: the median of every number over its repeats (failures summed)."""
-    row = dict(trials[0])
-    for k, v in row.items():
-        if k == "requests_failed":
-            row[k] = sum(t[k] for t in trials)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat":
-            row[k] = statistics.median(t[k] for t in trials)
-    row.pop("repeat", None)
-    return row
-
-
 def table(runs: list[dict]) -> str:
     cols = [("router", "router", "{}"), ("goodput req/s", "goodput_req_s", "{:.2f}"),
             ("SLO met", "slo_attainment", "{:.2f}"), ("out tok/s", "output_throughput_tok_s", "{:.1f}"),
@@ -124,11 +96,7 @@ def table(runs: list[dict]) -> str:
             ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}"), ("TPOT p99 ms", "tpot_p99_ms", "{:.1f}"),
             ("hit rate", "cache_hit_rate", "{:.3f}"), ("paired", "paired_fraction", "{:.2f}"),
             ("router CPU us/req", "router_cpu_us_per_req", "{:.0f}"), ("failed", "requests_failed", "{}")]
-    rows = [[c[0] for c in cols]] + [[fmt.format(r[k]) for _, k, fmt in cols] for r in runs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = [" | ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
+    return render(cols, runs)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ servelab's router and, beside it in the same run, by SGLang's own router (sglang
 SGLang's router can express the policy (not v0.4's smallest-tree miss: see framework/cluster/peer_router.py).
 
 One set of 4 workers serves every run (each run starts its own router process with that policy, after every worker's
-prefix cache is flushed), so all runs see the same engines, KV budgets and request sequences (same seed). The per-worker
+prefix cache is flushed: loop.py, the loop pd_side_by_side shares), so all runs see the same engines, KV budgets and
+request sequences (same seed). The per-worker
 KV budget is small on purpose: the caches compete, so where a request lands decides whether its prefix is cached.
 Router CPU per request is the router process's CPU time over the run (servelab: its /router_stats; SGLang: /proc)
 divided by the requests.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,13 +27,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from framework.config import compose  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
-from framework.core.registry import WORKLOAD  # noqa: E402
-from framework.cluster.cluster import Cluster  # noqa: E402
-from framework.cluster.figures import bench  # noqa: E402
 from framework.cluster.peer_router import PeerRouterError, installed_version, sglang_router_args  # noqa: E402
+from loop import Cell, median_run, run_cells, table as render, with_workers  # noqa: E402
 
 POLICIES = ("round_robin", "random", "cache_aware", "cache_aware_v2")   # conf/router/<option>
 IMPLS = ("servelab", "sglang")                                         # router.impl
@@ -86,29 +85,11 @@ def main() -> None:
                 routers[p, impl] = rc
             except PeerRouterError as e:
                 print(f"  skipped {p} on {impl}: {e}")
-    trials: dict[tuple, list[dict]] = {(w, *r): [] for w in cfgs for r in routers}
+    cells = {(w, p, impl): Cell(rc, cfgs[w], {"workload": w, "router": p, "impl": impl})
+             for w in cfgs for (p, impl), rc in routers.items()}
     t0 = time.time()
-    cluster = Cluster(next(iter(cfgs.values())))    # the workers depend on model and engine only: one set for all
-    try:
-        cluster.start_workers()
-        cluster.warm_up()
-        for rep in range(args.repeats):             # repeats interleaved, so machine noise spreads over all
-            for (w, p, impl), results_list in trials.items():
-                cfg = cfgs[w]
-                cluster.start_router(routers[p, impl])
-                cluster.flush_caches()
-                sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
-                cpu0 = cluster.router_stats()["process_cpu_s"]
-                results, _ = bench(cluster, cfg, sessions)
-                cpu = cluster.router_stats()["process_cpu_s"] - cpu0
-                results.pop("worker_load_timeline", None)
-                results_list.append({**results, "workload": w, "router": p, "impl": impl, "repeat": rep,
-                                     "router_cpu_us_per_req": cpu / max(results["requests_completed"], 1) * 1e6})
-                print(f"  {w:<13} {p:<15} {impl:<9} hit {results['cache_hit_rate']:.3f}  "
-                      f"{results['output_throughput_tok_s']:7.1f} out tok/s  {results['duration_s']:5.1f} s",
-                      flush=True)
-    finally:
-        cluster.stop()
+    # the workers depend on model and engine only: one set for all
+    trials = with_workers(next(iter(cfgs.values())), lambda cluster: run_cells(cluster, cells, args.repeats))
     runs = [median_run(rs) for rs in trials.values()]
     add_ratios(runs)
     print(table(runs))
@@ -121,18 +102,6 @@ def main() -> None:
     print(f"results: {args.out / 'results.json'}  ({out['wall_s']:.0f} s)")
     if any(r["requests_failed"] for r in runs):
         sys.exit("some requests failed: see requests_failed in the table")
-
-
-def median_run(trials: list[dict]) -> dict:
-    """One row per cell: the median of every number over its repeats (the first trial's other fields)."""
-    row = dict(trials[0])
-    for k, v in row.items():
-        if k == "requests_failed":
-            row[k] = sum(t[k] for t in trials)         # failures of every repeat count
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat":
-            row[k] = statistics.median(t[k] for t in trials)
-    row.pop("repeat", None)
-    return row
 
 
 def add_ratios(runs: list[dict]) -> None:
@@ -152,11 +121,7 @@ def table(runs: list[dict]) -> str:
             ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"), ("imbalance", "load_imbalance", "{:.2f}"),
             ("router CPU us/req", "router_cpu_us_per_req", "{:.0f}"), ("hit x RR", "hit_rate_vs_rr", "{:.2f}"),
             ("tput x RR", "throughput_vs_rr", "{:.2f}"), ("failed", "requests_failed", "{}")]
-    rows = [[c[0] for c in cols]] + [[fmt.format(r[k]) for _, k, fmt in cols] for r in runs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = [" | ".join(v.rjust(w) if i > 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
+    return render(cols, runs, text_cols=3)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ The router sees 8 instances; inside each, SGLang's DP controller hands a request
 (`parallel.dp_balance=round_robin|shortest_queue`), and each rank keeps its own radix cache. The same 64 GPUs as 8
 TP instances (one cache per instance, 1/6 of the KV) are the reference: there the router's choice is the cache's.
 The DP controller's prefix-aware switches (`parallel.dp_balance=cache_aware|precise`: sgl-router's rule per DP
-group, over an approximate view or the groups' KV events) are two more layouts, run when named in --layouts.
+group, over an approximate view or the groups' KV events) are two more layouts, run when named in --layouts, and
+`router.dp_aware=true` (the router's policy picks the (instance, DP group) itself) a third.
 One run prints throughput, hit rate (against the workload's ceiling: one unbounded cache), TTFT p50/p99 and the
 router's load imbalance per cell; writes results.json and two_level.png beside this file.
 
@@ -40,7 +41,9 @@ LAYOUTS = {"tp x8 (one cache)": ["parallel=tp", "engine.chunked_prefill_tokens=8
            "dp_attn x8, DP shortest_queue": ["parallel.dp_balance=shortest_queue"]}
 # servelab's prefix-aware DP controllers (framework/contracts/dp_controller.py): chosen with --layouts
 DP_BALANCE_LAYOUTS = {"dp_attn x8, DP cache_aware": ["parallel.dp_balance=cache_aware"],
-                      "dp_attn x8, DP precise": ["parallel.dp_balance=precise"]}
+                      "dp_attn x8, DP precise": ["parallel.dp_balance=precise"],
+                      # the router picks the DP group itself (sgl-router's --dp-aware); the DP controller obeys
+                      "dp_attn x8, router dp_aware": ["parallel.dp_balance=round_robin", "router.dp_aware=true"]}
 ALL_LAYOUTS = {**LAYOUTS, **DP_BALANCE_LAYOUTS}
 QUICK = ["workload.num_conversations=40", "workload.request_rate=20"]
 KEYS = ("output_throughput_tok_s", "cache_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "load_imbalance",

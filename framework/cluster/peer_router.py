@@ -82,7 +82,19 @@ def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheu
     args = ["--host", service.host, "--port", str(port), *workers, *policy_args,
             "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
     args += ["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"]
+    for flag, name in (("--prefill-policy", getattr(service, "prefill_policy", None)),
+                       ("--decode-policy", getattr(service, "decode_policy", None))):
+        if pd is not None and name is not None:   # its P/D mode's policy per role (the thresholds: --policy's)
+            role_args = _args_of(name)
+            args += [flag, role_args[role_args.index("--policy") + 1]]
     return args + front_door_args(service)
+
+
+def _args_of(name: str) -> list[str]:
+    try:
+        return ROUTING.get(name).sglang_args(ROUTING.get(name).Config())
+    except NotExpressible as e:
+        raise PeerRouterError(f"router.impl=sglang: {e}") from None
 
 
 def front_door_args(service) -> list[str]:

@@ -1,6 +1,10 @@
 """The processes of a local cluster, seen from the parent: start one (`python -m framework.cluster.proc`,
 leading its own process group, a pickled spec on stdin), read its status pipe until it says it is ready, signal its
-group, stop it (SIGTERM, then SIGKILL after a grace period)."""
+group, stop it (SIGTERM, then SIGKILL after a grace period).
+
+A child writes to the console. While a run keeps a log (`children_output_to`: framework/runlog.py's run.log), its
+stdout and stderr come through pipes instead: a thread per stream copies each line to the console as it was and to
+the run's log prefixed by the child's name, so the run folder keeps what the workers and the router said."""
 from __future__ import annotations
 
 import json
@@ -12,10 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("servelab.cluster")
 from framework.core.errors import ClusterError
@@ -34,15 +41,50 @@ class Child:
     ready: bool = False
 
 
+_output_sinks: list[Callable[[str, str], None]] = []   # (child's name, a line of its output): the run's log
+
+
+@contextmanager
+def children_output_to(sink: Callable[[str, str], None]):
+    """While the block runs, every child started (`launch`) also sends each line it prints to `sink`."""
+    _output_sinks.append(sink)
+    try:
+        yield
+    finally:
+        _output_sinks.remove(sink)
+
+
+def launch(cmd: list[str], name: str, **popen_kwargs) -> subprocess.Popen:
+    """`subprocess.Popen(cmd)`, its output to the console and, inside `children_output_to`, to that sink too."""
+    sink = _output_sinks[-1] if _output_sinks else None
+    if sink is None:
+        return subprocess.Popen(cmd, **popen_kwargs)
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
+    for pipe, stream in ((popen.stdout, "__stdout__"), (popen.stderr, "__stderr__")):
+        threading.Thread(target=_relay, args=(pipe, stream, name, sink), name=f"{name} {stream}", daemon=True).start()
+    return popen
+
+
+def _relay(pipe, stream: str, name: str, sink: Callable[[str, str], None]) -> None:
+    """Each line of a child's stdout or stderr: to the same stream of this process's console, and to `sink`."""
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            console = getattr(sys, stream)
+            if console is not None:
+                console.write(line)
+                console.flush()
+            sink(name, line if line.endswith("\n") else line + "\n")
+
+
 def spawn(role: str, spec, name: str, url: str) -> Child:
     """Start `python -m framework.cluster.proc ROLE FD` with `spec` on its stdin; it does not wait."""
     r, w = os.pipe()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     try:
-        popen = subprocess.Popen([sys.executable, "-m", "framework.cluster.proc", role, str(w)],
-                                 stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True, env=env,
-                                 cwd=str(REPO_ROOT))
+        popen = launch([sys.executable, "-m", "framework.cluster.proc", role, str(w)], name.split(" (")[0],
+                       stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True, env=env, cwd=str(REPO_ROOT))
     finally:
         os.close(w)
     child = Child(name, url, popen, r)

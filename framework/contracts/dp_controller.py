@@ -14,7 +14,10 @@ the group with the most room (cache_aware: the smallest tree; precise: the short
 - `cache_aware`: an approximate view per group, as the router keeps per worker: the prompts it sent there, as chains
   of block hashes (framework/kv_events/hashing.py), forgotten least-recently-used past `tree_max_tokens`.
 - `precise`: the exact view: each group's radix cache publishes its KV events (framework/kv_events/emitter.py) into
-  the controller (`watch`), which keeps the blocks each group holds, as a router following KV events does per worker.
+  the controller, which keeps the blocks each group holds, as a router following KV events does per worker. A cache
+  in the controller's process is watched directly (`watch`: rank 0's own group, every group in the simulator); a
+  group on another rank relays its events (`relay` on that rank, `feed` here: framework/kv_events/relay.py), carried
+  to rank 0 by the step's control exchange, so they arrive a step late and the forward never waits for them.
 
 A request that names its group (`pinned`: SGLang's data_parallel_rank; a router that addresses DP groups itself)
 goes there under every policy.
@@ -27,8 +30,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from framework.kv_events.emitter import CacheEventEmitter
-from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
+from framework.kv_events.emitter import CacheEventEmitter, observe
+from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from framework.kv_events.relay import EventRelay
 from framework.kv_events.hashing import chain_hashes
 
 log = logging.getLogger(__name__)
@@ -56,20 +60,29 @@ class PrefixRule:
     tree_max_tokens: int = 1 << 22     # cache_aware: tokens each group's approximate view remembers
 
 
-class ApproxView:
-    """One group's prompts as the controller sent them: block hashes, least recently used first."""
-
-    def __init__(self, max_blocks: int):
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-        self.max_blocks = max_blocks
+class BlockView:
+    """One group's blocks as a view holds them (the subclasses decide how they come and go)."""
+    blocks: OrderedDict[int, None] | set[int]
 
     def match(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of a prompt's chain the group holds."""
         n = 0
         for h in hashes:
             if h not in self.blocks:
                 break
             n += 1
         return n
+
+    def size(self) -> int:
+        return len(self.blocks)
+
+
+class ApproxView(BlockView):
+    """One group's prompts as the controller sent them: block hashes, least recently used first."""
+
+    def __init__(self, max_blocks: int):
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.max_blocks = max_blocks
 
     def insert(self, hashes: Sequence[int]) -> None:
         for h in hashes:
@@ -78,11 +91,8 @@ class ApproxView:
         while len(self.blocks) > self.max_blocks:
             self.blocks.popitem(last=False)
 
-    def size(self) -> int:
-        return len(self.blocks)
 
-
-class EventView:
+class EventView(BlockView):
     """One group's cached blocks, from its KV events (the emitter's sink)."""
 
     def __init__(self):
@@ -95,36 +105,6 @@ class EventView:
             self.blocks.difference_update(event.block_hashes)
         elif isinstance(event, AllBlocksCleared):
             self.blocks.clear()
-
-    def match(self, hashes: Sequence[int]) -> int:
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def size(self) -> int:
-        return len(self.blocks)
-
-
-class Tee:
-    """A radix cache observer that tells two observers (the router's emitter and the controller's)."""
-
-    def __init__(self, first, second):
-        self.first, self.second = first, second
-
-    def stored(self, key, start) -> None:
-        self.first.stored(key, start)
-        self.second.stored(key, start)
-
-    def evicted(self, leaf) -> None:
-        self.first.evicted(leaf)
-        self.second.evicted(leaf)
-
-    def cleared(self) -> None:
-        self.first.cleared()
-        self.second.cleared()
 
 
 class DataParallelController:
@@ -145,6 +125,7 @@ class DataParallelController:
                             if policy == DPBalance.cache_aware else
                             [EventView() for _ in range(size)] if policy == DPBalance.precise else [])
         self._watched: list = [None] * size   # precise: each group's radix cache and the emitter it feeds
+        self._fed = [False] * size            # precise: groups whose events arrive as relayed batches (`feed`)
         self._warned = False
 
     def update(self, loads: list[int]) -> None:
@@ -155,20 +136,34 @@ class DataParallelController:
 
     def watch(self, rank: int, cache) -> None:
         """Follow DP group `rank`'s radix cache through its KV events (policy precise; the others ignore it). The
-        controller's emitter joins whatever observer the cache has (`Tee`), now and whenever one replaces it."""
+        controller's emitter joins whatever observer the cache has (a `Tee`), now and whenever one replaces it."""
         if self.policy == DPBalance.precise:
             self._watched[rank] = (cache, CacheEventEmitter(self.rule.block_size, self.views[rank]))
             self._rewire()
 
     def _rewire(self) -> None:
         for entry in self._watched:
-            if entry is None:
-                continue
-            cache, emitter = entry
-            obs = cache.observer
-            if obs is emitter or (isinstance(obs, Tee) and obs.second is emitter):
-                continue
-            cache.observer = emitter if obs is None else Tee(obs, emitter)
+            if entry is not None:
+                observe(*entry)
+
+    def relay(self, rank: int, cache) -> EventRelay | None:
+        """The other side of `watch` for a DP group whose cache lives in another process (rank `rank`'s leader):
+        its KV events, batched for `feed` (policy precise; None for the others)."""
+        if self.policy != DPBalance.precise:
+            return None
+        return EventRelay(cache, self.rule.block_size, rank)
+
+    def feed(self, batch: KVEventBatch) -> None:
+        """A batch of KV events from the group its `data_parallel_rank` names (an `EventRelay`'s)."""
+        rank = batch.data_parallel_rank
+        if self.policy != DPBalance.precise:
+            return
+        if rank is None or not 0 <= rank < self.size:
+            raise ValueError(f"a KV event batch for the DP controller names its group 0..{self.size - 1} in "
+                             f"data_parallel_rank, got {rank!r}")
+        self._fed[rank] = True
+        for event in batch.events:
+            self.views[rank](event)
 
     def assign(self, pinned: int | None = None, prompt_ids: Sequence[int] | None = None) -> int:
         """The rank for the next request. `pinned` (a request that names its rank, as SGLang's
@@ -198,11 +193,10 @@ class DataParallelController:
     def _by_prefix(self, prompt_ids: Sequence[int]) -> int:
         rule = self.rule
         if self.policy == DPBalance.precise:
-            if not any(self._watched):
+            if not any(self._watched) and not any(self._fed):
                 if not self._warned:
-                    log.warning("parallel.dp_balance=precise: no DP group's KV events reach this controller (a real "
-                                "multi-rank instance does not publish them yet; the simulator does): the shortest "
-                                "queue decides")
+                    log.warning("parallel.dp_balance=precise: no DP group's KV events reach this controller (neither "
+                                "`watch` nor `feed` was called): the shortest queue decides")
                     self._warned = True
                 return self._shortest()
             self._rewire()

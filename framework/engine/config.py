@@ -66,6 +66,10 @@ class EngineConfig:
     disaggregation_decode_prefix_reuse: bool = False   # decode: receive only what its radix cache lacks (servelab)
     disaggregation_local_prefill: bool = False   # decode: serve a request without bootstrap fields whole (servelab)
     disaggregation_timeout_s: float = 60.0      # a room unpaired, or a transfer unanswered, this long fails
+    # decode: future tokens kept free per decoding request before another request's slots are pre-allocated (SGLang's
+    # SGLANG_NUM_RESERVED_DECODE_TOKENS, 512); 0: DistServe's decode admission (a request is taken when its prompt's
+    # blocks fit; running out later retracts, where DistServe swaps to CPU)
+    disaggregation_decode_reserve_tokens: int = 512
 
     def validate(self) -> None:
         problems = []
@@ -100,6 +104,9 @@ class EngineConfig:
             problems.append(f"engine.role={self.role!r} is not one of {', '.join(ROLES)}")
         if self.disaggregation_timeout_s <= 0:
             problems.append(f"engine.disaggregation_timeout_s must be > 0, got {self.disaggregation_timeout_s}")
+        if self.disaggregation_decode_reserve_tokens < 0:
+            problems.append(f"engine.disaggregation_decode_reserve_tokens must be >= 0 (512: SGLang's, 0: DistServe's), "
+                            f"got {self.disaggregation_decode_reserve_tokens}")
         if not 0 <= self.disaggregation_bootstrap_port < 65536:
             problems.append(f"engine.disaggregation_bootstrap_port must be a port (0-65535), got "
                             f"{self.disaggregation_bootstrap_port}")

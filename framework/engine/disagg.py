@@ -9,7 +9,8 @@ until the connector has sent it, then released into the radix cache as any finis
 
 Decode role: a request waits for KV slots (`waiting_slots`, SGLang's DecodePreallocQueue): a req_to_token row and a
 slot per prompt token it lacks, admitted in arrival order while the pool keeps each running or receiving request's
-next tokens free (up to RESERVED_DECODE_TOKENS each); then it receives (`receiving`, SGLang's DecodeTransferQueue);
+next tokens free (up to `engine.disaggregation_decode_reserve_tokens` each: SGLang's RESERVED_DECODE_TOKENS; 0 is
+DistServe's admission, the prompt's slots alone); then it receives (`receiving`, SGLang's DecodeTransferQueue);
 when the KV and the prefill's sampled first token have landed it joins the running batch with that token as its
 first output and decodes. With `disaggregation_decode_prefix_reuse` the slots it lacks exclude the longest prefix its
 own radix cache holds (servelab's switch; SGLang pre-allocates the whole prompt).
@@ -47,6 +48,7 @@ class Destination:
 class Disaggregation:
     def __init__(self, scheduler, role: Role, prefix_reuse: bool):
         self.s, self.role, self.prefix_reuse = scheduler, Role(role), prefix_reuse
+        self.reserve_tokens = int(getattr(scheduler.cfg, "disaggregation_decode_reserve_tokens", RESERVED_DECODE_TOKENS))
         self.waiting_slots: list[Req] = []
         self.receiving: dict[str, Req] = {}
         self.abandoned: set[str] = set()         # aborted while receiving: slots kept until the prefill answers
@@ -106,7 +108,7 @@ class Disaggregation:
                             else (torch.empty(0, dtype=torch.int32), s.cache.root))
             need = len(req.prompt_ids) - len(prefix)
             s.cache.inc_lock_ref(node)
-            reserve = sum(min(RESERVED_DECODE_TOKENS, r.params.max_new_tokens - len(r.output_ids))
+            reserve = sum(min(self.reserve_tokens, r.params.max_new_tokens - len(r.output_ids))
                           for r in [*s.running, *self.receiving.values(), req] if not r.finished)
             if s.pool.available() + s.cache.evictable_size() < need + reserve:
                 s.cache.dec_lock_ref(node)

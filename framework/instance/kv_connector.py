@@ -264,7 +264,9 @@ class KVConnector:
             elif now - since > self.timeout_s:
                 del self.held[rid]
                 self._fail_prefill(rid, room, f"no decode instance asked for room {room} within "
-                                              f"engine.disaggregation_timeout_s={self.timeout_s:g}s")
+                                              f"engine.disaggregation_timeout_s={self.timeout_s:g}s (its KV held this "
+                                              f"prefill pool meanwhile: a decode side with no slots for it and "
+                                              f"requests waiting here for room is a deadlock, broken by failing it)")
         for room, since in list(self.cancelled.items()):
             if now - since > self.timeout_s and room not in self.inflight.values():
                 del self.cancelled[room]

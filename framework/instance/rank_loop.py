@@ -33,6 +33,7 @@ from framework.engine.request import Req, SamplingParams
 from framework.engine.stats import instance_stats
 from framework.model.config import ModelConfig
 from framework.core.registry import PARALLELISM
+from framework.kv_events.events import KVEventBatch
 from framework.instance.kv_connector import IDLE_POLL_S, POLL_S, KVAllocated, KVConnector, KVDone, KVFailed
 
 HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
@@ -157,6 +158,12 @@ class RankLoop:
         self.engine, self.par, self.control, self.channel = engine, engine.par, control, channel
         self.rank, self.size = control.rank, control.size
         self.dispatcher = self.par.dispatcher() if self.rank == 0 else None
+        # dp_balance=precise: rank 0's controller watches its own group's radix cache; each other group's leader
+        # relays its cache's KV events to it in the step's exchange
+        if self.rank == 0:
+            self.dispatcher.watch(self.par.dp_rank, engine.scheduler.cache)
+        self.relay = self.par.dispatcher().relay(self.par.dp_rank, engine.scheduler.cache) \
+            if self.rank and self.par.leads else None
         self.snapshots: list[dict] = []      # every rank's, as of the last exchange
         self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
         self.sent_adds = False               # ... and requests the snapshots may not show yet
@@ -236,8 +243,8 @@ class RankLoop:
         self.steps += 1
         self.par.set_step(self.steps)
         if self.size > 1:
-            reports = self.control.all_gather_object(Report(cmds or [], self.pending if self.rank else [],
-                                                            self.engine.server_info()))
+            ups = (self.pending + (self.relay.drain() if self.relay is not None else [])) if self.rank else []
+            reports = self.control.all_gather_object(Report(cmds or [], ups, self.engine.server_info()))
             if self.rank:
                 self.pending = []
             cmds = reports[0].commands
@@ -245,6 +252,9 @@ class RankLoop:
             if self.rank == 0:
                 for report in reports[1:]:
                     self.pending += report.events
+                for batch in [e for e in self.pending if isinstance(e, KVEventBatch)]:
+                    self.dispatcher.feed(batch)
+                self.pending = [e for e in self.pending if not isinstance(e, KVEventBatch)]
                 if self.kv is not None:               # what the other DP groups' leaders allocated: rank 0 asks
                     for event in [e for e in self.pending if isinstance(e, KVAllocated)]:
                         self.kv.allocated_elsewhere(event)

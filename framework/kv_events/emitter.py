@@ -51,3 +51,30 @@ class CacheEventEmitter:
 
     def cleared(self) -> None:
         self.sink(AllBlocksCleared())
+
+
+class Tee:
+    """A radix cache observer that tells two observers (e.g. the router's publisher and the DP controller's view)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def stored(self, key, start) -> None:
+        self.first.stored(key, start)
+        self.second.stored(key, start)
+
+    def evicted(self, leaf) -> None:
+        self.first.evicted(leaf)
+        self.second.evicted(leaf)
+
+    def cleared(self) -> None:
+        self.first.cleared()
+        self.second.cleared()
+
+
+def observe(cache, emitter) -> None:
+    """Make ``emitter`` one of ``cache``'s observers, beside whatever observer it has (a ``Tee``)."""
+    obs = cache.observer
+    if obs is emitter or (isinstance(obs, Tee) and obs.second is emitter):
+        return
+    cache.observer = emitter if obs is None else Tee(obs, emitter)

@@ -14,6 +14,11 @@ clock; both make the same calls in the same order for a request:
    counts each request once), but one whose client hung up (the load client leaves at [DONE]) -- and the worker's
    circuit breaker learns the attempt's verdict.
 
+Prefill/decode disaggregation keeps one policy per role, as sglang-router does (``--prefill-policy``,
+``--decode-policy``, each defaulting to ``--policy``): ``set_role_policies`` gives the core a policy instance per role
+and ``set_role`` moves a worker, once its role is known, from the router's policy into its role's, so each role's
+policy sees only its role's workers, requests and events (``policy_of``).
+
 ``snapshot`` is ``GET /router_stats``' shape, with the policy's own account of its estimates (``policy_accuracy``:
 estimated, confirmed and reported cached tokens) when it keeps one.
 """
@@ -65,6 +70,7 @@ class RouterCore:
         self.workers: dict[str, WorkerState] = {}
         self.stats = RouterStats()
         self.wants_usage = USAGE in policy.subscriptions  # read the usage from the answers only then
+        self.role_policies: dict[str, Any] = {}  # P/D: role -> its own policy instance (set_role_policies)
         self.on_idle: Callable[[WorkerState], None] | None = None  # a draining worker's last request ended
         self._held: dict[str, list[Attempt]] = {}  # worker url -> attempts held for it, in the order they came
 
@@ -83,10 +89,50 @@ class RouterCore:
 
     def remove_worker(self, url: str) -> WorkerState:
         """Forget the worker (its requests still in flight end without reaching the policy)."""
+        policy = self.policy_of(url)
         state = self.workers.pop(url)
-        self.policy.remove_worker(url)
+        policy.remove_worker(url)
         state.loads = _REMOVED
         return state
+
+    # -- P/D: a policy per role -------------------------------------------------------------------------------------
+    def set_role_policies(self, policies: dict[str, Any]) -> None:
+        """One policy instance per role (sglang-router's P/D mode); workers whose role is known already move now."""
+        for p in policies.values():
+            p.clock = self.clock
+        self.role_policies = dict(policies)
+        self.wants_usage = any(USAGE in p.subscriptions for p in (self.policy, *policies.values()))
+        for w in self.workers.values():
+            if w.role in policies:
+                self.set_role(w.url, w.role)
+
+    def set_role(self, url: str, role: str | None) -> None:
+        """``url`` serves ``role``: with a policy for that role it moves there (its in-flight count with it); a role
+        without one (mixed, unknown) keeps or brings it back to the router's policy."""
+        w = self.workers[url]
+        w.role = role
+        current, target = self.policy_of(url), self.role_policies.get(role, self.policy)
+        if target is current:
+            return
+        in_flight = current.loads.get(url, 0)
+        current.remove_worker(url)
+        target.add_worker(url)
+        target.loads[url] = in_flight
+        w.loads = target.loads
+
+    def policy_for(self, role: str) -> Any:
+        """The policy that picks a ``role`` worker: that role's own, else the router's."""
+        return self.role_policies.get(role, self.policy)
+
+    def policy_of(self, url: str) -> Any:
+        """The policy that holds worker ``url``: its role's once it moved there, else the router's."""
+        for p in self.role_policies.values():
+            if url in p.loads:
+                return p
+        return self.policy
+
+    def policies(self) -> list:
+        return [self.policy, *self.role_policies.values()]
 
     def is_current(self, w: WorkerState) -> bool:
         """Whether ``w`` is still registered (a URL removed and added again since is another worker)."""
@@ -99,7 +145,7 @@ class RouterCore:
         """What the policy knew of the worker's cache is void (``cause``: FLUSHED, RESTARTED, EVENTS_LOST: the
         contract's ``reset_worker``); returns the attempts held for that worker that the policy lets go now (send
         them; a caller that ignores them sends them when their hold runs out)."""
-        self.policy.reset_worker(url, cause)
+        self.policy_of(url).reset_worker(url, cause)
         return self._let_go(url)
 
     # -- a request ---------------------------------------------------------------------------------------------------
@@ -122,7 +168,7 @@ class RouterCore:
     def hold(self, att: Attempt, limit_s: float = math.inf) -> float:
         """Seconds to hold ``att`` before sending it, at most ``limit_s`` (the client's deadline); 0: send it now.
         A held attempt waits for ``worker_events``, ``hold_over`` or ``release``."""
-        left = self.policy.hold_s(att.decision)
+        left = self.policy_of(att.worker.url).hold_s(att.decision)
         if left <= 0 or limit_s <= 0:
             return 0.0
         self.stats.holds += 1
@@ -148,7 +194,7 @@ class RouterCore:
             self._unhold(att)
         current = self.workers.get(w.url) is w
         if current:
-            self.policy.on_request_done(w.url, decision, att.served, att.usage)
+            self.policy_of(w.url).on_request_done(w.url, decision, att.served, att.usage)
         if att.served and att.outcome != BROKEN_STREAM:
             self.stats.served(decision, att.usage)
         if att.verdict == OK:
@@ -166,7 +212,7 @@ class RouterCore:
                       ) -> list[Attempt]:
         """A batch of ``url``'s KV events, for the policy; returns the held attempts the policy lets go after it.
         ``on_error``: told of an event the policy cannot use (else its ValueError propagates)."""
-        policy = self.policy
+        policy = self.policy_of(url)
         for event in events:
             try:
                 policy.on_worker_event(url, event)
@@ -181,17 +227,20 @@ class RouterCore:
         held = self._held.get(url)
         if not held:
             return []
-        go = [a for a in held if self.policy.hold_s(a.decision) <= 0]
+        policy = self.policy_of(url)
+        go = [a for a in held if policy.hold_s(a.decision) <= 0]
         for a in go:
             self._unhold(a)
         return go
 
     def load_report(self, url: str, report: LoadReport) -> None:
-        self.policy.on_worker_event(url, report)
+        self.policy_of(url).on_worker_event(url, report)
 
     def maintain(self, now: float | None = None) -> None:
         """The policy's periodic work (cache eviction, expiry) at ``now`` (default: the clock's)."""
-        self.policy.maintain(self.clock() if now is None else now)
+        now = self.clock() if now is None else now
+        for p in self.policies():
+            p.maintain(now)
 
     def snapshot(self) -> dict:
         """``GET /router_stats``: the counters since the last ``stats.reset()``, the workers, the policy's accuracy."""
@@ -200,6 +249,8 @@ class RouterCore:
         return {**self.stats.snapshot([w.describe(now) for w in self.workers.values()]),
                 "keeps_estimate": self.policy.keeps_estimate,   # whether estimated_hit_rate estimates anything
                 "policy_state": self.policy.state_sizes(),      # what it remembers, counted (bounded: docs/routing.md)
+                **({"role_policy_state": {r: p.state_sizes() for r, p in self.role_policies.items()}}
+                   if any(p.loads for p in self.role_policies.values()) else {}),
                 **({"policy_accuracy": dict(accuracy)} if accuracy else {})}
 
     def _unhold(self, att: Attempt) -> None:

@@ -14,6 +14,10 @@ Deciders (``router.pd_decider``):
   ``max_prefill_queue_size``): the same uncached count against the same threshold, and remote only while the least
   busy routable prefill worker has fewer than ``router.pd_max_prefill_queue`` requests in flight.
 
+Each role is picked by its own policy instance when the core has them (``RouterCore.set_role_policies``; sglang-router's
+``--prefill-policy``/``--decode-policy``, ``router.prefill_policy``/``router.decode_policy``, each defaulting to the
+router's policy: ``role_policies`` builds them); without them, by the router's policy (``select_pair``).
+
 "Tokens the decode worker holds" is the policy's own estimate (its decision's ``matched_chars`` over
 ``request_chars``, a ratio in the policy's unit) times the prompt's tokens (the client's token ids, else its UTF-8
 bytes over ``router.pd_bytes_per_token``); a policy that keeps no estimate gives 0 held, so only the prompt's length
@@ -21,10 +25,12 @@ decides.
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import NamedTuple, Sequence
 
 from framework.contracts.routing import RequestView, RoutingDecision
+from framework.core.registry import ROUTING
 from framework.routing.core import Attempt, RouterCore
 from framework.routing.workers import CLOSED, WorkerState
 
@@ -91,22 +97,47 @@ def _select_as(policy, role: str, request, urls: list[str]) -> str:
         policy.role = None
 
 
+def role_policies(policy, prefill: str | None = None, decode: str | None = None) -> dict:
+    """A fresh policy instance per role (sglang-router keeps one per role): ``prefill``/``decode`` name a routing
+    policy, None the router's own (``policy``'s kind and settings); a named one runs with its default settings."""
+    policy = getattr(policy, "inner", policy)   # router.dp_aware's wrapper (dp_aware.py): the roles get what it wraps
+
+    def build(name):
+        if name is None or name == getattr(policy.cfg, "name", None):
+            return type(policy)(copy.deepcopy(policy.cfg), policy.seed)
+        if name not in ROUTING.keys():
+            raise ValueError(f"router.prefill_policy/decode_policy={name!r} is not a routing policy; the choices: "
+                             f"{', '.join(sorted(ROUTING.keys()))}")
+        return ROUTING.get(name)(ROUTING.get(name).Config(), policy.seed)
+    return {PREFILL: build(prefill), DECODE: build(decode)}
+
+
 def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Sequence[WorkerState],
                   decode_pool: Sequence[WorkerState], decider: str = ALWAYS, max_local_tokens: int = 0,
                   max_queue: int = 0, bytes_per_token: float = 1.0, retry: bool = False) -> PairPlan:
     """Choose a request's halves among the routable ``prefill_pool`` and ``decode_pool`` (both non-empty; decode
     workers that cannot prefill locally are always paired) and count them in flight."""
-    policy = core.policy
+    p_policy, d_policy = core.policy_for(PREFILL), core.policy_for(DECODE)
     prefill_urls = [w.url for w in prefill_pool]
     if decider == ALWAYS:
         t0 = time.perf_counter()
-        p, d = policy.select_pair(request, prefill_urls, [w.url for w in decode_pool])
+        if p_policy is d_policy:               # one policy for both roles: its select_pair
+            p, d = p_policy.select_pair(request, prefill_urls, [w.url for w in decode_pool])
+            pd, dd = p_policy.last_pair
+        else:                                  # a policy per role (sglang-router's): one select each
+            p = _select_as(p_policy, PREFILL, request, prefill_urls)
+            pd = p_policy.last_decision
+            try:
+                d = _select_as(d_policy, DECODE, request, [w.url for w in decode_pool])
+            except BaseException:
+                p_policy.on_request_done(p)    # no pair: the prefill half is not sent
+                raise
+            dd = d_policy.last_decision
         dt = (time.perf_counter() - t0) / 2
-        pd, dd = policy.last_pair
         return PairPlan(_attempt(core, p, pd, dt, retry), _attempt(core, d, dd, dt, False), "always")
     t0 = time.perf_counter()  # llm-d's and Dynamo's order: the decode worker first, its cache decides
-    d = _select_as(policy, DECODE, request, [w.url for w in decode_pool])
-    dd = policy.last_decision
+    d = _select_as(d_policy, DECODE, request, [w.url for w in decode_pool])
+    dd = d_policy.last_decision
     decode = _attempt(core, d, dd, time.perf_counter() - t0, retry)
     uncached = uncached_tokens(dd, prompt_tokens(request, bytes_per_token))
     queue = min(w.in_flight for w in prefill_pool)
@@ -117,5 +148,5 @@ def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Se
     else:
         return PairPlan(None, decode, "local_prefill")
     t0 = time.perf_counter()
-    p = _select_as(policy, PREFILL, request, prefill_urls)
-    return PairPlan(_attempt(core, p, policy.last_decision, time.perf_counter() - t0, False), decode, why)
+    p = _select_as(p_policy, PREFILL, request, prefill_urls)
+    return PairPlan(_attempt(core, p, p_policy.last_decision, time.perf_counter() - t0, False), decode, why)

@@ -26,6 +26,7 @@ from framework.sim.cluster import Simulation
 from framework.contracts.cost import CostModel, InstanceShape
 from framework.sim.instance import SimInstance
 from framework.sim.router import SimRouter
+from framework.routing.dp_aware import DPAware
 from framework.runs.checks import check_instance
 from framework.runs.finish import finish
 from framework.runs.progress import phase
@@ -66,8 +67,10 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
         block_size = kv_block_size(cfg.cluster, policy_cfg)
     except ClusterError as e:
         raise ValueError(str(e)) from None
-    router = SimRouter(ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed), names, service.maintain_interval_secs,
-                       block_size, service.load_poll_interval_s)
+    policy = ROUTING.get(cfg.router.name)(policy_cfg, cfg.seed)
+    if service.dp_aware:                    # router.dp_aware: the policy picks each instance's DP group too
+        policy = DPAware(policy, lambda name: instances[name].dispatcher.size)
+    router = SimRouter(policy, names, service.maintain_interval_secs, block_size, service.load_poll_interval_s)
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer

@@ -30,7 +30,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 
-DP_RANK_HEADER = "X-Data-Parallel-Rank"   # the OpenAI endpoints' way to name a DP group (no body field there)
+from framework.routing.dp_aware import DP_RANK_HEADER   # the OpenAI endpoints' way to name a DP group (no body field)
 
 
 def dp_rank_of(request, req) -> int | None:

@@ -31,6 +31,7 @@ from framework.core.records import RequestRecord
 from framework.contracts.workload import Session
 from framework.load.sessions import DueTurns, not_sent
 from framework.routing.core import Attempt, route_fields
+from framework.routing.dp_aware import dp_rank_of
 from framework.sim.frontend import FrontEnd
 from framework.sim.router import usage_of
 
@@ -219,7 +220,7 @@ class Simulation:
             if flight.req.pairing is not None:
                 self.instances[worker].add_paired(flight.req)
                 return
-            self.instances[worker].add(flight.req)
+            self.instances[worker].add(flight.req, dp_rank_of(flight.attempt.decision))   # router.dp_aware: its pin
         except ValueError as e:
             self._fail(now, flight, str(e))
 

@@ -9,8 +9,9 @@ virtual clock, with the KV transfer priced from its bytes on shared links.
   for `router.pd_decider=always`, llm-d's decode-first rule or Dynamo's conditional rule otherwise), on the simulated
   router's core and clock. A request the decider keeps local is prefilled on its decode instance (which must have
   `engine.disaggregation_local_prefill`, as on the real path).
-- Order: as SGLang, a prefill half reaches its prefill instance once the decode instance has pre-allocated its slots
-  (`prefill_after_slots`; False: DistServe's order, the prefill at once and its KV held until a destination exists).
+- Order (`sim.pd_order`): `sglang`, a prefill half reaches its prefill instance once the decode instance has
+  pre-allocated its slots; `distserve`, the prefill at once and its KV held until a destination exists (DistServe's
+  pull, and servelab's real path).
 - The transfer: (prompt tokens the decode side lacks) x `kv_bytes_per_token` bytes, from the moment both halves are
   ready (the prefill finished, the destination pre-allocated), over the link between the two instances: NVLink when
   they share a node, the NICs otherwise (placement: instances fill `hardware.gpus_per_node`-GPU nodes in order, each
@@ -35,11 +36,13 @@ from framework.core.registry import PARALLELISM
 from framework.engine.config import Role
 from framework.engine.disagg import Pairing
 from framework.engine.request import Req
-from framework.routing.pairs import ALWAYS, DECIDERS, dispatch_pair
+from framework.routing.pairs import ALWAYS, DECIDERS, dispatch_pair, role_policies
 from framework.sim.cluster import ARRIVE, CLIENT, PD_EVENT, _Flight
 from framework.sim.router import usage_of
 
 EPS_BYTES = 1e-6
+SGLANG, DISTSERVE = "sglang", "distserve"
+PD_ORDERS = (SGLANG, DISTSERVE)   # sim.pd_order
 
 
 @dataclass(eq=False)
@@ -168,13 +171,19 @@ def placement(names: list[str], sizes: dict[str, int], gpus_per_node: int) -> di
 class PD:
     """The disaggregation of one simulation: which instance has which role, the pair routing and the transfers."""
 
-    def __init__(self, sim, roles: dict[str, Role], cfgs: dict, cost, router_cfg, prefill_after_slots: bool = True):
+    def __init__(self, sim, roles: dict[str, Role], cfgs: dict, cost, router_cfg,
+                 prefill_after_slots: bool | None = None):
         self.sim, self.roles, self.cost = sim, roles, cost
         # SGLang's order (disaggregation/prefill.py's bootstrap queue): a prefill half is queued once its decode
         # instance has pre-allocated its slots, so held KV always has somewhere to go. False: DistServe's (and
         # servelab's real path's) order: the prefill runs at once and holds the KV until its destination is known,
         # which can deadlock when held KV and waiting prompts fill both sides (a prompt waiting for prefill room
         # behind KV whose destination waits behind it)
+        if prefill_after_slots is None:         # the run's sim.pd_order
+            order = getattr(getattr(next(iter(cfgs.values())), "sim", None), "pd_order", SGLANG)
+            if order not in PD_ORDERS:
+                raise ValueError(f"sim.pd_order={order!r} is not one of {', '.join(PD_ORDERS)}")
+            prefill_after_slots = order == SGLANG
         self.prefill_after_slots = prefill_after_slots
         self.prefill = [n for n, r in roles.items() if r is Role.prefill]
         self.decode = [n for n, r in roles.items() if r is Role.decode]
@@ -187,7 +196,11 @@ class PD:
         self.max_local = int(getattr(router_cfg, "pd_local_prefill_max_tokens", 0))
         self.max_queue = int(getattr(router_cfg, "pd_max_prefill_queue", 1 << 30))
         self.bytes_per_token = float(getattr(router_cfg, "pd_bytes_per_token", 1.0))
-        core = sim.router.core
+        core = sim.router.core      # a policy instance per role, as sglang-router (router.prefill_policy/decode_policy)
+        core.set_role_policies(role_policies(core.policy, getattr(router_cfg, "prefill_policy", None),
+                                             getattr(router_cfg, "decode_policy", None)))
+        for n, r in roles.items():
+            core.set_role(n, r.value)
         for n in self.decode:
             core.workers[n].local_prefill = bool(cfgs[n].engine.disaggregation_local_prefill)
         self.kv_bytes = {n: PARALLELISM.get(c.parallel.name).kv_bytes_per_token(c.model) for n, c in cfgs.items()}

@@ -19,6 +19,8 @@ from typing import Callable
 
 from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView
 from framework.kv_events.emitter import CacheEventEmitter
+from framework.kv_events.events import KVEventBatch
+from framework.routing.dp_aware import DPAware
 from framework.routing.core import OK, Attempt, RouterCore
 
 
@@ -44,10 +46,14 @@ class SimRouter:
         self.on_release: Callable[[list[Attempt]], None] | None = None  # held attempts an event let go: send them
 
     def watch(self, worker: str, caches) -> None:
-        """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them."""
+        """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them; a
+        DP-aware one (router.dp_aware) gets each group's as a batch with its data_parallel_rank."""
         if self.block_size:
-            for cache in caches:
-                cache.observer = CacheEventEmitter(self.block_size, lambda event: self.worker_event(worker, event))
+            dp_aware = isinstance(self.policy, DPAware)
+            for rank, cache in enumerate(caches):
+                sink = (lambda event, r=rank: self.worker_event(worker, KVEventBatch(self.now, (event,), r))) \
+                    if dp_aware else (lambda event: self.worker_event(worker, event))
+                cache.observer = CacheEventEmitter(self.block_size, sink)
 
     def worker_event(self, worker: str, event) -> None:
         """One KV event of `worker`, as it happens (the emitter's sink)."""

@@ -96,17 +96,25 @@ def test_no_replay_socket_means_resync():
     asyncio.run(main())
 
 
+
+async def sent(pub, n: int, timeout_s: float = 10.0) -> None:
+    """Until the publisher's thread has sent ``n`` batches (a sleep is not enough on a loaded machine)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while pub._seq < n:
+        assert asyncio.get_running_loop().time() < deadline, f"publisher sent {pub._seq} of {n} batches"
+        await asyncio.sleep(0.002)
+
 def test_a_late_subscriber_replays_from_the_last_clear():
     async def main():
         pub = ZmqEventPublisher(buffer_steps=4)
         try:
-            for h in range(6):
+            for h in range(6):  # one batch each: wait for every send, as the sequence numbers are asserted
                 pub.publish(BlockRemoved((h,)))
-                await asyncio.sleep(0.005)
+                await sent(pub, h + 1)
             pub.publish(AllBlocksCleared())
-            await asyncio.sleep(0.05)
+            await sent(pub, 7)
             pub.publish(BlockRemoved((7,)))
-            await asyncio.sleep(0.1)  # seq 0..7 sent, 6 cleared; the buffer holds 4..7
+            await sent(pub, 8)  # seq 0..7 sent, 6 cleared; the buffer holds 4..7
             assert pub.info["cleared_seq"] == 6
             sink = Sink()
             sub = KvEventSubscriber(pub.endpoint, pub.replay_endpoint, sink.batch, sink.resync,

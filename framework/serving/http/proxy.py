@@ -29,11 +29,17 @@ def route_header(decision) -> str:
     return f"{decision.reason}; estimate={decision.matched_chars}; of={decision.request_chars}"
 
 
+def dropped(connection, base: frozenset):
+    """The header names a proxy drops: ``base`` and the fields the Connection header (``connection``, str or bytes,
+    None when absent) names, hop-by-hop too. Names in lower case, the same type as ``connection``'s."""
+    if not connection:
+        return base
+    return base | {t.strip().lower() for t in connection.split("," if isinstance(connection, str) else b",")}
+
+
 def pass_headers(headers: CIMultiDictProxy, drop: frozenset[str]) -> CIMultiDict:
     """``headers`` without ``drop`` and without the fields the Connection header names (hop-by-hop too)."""
-    named = headers.get("Connection")
-    if named:
-        drop = drop | {t.strip().lower() for t in named.split(",")}
+    drop = dropped(headers.get("Connection"), drop)
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 

@@ -41,14 +41,21 @@ class Admission:
         self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.rate)
         self._last = now
 
-    async def admit(self) -> None:
-        """Returns once admitted (then ``release()`` exactly once); raises ApiError 429 / 408 when not admitted."""
+    def try_admit(self) -> bool:
+        """Admitted at once (then ``release()`` exactly once): True; False when the request would have to queue or
+        be refused, which ``admit`` does. Always True when admission control is off (and nothing is counted)."""
         if not self.enabled:
-            return
+            return True
         self._refill()
         if not self.waiting and self.tokens >= 1.0:
             self.tokens -= 1.0
             self._admitted()
+            return True
+        return False
+
+    async def admit(self) -> None:
+        """Returns once admitted (then ``release()`` exactly once); raises ApiError 429 / 408 when not admitted."""
+        if self.try_admit():
             return
         if len(self.waiting) >= self.queue_size:
             self.counts["rejected_queue_full"] += 1

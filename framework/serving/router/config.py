@@ -49,6 +49,8 @@ class RouterServiceConfig:
     kv_events_port: int = 0
     kv_events_replay_port: int = 0
     load_poll_interval_s: float = 0.5       # GET /get_load on every worker this often (a policy that follows loads)
+    # sgl-router's --dp-aware (framework/routing/dp_aware.py): the policy picks a (worker, DP group), sent as the pin
+    dp_aware: bool = False
     # admission control, sglang-router 0.3.2's flags and semantics (admission.py); -1: no limit
     max_concurrent_requests: int = -1
     queue_size: int = 100                   # requests waiting for admission at most (0: refuse at once, 429)
@@ -69,6 +71,10 @@ class RouterServiceConfig:
     pd_local_prefill_max_tokens: int = 256  # decode_first, conditional: up to this many uncached tokens prefill locally
     pd_max_prefill_queue: int = 2           # conditional: remote only while a prefill worker has fewer in flight
     pd_bytes_per_token: float = 1.0         # the prompt's tokens from its text when the client sent no ids (byte model)
+    # one policy instance per role (sglang-router's --prefill-policy/--decode-policy): a routing policy's name, with
+    # its default settings; null: the router's own policy (router=...) and settings, a separate instance per role
+    prefill_policy: Optional[str] = None
+    decode_policy: Optional[str] = None
 
     def validate(self) -> None:
         problems = []
@@ -98,6 +104,11 @@ class RouterServiceConfig:
         except ValueError as e:
             problems.append(str(e))
         from framework.routing.pairs import DECIDERS
+        for key in ("prefill_policy", "decode_policy"):
+            name = getattr(self, key)
+            if name is not None and name not in ROUTING.keys():
+                problems.append(f"router.{key}={name!r} is not a routing policy; the choices: "
+                                f"{', '.join(sorted(k for k in ROUTING.keys()))} (null: the router's own)")
         if self.pd_decider not in DECIDERS:
             problems.append(f"router.pd_decider={self.pd_decider!r}: one of {', '.join(DECIDERS)}")
         if self.pd_local_prefill_max_tokens < 0 or self.pd_max_prefill_queue < 0 or self.pd_bytes_per_token <= 0:

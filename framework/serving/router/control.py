@@ -151,7 +151,7 @@ class ControlEndpoints:
     async def list_workers(self, req: Request, conn: Answering) -> None:
         now, workers = self.core.clock(), self.core.workers
         conn.send_json(200, {"urls": list(workers), "workers": [w.describe(now) for w in workers.values()],
-                             "loads": dict(self.core.policy.loads)})  # the in-flight counts
+                             "loads": {u: n for p in self.core.policies() for u, n in p.loads.items()}})  # in flight
 
     async def health(self, req: Request, conn: Answering) -> None:
         healthy = sum(w.healthy for w in self.core.workers.values())

@@ -29,6 +29,7 @@ import aiohttp
 from framework.contracts.routing import KV_EVENTS, LOAD, RESTARTED, LoadReport, RequestUsage
 from framework.kv_events.subscriber import KvEventSubscriber
 from framework.routing.core import Attempt, RouterCore
+from framework.routing.dp_aware import DPAware
 from framework.routing.workers import WorkerState
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.health import run_every
@@ -132,7 +133,9 @@ class WorkerEvents:
 
     def _deliver(self, w: WorkerState, batch) -> None:
         if self.core.is_current(w):
-            released = self.core.worker_events(w.url, batch.events, self._refused)
+            # router.dp_aware: the whole batch, whose data_parallel_rank names the worker's DP group
+            dp_aware = isinstance(self.core.policy_of(w.url), DPAware)
+            released = self.core.worker_events(w.url, [batch] if dp_aware else batch.events, self._refused)
             if released:
                 self.on_release(released)
 

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from framework.routing.core import FAIL, OK
-from framework.routing.pairs import DECODE, PREFILL, dispatch_pair
+from framework.routing.dp_aware import DPAware
+from framework.routing.pairs import DECODE, PREFILL, dispatch_pair, role_policies
 from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
 from framework.serving.router.events import parse_usage
@@ -64,6 +65,9 @@ class PairRouting:
         self.r = router
         self._info_timeout = aiohttp.ClientTimeout(total=router.cfg.health_check_timeout_secs)
         self._prefills: set[asyncio.Task] = set()  # prefill answers being read (not waited for)
+        c = router.cfg   # a policy instance per role, as sglang-router keeps (workers move in as their roles are known)
+        router.core.set_role_policies(role_policies(router.core.policy, getattr(c, "prefill_policy", None),
+                                                    getattr(c, "decode_policy", None)))
 
     @property
     def active(self) -> bool:
@@ -77,14 +81,18 @@ class PairRouting:
         try:
             async with self.r.session.get(w.url + "/server_info", timeout=self._info_timeout) as resp:
                 if resp.status == 404:
-                    w.role = "mixed"  # not an SGLang-style worker: no roles
+                    self.r.core.set_role(w.url, "mixed")  # not an SGLang-style worker: no roles
                     return
                 info = await resp.json(content_type=None) if resp.status == 200 else None
         except (aiohttp.ClientError, OSError, ValueError):
             return  # asked again at the next health check
         if isinstance(info, dict):
             try:
-                w.role, w.bootstrap_port, w.local_prefill = role_of(info)
+                role, w.bootstrap_port, w.local_prefill = role_of(info)
+                if self.r.core.is_current(w):
+                    self.r.core.set_role(w.url, role)   # into its role's policy
+                    if isinstance(policy := self.r.core.policy_of(w.url), DPAware):   # router.dp_aware: a
+                        policy.set_dp_size(w.url, int(info.get("dp_size") or 1))       # candidate per DP group
             except ValueError as e:
                 w.last_health_error = f"{w.url}/server_info: {e}"
 

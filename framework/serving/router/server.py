@@ -1,9 +1,13 @@
-"""The router's HTTP/1.1 server: asyncio protocols with httptools' parser (llhttp, in C), one task per request.
+"""The router's HTTP/1.1 server: asyncio protocols with httptools' parser (llhttp, in C).
 
 Why not aiohttp's server: its request and response objects, middleware chain and header multidicts cost ~270 us of
 CPU per proxied request at 256 concurrent clients, twice what SGLang's Rust router spends on the whole request
-(experiments/bench_router). This server hands a handler the parsed request (method, path, query, raw header pairs,
-whole body) and the connection to answer on; headers stay bytes from the socket to the worker and back.
+(experiments/bench_router). This server hands the parsed request (method, path, query, raw header pairs, whole
+body) and the connection to answer on to a plain function, ``on_request``, in the parser's callback; headers stay
+bytes from the socket to the worker and back. ``on_request`` answers at once (``send``), or runs a coroutine for it
+(``run``: one task per request, which the client leaving cancels), or leaves it to callbacks of its own: then it sets
+``conn.flight``, an object whose ``client_gone()`` is called if the client leaves before the answer (the router's
+callback path, flight.py, which spends no task and no await on a request).
 
 Semantics kept from aiohttp as the router used it: keep-alive unless the client says otherwise; a body over
 ``max_body`` gets a 413 JSON error (and the connection closes); a malformed request a 400; a client that hangs up
@@ -55,6 +59,7 @@ def head_bytes(status: int, headers: Headers, tail: bytes) -> bytes:
     return line + b"".join([b"%s: %s\r\n" % kv for kv in headers]) + tail
 
 
+OnRequest = Callable[[Request, "Connection"], None]
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
 
 
@@ -77,16 +82,17 @@ class Answering(abc.ABC):
 class Connection(asyncio.Protocol, Answering):
     """One client connection."""
 
-    def __init__(self, handler: Handler, max_body: int, extra: Callable[[Request, int], Headers] | None,
+    def __init__(self, on_request: OnRequest, max_body: int, extra: Callable[[Request, int], Headers] | None,
                  live: set | None = None):
-        self.handler, self.max_body, self.extra, self.live = handler, max_body, extra, live
+        self.on_request, self.max_body, self.extra, self.live = on_request, max_body, extra, live
         self.loop = asyncio.get_running_loop()  # (the protocol factory runs in the loop; one lookup per connection)
         self.active = True  # bytes came in since the last idle sweep (HttpServer.sweep)
         self.idle_sweeps = 0
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None  # the coroutine answering the request (``run``)
+        self.flight = None  # or the callbacks answering it: told ``client_gone()`` if the client leaves first
         self.pending: deque[Request] = deque()  # pipelined requests behind the one being answered
         self._drain: asyncio.Future | None = None
         self._url = b""
@@ -121,6 +127,9 @@ class Connection(asyncio.Protocol, Answering):
             self.live.discard(self)
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client left: its handler stops (and drops its worker connection)
+        flight, self.flight = self.flight, None
+        if flight is not None:
+            flight.client_gone()
         self._wake()
 
     def pause_writing(self) -> None:
@@ -153,7 +162,7 @@ class Connection(asyncio.Protocol, Answering):
         length = self._lower.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             self._too_large = True
-        elif self._lower.get(b"expect", b"").lower() == b"100-continue":
+        elif b"expect" in self._lower and self._lower[b"expect"].lower() == b"100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -171,7 +180,7 @@ class Connection(asyncio.Protocol, Answering):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(self.parser.get_method().decode("ascii"), path, query, self._headers, self._lower, body,
                       self.parser.should_keep_alive())
-        if self.task is None:
+        if self.request is None and self.task is None:
             self._begin(req)
         else:
             self.pending.append(req)
@@ -180,11 +189,30 @@ class Connection(asyncio.Protocol, Answering):
 
     def _begin(self, req: Request) -> None:
         self.request, self.started = req, False
-        self.task = self.loop.create_task(self._serve(req))
-
-    async def _serve(self, req: Request) -> None:
         try:
-            await self.handler(req, self)
+            self.on_request(req, self)
+        except Exception:
+            self._failed(req)
+
+    def _failed(self, req: Request) -> None:
+        log.exception("unhandled error on %s %s", req.method, req.path)
+        if self.request is req and not self.started and not self.closed:
+            self.send_error(ApiError(500, f"internal error while handling {req.method} {req.path}"))
+        elif self.transport is not None:
+            self.transport.close()  # a response half sent cannot be completed
+
+    def _next(self) -> None:
+        """The next pipelined request, once the one before is answered and its handler done."""
+        if self.pending and not self.closed and self.request is None and self.task is None:
+            self._begin(self.pending.popleft())
+
+    def run(self, handler: Awaitable[None]) -> None:
+        """Answer the request being handled with a coroutine (``handler``), in a task of its own."""
+        self.task = self.loop.create_task(self._serve(self.request, handler))
+
+    async def _serve(self, req: Request, handler: Awaitable[None]) -> None:
+        try:
+            await handler
             if self.request is req:  # the handler returned without answering
                 raise RuntimeError(f"no response to {req.method} {req.path}")
         except asyncio.CancelledError:
@@ -195,37 +223,37 @@ class Connection(asyncio.Protocol, Answering):
         except (ConnectionResetError, BrokenPipeError):
             return  # the client went away; nothing to answer
         except Exception:
-            log.exception("unhandled error on %s %s", req.method, req.path)
-            if self.request is req and not self.started and not self.closed:
-                self.send_error(ApiError(500, f"internal error while handling {req.method} {req.path}"))
-            elif self.transport is not None:
-                self.transport.close()  # a response half sent cannot be completed
+            self._failed(req)
         finally:
             self.task = None
-        if self.pending and not self.closed:
-            self._begin(self.pending.popleft())
+        self._next()
 
     def _done(self) -> None:
         req, self.request = self.request, None
         if not req.keep_alive and self.transport is not None:
             self.transport.close()
+        elif self.pending and self.task is None:  # answered without a task: the next one after this callback
+            self.loop.call_soon(self._next)
 
     def _extra(self, status: int) -> Headers:
         return self.extra(self.request, status) if self.extra is not None else []
 
     def send(self, status: int, headers: Headers, body: bytes = b"") -> None:
         """The whole response at once (Content-Length set here)."""
+        self.send_lines(status, b"".join([b"%s: %s\r\n" % kv for kv in headers]), body)
+
+    def send_lines(self, status: int, lines: bytes, body: bytes = b"") -> None:
+        """``send`` with the headers as their lines (each ending in CRLF), as a proxy may hold them already."""
         if self.closed:
             raise ConnectionResetError("the client closed the connection")
         req = self.request
         extra = self.extra(req, status) if self.extra is not None else None
         if extra:
-            headers = [*headers, *extra]
+            lines += b"".join([b"%s: %s\r\n" % kv for kv in extra])
         tail = b"Content-Length: %d\r\n\r\n" if req.keep_alive else b"Content-Length: %d\r\nConnection: close\r\n\r\n"
         # one write, one system call: head and body together
         self.transport.write(b"%s%s%s%s" % (STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
-                                            b"".join([b"%s: %s\r\n" % kv for kv in headers]),
-                                            tail % len(body), body))
+                                            lines, tail % len(body), body))
         self._done()
 
     def start(self, status: int, headers: Headers) -> None:
@@ -264,6 +292,9 @@ class Connection(asyncio.Protocol, Answering):
         self.closed = True
         if self.task is not None:
             self.task.cancel()
+        flight, self.flight = self.flight, None
+        if flight is not None:
+            flight.client_gone()
 
 
 def server_ssl_context(cert_path: str, key_path: str) -> ssl.SSLContext:
@@ -295,7 +326,7 @@ class HttpServer:
     def sweep(self) -> None:
         """Close the connections idle since the sweep before the last (idle for keepalive_s / 4 .. keepalive_s)."""
         for conn in list(self.live):
-            busy = conn.task is not None or conn.active
+            busy = conn.request is not None or conn.task is not None or conn.active
             conn.idle_sweeps = 0 if busy else conn.idle_sweeps + 1
             conn.active = False
             if conn.idle_sweeps >= 4 and conn.transport is not None:
@@ -313,14 +344,20 @@ class HttpServer:
         await self.server.wait_closed()
 
 
-async def start_server(handler: Handler, host: str, port: int, max_body: int,
+async def start_server(on_request: OnRequest | Handler, host: str, port: int, max_body: int,
                        extra: Callable[[Request, int], Headers] | None = None,
                        ssl_context: ssl.SSLContext | None = None, keepalive_s: float = 75.0) -> HttpServer:
-    """Listen on host:port (``close()`` + ``wait_closed()`` the result to stop). ``extra(request, status)``: headers
-    added to every response (request id, CORS)."""
+    """Listen on host:port (``close()`` + ``wait_closed()`` the result to stop); ``on_request(request, connection)``
+    answers each request (see the module's doc; a coroutine function instead answers each in a task of its own).
+    ``extra(request, status)``: headers added to every response (request id, CORS)."""
     loop = asyncio.get_running_loop()
+    if asyncio.iscoroutinefunction(on_request):
+        handler = on_request
+
+        def on_request(req: Request, conn: Connection) -> None:
+            conn.run(handler(req, conn))
     http = HttpServer(keepalive_s)
-    http.server = await loop.create_server(lambda: Connection(handler, max_body, extra, http.live), host, port,
+    http.server = await loop.create_server(lambda: Connection(on_request, max_body, extra, http.live), host, port,
                                            reuse_address=True, ssl=ssl_context, backlog=1024)
     http._sweeper = loop.create_task(http._sweep_forever())
     return http

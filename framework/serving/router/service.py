@@ -6,7 +6,9 @@ vLLM take). It serves on its own HTTP/1.1 server (server.py: asyncio protocols a
 kept-alive connections (upstream.py); headers stay bytes and pass through both ways (hop-by-hop ones removed), and
 streams go chunk by chunk. Why not aiohttp: experiments/bench_router (the same process on aiohttp cost 2-3x
 sglang-router's CPU per request). ``create_router_app`` runs the same handling behind an aiohttp app
-(aiohttp_shell.py), for code that embeds the router in one. In front of the forwarding, the front door
+(aiohttp_shell.py), for code that embeds the router in one. On its own server, a non-streamed request admitted at
+once goes the callback path (flight.py: the same steps as explicit state, no task or await; docs/router-performance.md);
+the rest, and every request behind aiohttp, run the coroutine path below. In front of the forwarding, the front door
 (docs/router-security.md): request ids, CORS, API keys (security.py), admission control (admission.py).
 With prefill and decode workers (their roles from GET /server_info) every request goes to a pair, as sglang-router's
 P/D mode sends it (pd.py; the pair and the per-request decider: framework/routing/pairs.py).
@@ -49,6 +51,7 @@ import aiohttp
 
 from framework.contracts.routing import RequestView
 from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
+from framework.routing.dp_aware import DP_RANK_HEADER, DPAware, dp_rank_of
 from framework.routing.workers import WorkerState
 from framework.serving.http import protocol as P
 from framework.serving.http.errors import ApiError, json_bytes, parse_body
@@ -58,19 +61,22 @@ from framework.serving.router.admission import Admission
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.control import ControlEndpoints, Membership
 from framework.serving.router.events import USAGE_TAIL, WorkerEvents, parse_usage
+from framework.serving.router.flight import Flight
 from framework.serving.router.health import WaitTimer, WorkerTimeout, describe_error, normalize_worker_url, run_every
 from framework.serving.router.pd import PairRouting
 from framework.serving.router.security import Guard, parse_control_keys
-from framework.serving.router.server import Answering, Headers, HttpServer, Request, server_ssl_context, start_server
+from framework.serving.router.server import (Answering, Connection, Headers, HttpServer, Request, server_ssl_context,
+                                             start_server)
 from framework.serving.router.stats import router_registry
 from framework.serving.router.upstream import UpstreamConnectError, UpstreamPool, UpstreamResponse
-from framework.serving.router.wire import Failed, forwarded_head, returned_headers
+from framework.serving.router.wire import Failed, forwarded_head, judged, returned_headers, returned_lines
 
 log = logging.getLogger(__name__)
 
 ROUTES = {"/generate": P.GenerateRouting, "/v1/completions": P.CompletionRouting,
           "/v1/chat/completions": P.ChatRouting}
 _WORKER_B, _ROUTE_B = WORKER_HEADER.encode(), ROUTE_HEADER.encode()
+_DP_RANK_B = DP_RANK_HEADER.encode()
 
 
 @dataclass(slots=True)
@@ -99,12 +105,22 @@ class _Origin:
         self.host, self.url = u.netloc.encode(), url.encode()
         self.lines = {route: b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (route.encode(), self.host) for route in ROUTES}
 
+    def request(self, call: _Call, dp_rank: int | None = None) -> bytes:
+        """The call's whole request to this worker, head and body; router.dp_aware: with the DP group chosen."""
+        if dp_rank is None:
+            return b"%s%s%s" % (self.lines[call.route], call.head, call.raw)
+        return b"%s%s: %d\r\n%s%s" % (self.lines[call.route], _DP_RANK_B, dp_rank, call.head, call.raw)
+
 
 def _wake(released: list[Attempt]) -> None:
-    """Held attempts the core let go: their requests go on (``Router._hold``)."""
+    """Held attempts the core let go: their requests go on (``Router._hold``'s future, or a flight's ``unheld``)."""
     for att in released:
-        if not att.ref.done():
-            att.ref.set_result(None)
+        ref = att.ref
+        if isinstance(ref, asyncio.Future):
+            if not ref.done():
+                ref.set_result(None)
+        else:
+            ref.unheld()
 
 
 class Router:
@@ -116,6 +132,8 @@ class Router:
         self.policy, self.cfg = policy, cfg or RouterServiceConfig()
         c = self.cfg
         c.validate()
+        if c.dp_aware:  # sgl-router's --dp-aware: the policy picks a worker's DP group too (its dp_size: pd.py's ask)
+            policy = self.policy = DPAware(policy, lambda url: 1)
         self.core = RouterCore(policy, clock, c.breaker_failure_threshold, c.breaker_cooldown_secs)
         self.workers, self.stats = self.core.workers, self.core.stats
         self.admission = Admission(c.max_concurrent_requests, c.queue_size, c.queue_timeout_secs,
@@ -137,6 +155,7 @@ class Router:
         self._rng = random.Random(seed)
         self._tasks: list[asyncio.Task] = []
         self._origins: dict[str, _Origin] = {}
+        self._flights: dict = {}  # the requests on the callback path now (flight.py), for the deadline sweep
         tick = min(1.0, min(c.request_timeout_s, c.first_byte_timeout_s, c.total_timeout_s) / 10)
         self._timer = WaitTimer(c.request_timeout_s, tick)
         self._first_byte_name = f"router.first_byte_timeout_s={c.first_byte_timeout_s:g}"
@@ -178,7 +197,7 @@ class Router:
         await self.start()
         ssl_context = server_ssl_context(c.tls_cert_path, c.tls_key_path) if c.tls_cert_path else None
         try:
-            server = await start_server(self.handle, c.host if host is None else host,
+            server = await start_server(self.on_request, c.host if host is None else host,
                                         c.port if port is None else port, c.client_max_size, self.extra_headers,
                                         ssl_context)
         except BaseException:
@@ -205,7 +224,10 @@ class Router:
         self.core.maintain()
 
     async def _sweep(self) -> None:
-        self._timer.sweep(time.monotonic())
+        now = time.monotonic()
+        self._timer.sweep(now)
+        for flight in [f for f in self._flights if f.expiry < now]:  # the callback path's deadlines (flight.py)
+            flight.expired()
 
     # ------------------------------------------------------------------ every request
 
@@ -217,6 +239,32 @@ class Router:
         if self.guard.cors_on:
             headers += self.guard.cors_headers(req.lower)
         return headers
+
+    def on_request(self, req: Request, conn: Connection) -> None:
+        """Every request on the router's own server (server.py). Non-streamed generation requests that are admitted
+        at once, when no worker pair is in play, go the callback path (flight.py: no task, no await); the rest run
+        ``handle`` in a task (streams, the admission queue, P/D pairs, the control plane)."""
+        route = req.path
+        if req.method != "POST" or route not in ROUTES or self.pd.active:
+            conn.run(self.handle(req, conn))
+            return
+        req.rid = self.guard.request_id(req.lower)
+        try:
+            call = self.prepare(req, route)
+        except ApiError as err:
+            conn.send_error(err)
+            return
+        admission = self.admission
+        if call.stream or (admission.enabled and not admission.try_admit()):
+            conn.run(self._run_answering(req, conn, call))
+            return
+        Flight(self, conn, call, admission.enabled).start()
+
+    async def _run_answering(self, req: Request, conn: Answering, call: _Call) -> None:
+        try:
+            await self.run_call(req, conn, call, admitted=False)
+        except ApiError as err:  # not admitted, no worker
+            conn.send_error(err)
 
     async def handle(self, req: Request, conn: Answering) -> None:
         req.rid = self.guard.request_id(req.lower)
@@ -275,29 +323,42 @@ class Router:
             return call.first_byte_by, self._first_byte_name, call.stream
         return call.done_by, self._total_name, call.stream
 
-    async def forward(self, req: Request, conn: Answering, route: str) -> None:
-        self.guard.data_plane(req.lower)
-        call = None
+    def prepare(self, req: Request, route: str) -> _Call:
+        """The key check and the body's validation (ApiError 401 / 400: an invalid one is counted here)."""
+        if self.guard.api_key is not None:
+            self.guard.data_plane(req.lower)
         try:
             view = parse_body(ROUTES[route], req.body)
             prompt = view.__dict__  # token_ids() looks its fields up with getattr: ~5% of the CPU when one is absent
             ids = view.token_ids() if isinstance(prompt.get("input_ids") or prompt.get("prompt"), list) else None
             text = view.routing_text()
-            now = time.monotonic()
-            call = _Call(route, req.body, text if ids is None else RequestView(text, ids), bool(view.stream),
-                         forwarded_head(req, len(req.body)), req.rid.decode("latin-1"),
-                         now + self.cfg.first_byte_timeout_s, now + self.cfg.total_timeout_s)
+        except BaseException:
+            self.stats.outcomes[route, "invalid_request"] += 1
+            raise
+        now = time.monotonic()
+        return _Call(route, req.body, text if ids is None else RequestView(text, ids), bool(view.stream),
+                     forwarded_head(req, len(req.body)), req.rid.decode("latin-1"),
+                     now + self.cfg.first_byte_timeout_s, now + self.cfg.total_timeout_s)
+
+    async def forward(self, req: Request, conn: Answering, route: str) -> None:
+        await self.run_call(req, conn, self.prepare(req, route), admitted=False)
+
+    async def run_call(self, req: Request, conn: Answering, call: _Call, admitted: bool) -> None:
+        """A request on the coroutine path, over all its attempts: admission (unless ``admitted``), then the
+        attempts; its outcome counted."""
+        try:
             if not self.admission.enabled:  # (no coroutine for the common case)
                 await self._forward(req, conn, call)
                 return
-            call.outcome = "not_admitted"
-            await self.admission.admit()
+            if not admitted:
+                call.outcome = "not_admitted"
+                await self.admission.admit()
             try:
                 await self._forward(req, conn, call)
             finally:
                 self.admission.release()
         finally:
-            self.stats.outcomes[route, "invalid_request" if call is None else call.outcome] += 1
+            self.stats.outcomes[call.route, call.outcome] += 1
 
     async def _forward(self, req: Request, conn: Answering, call: _Call) -> None:
         if self.pd.active:  # prefill and decode workers: each request to a pair
@@ -361,48 +422,79 @@ class Router:
 
     async def _attempt(self, conn: Answering, call: _Call, att: Attempt) -> int | Failed:
         """One try on one worker. Returns the status answered to the client, or ``Failed``."""
-        w = att.worker
-        origin = self._origin(w)
+        origin = self._origin(att.worker)
         up = None
         try:
             with self._timer(*self._deadline(call)):  # the response head, then the whole body unless it streams
-                up = await self.pool.request(origin.key, b"%s%s%s" % (origin.lines[call.route], call.head, call.raw))
-                status = up.status
-                retriable = status in (408, 429) or status >= 500
-                relay = not retriable and (up.content_type() == b"text/event-stream" or up.content_length() is None)
+                up = await self.pool.request(origin.key, origin.request(call, dp_rank_of(att.decision)))
+                refused, relay = judged(up)
                 body = b"" if relay else await up.read()  # buffered: a failure mid-body is still retriable
-            if retriable:
-                att.verdict = FAIL if status >= 500 and status not in (503, 504) else None  # else busy, not broken
-                wait = retry_after_s(up.lower.get(b"retry-after", b"").decode("latin-1")) \
-                    if status in RETRY_SAME_WORKER else None
-                if wait:
-                    w.not_before = max(w.not_before, self.core.clock() + wait)
-                return Failed(w, f"{w.url} answered {status}", status, body, returned_headers(up), retry_after=wait)
+            if refused:
+                return self._refused(att, up, body)
             if relay:
                 return await self._relay(conn, call, up, att, origin)
-            att.verdict, att.served = OK, status < 400  # a 4xx is the client's fault: it counts for the worker
-            if att.served and self.core.wants_usage:
-                att.usage = parse_usage(body)
+            return self._answered(conn, att, up, origin, body)
+        except OSError as exc:  # (WorkerTimeout among them)
+            return await self._attempt_failed(call, att, exc)
+        finally:
+            if up is not None:
+                up.release()  # the connection goes back to the pool when the body was read to the end
+            self.core.release(att)
+
+    async def relay_attempt(self, conn: Answering, call: _Call, att: Attempt, up: UpstreamResponse,
+                            origin: _Origin) -> int | Failed:
+        """The rest of an attempt whose answer streams, from its response head in (the callback path's, flight.py)."""
+        try:
+            return await self._relay(conn, call, up, att, origin)
+        except OSError as exc:
+            return await self._attempt_failed(call, att, exc)
+        finally:
+            up.release()
+            self.core.release(att)
+
+    def _refused(self, att: Attempt, up: UpstreamResponse, body: bytes) -> Failed:
+        """A worker's answer worth another attempt (408, 429, 5xx)."""
+        w, status = att.worker, up.status
+        att.verdict = FAIL if status >= 500 and status not in (503, 504) else None  # else busy, not broken
+        wait = retry_after_s(up.lower.get(b"retry-after", b"").decode("latin-1")) \
+            if status in RETRY_SAME_WORKER else None
+        if wait:
+            w.not_before = max(w.not_before, self.core.clock() + wait)
+        return Failed(w, f"{w.url} answered {status}", status, body, returned_headers(up), retry_after=wait)
+
+    def _answered(self, conn: Answering, att: Attempt, up: UpstreamResponse, origin: _Origin, body: bytes) -> int:
+        """A whole answer passed to the client; its status."""
+        status = up.status
+        att.verdict, att.served = OK, status < 400  # a 4xx is the client's fault: it counts for the worker
+        if att.served and self.core.wants_usage:
+            att.usage = parse_usage(body)
+        if isinstance(conn, Connection):  # the router's own server: the worker's header lines as they were cached
+            conn.send_lines(status, b"%s%s: %s\r\n%s: %s\r\n" % (returned_lines(up), _WORKER_B, origin.url, _ROUTE_B,
+                                                                  route_header(att.decision).encode()), body)
+        else:
             conn.send(status, self._answer_headers(up, att, origin), body)
-            return status
-        except WorkerTimeout as exc:  # busy or hung: not a breaker failure
-            if not exc.silence:
-                return Failed(w, f"{w.url}: {exc}", timeout=True, retriable=False)
+        return status
+
+    def broke(self, att: Attempt, exc: OSError) -> Failed:
+        """An attempt whose connection failed, or that ran past the client's deadline (WorkerTimeout, not silence)."""
+        w = att.worker
+        if isinstance(exc, WorkerTimeout):  # busy or hung: not a breaker failure
+            return Failed(w, f"{w.url}: {exc}", timeout=True, retriable=False)
+        timeout = isinstance(exc, TimeoutError)  # a connection that did not open in connect_timeout_s
+        att.verdict = None if timeout else FAIL
+        if isinstance(exc, UpstreamConnectError) and not timeout:
+            w.healthy, w.unreachable = False, True  # skip it until a health check passes again
+        return Failed(w, f"{w.url}: {describe_error(exc)}", timeout=timeout)
+
+    async def _attempt_failed(self, call: _Call, att: Attempt, exc: OSError) -> Failed:
+        w = att.worker
+        if isinstance(exc, WorkerTimeout) and exc.silence:
             confirmed = await self._abort(w, call.rid)
             return Failed(w, f"{w.url}: {exc}; " + ("it confirmed it dropped the request" if confirmed else
                                                      "it did not confirm it dropped the request, which therefore "
                                                      "was not sent to another worker"),
                           timeout=True, retriable=confirmed)
-        except OSError as exc:
-            timeout = isinstance(exc, TimeoutError)  # a connection that did not open in connect_timeout_s
-            att.verdict = None if timeout else FAIL
-            if isinstance(exc, UpstreamConnectError) and not timeout:
-                w.healthy, w.unreachable = False, True  # skip it until a health check passes again
-            return Failed(w, f"{w.url}: {describe_error(exc)}", timeout=timeout)
-        finally:
-            if up is not None:
-                up.release()  # the connection goes back to the pool when the body was read to the end
-            self.core.release(att)
+        return self.broke(att, exc)
 
     async def _abort(self, w: WorkerState, rid: str) -> bool:
         """Ask a silent worker to drop request ``rid``; True when it confirms (SGLang-style ``/abort_request``

@@ -8,6 +8,10 @@ worker keeps it alive, and closes it otherwise (a response abandoned half-read, 
 Idle connections older than ``idle_s`` are not reused: a worker closes its idle connections after a while (aiohttp's
 keep-alive timeout is 75 s), and a request written on one it is closing would fail for nothing.
 
+The router's callback path (flight.py) uses a connection without awaiting: ``take`` a pooled one (or ``connect``),
+``send`` with a ``flight`` that the parser's callbacks tell of the response's head (``on_head``), its end
+(``on_complete``: the body is buffered whole) or a failure (``on_error``).
+
 Errors are OSErrors: ``UpstreamConnectError`` (no connection could be opened: refused, unreachable, or not within
 ``connect_timeout_s``) and ``UpstreamClosed`` (the worker closed the connection before its response was whole).
 """
@@ -38,6 +42,7 @@ class UpstreamResponse(asyncio.Protocol):
 
     def __init__(self, pool: "UpstreamPool", origin: tuple):
         self.pool, self.origin = pool, origin
+        self.flight = None  # the callback path's request waiting on this connection (flight.py), if any
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.alive = True  # the connection is open
@@ -54,6 +59,7 @@ class UpstreamResponse(asyncio.Protocol):
         self._chunks.clear()
         self._buffered = 0
         self._paused = False
+        self._whole = False  # the body is read whole (``read``, a flight): never stop reading the socket for it
         self._head: asyncio.Future | None = None
         self._more: asyncio.Future | None = None
         self._error: BaseException | None = None
@@ -84,20 +90,26 @@ class UpstreamResponse(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
-        if self._head is not None and not self._head.done():
+        if self.flight is not None:
+            self.flight.on_head(self)
+        elif self._head is not None and not self._head.done():
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > _BUFFER_LIMIT and not self._paused:
+        if self._buffered > _BUFFER_LIMIT and not self._paused and not self._whole:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
+        if self._more is not None:
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self._wake()
+        if self.flight is not None:
+            self.flight.on_complete(self)
+        else:
+            self._wake()
 
     def _wake(self) -> None:
         if self._more is not None and not self._more.done():
@@ -105,12 +117,22 @@ class UpstreamResponse(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
+        flight, self.flight = self.flight, None
+        if flight is not None:
+            flight.on_error(self, exc)
         for fut in (self._head, self._more):
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # retrieved: a waiter that was cancelled meanwhile leaves no warning
 
     # ----------------------------------------------------------------------------- the caller's side
+
+    def send(self, data: bytes, flight=None) -> None:
+        """Write a whole request; the response is ``flight``'s (its callbacks) or ``request``'s (its futures)."""
+        self._reset()
+        self.flight = flight
+        self._whole = flight is not None
+        self.transport.write(data)
 
     def content_type(self) -> bytes:
         raw = self.lower.get(b"content-type", b"")
@@ -125,18 +147,22 @@ class UpstreamResponse(asyncio.Protocol):
         n = self.lower.get(b"content-length")
         return int(n) if n is not None and n.isdigit() else None
 
+    async def _arrival(self) -> None:
+        """Until more of the body (or its end) arrives; the connection's failure is raised."""
+        if self._error is not None:
+            raise self._error
+        self._more = self.loop.create_future()
+        try:
+            await self._more
+        finally:
+            self._more = None
+
     async def readany(self) -> bytes:
         """The body's next chunk as it arrives; b"" at its end."""
         while not self._chunks:
             if self.complete:
                 return b""
-            if self._error is not None:
-                raise self._error
-            self._more = self.loop.create_future()
-            try:
-                await self._more
-            finally:
-                self._more = None
+            await self._arrival()
         chunk = self._chunks.popleft()
         self._buffered -= len(chunk)
         if self._paused and self._buffered < _BUFFER_LIMIT // 2:
@@ -146,21 +172,25 @@ class UpstreamResponse(asyncio.Protocol):
 
     async def read(self) -> bytes:
         """The whole body."""
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
         while not self.complete:
-            if self._error is not None:
-                raise self._error
-            self._more = self.loop.create_future()
-            try:
-                await self._more
-            finally:
-                self._more = None
-        body = b"".join(self._chunks)
-        self._chunks.clear()
+            await self._arrival()
+        return self.body()
+
+    def body(self) -> bytes:
+        """What arrived of the body, taken (the whole body once ``complete``)."""
+        chunks = self._chunks
+        body = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
         self._buffered = 0
         return body
 
     def release(self) -> None:
         """Back to the pool when reusable, closed otherwise."""
+        self.flight = None
         if self.complete and self.keep_alive and self.alive and not self._chunks:
             self.idle_since = time.monotonic()
             self.pool._idle.setdefault(self.origin, []).append(self)
@@ -169,6 +199,7 @@ class UpstreamResponse(asyncio.Protocol):
 
     def close(self) -> None:
         self.alive = False
+        self.flight = None
         if self.transport is not None:
             self.transport.close()
 
@@ -182,7 +213,8 @@ class UpstreamPool:
         self._idle: dict[tuple, list[UpstreamResponse]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def _connect(self, origin: tuple) -> UpstreamResponse:
+    async def connect(self, origin: tuple) -> UpstreamResponse:
+        """A new connection to ``origin``."""
         host, port, https = origin
         if https and self._ssl is None:
             self._ssl = ssl.create_default_context()
@@ -198,7 +230,8 @@ class UpstreamPool:
             raise UpstreamConnectError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         return conn
 
-    def _pooled(self, origin: tuple) -> UpstreamResponse | None:
+    def take(self, origin: tuple) -> UpstreamResponse | None:
+        """A pooled connection to ``origin`` still fit for a request, if there is one."""
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
@@ -211,11 +244,10 @@ class UpstreamPool:
     async def request(self, origin: tuple, data: bytes) -> UpstreamResponse:
         """Write ``data`` (a whole HTTP/1.1 request) to the worker at ``origin``; returns once the response head is
         in. Cancelled or failed, the connection is closed."""
-        conn = self._pooled(origin) or await self._connect(origin)
+        conn = self.take(origin) or await self.connect(origin)
         try:
-            conn._reset()
-            conn._head = head = conn.loop.create_future()
-            conn.transport.write(data)
+            conn.send(data)
+            conn._head = head = conn.loop.create_future()  # (the answer cannot come in before this task waits)
             await head
         except BaseException:
             conn.close()

@@ -6,20 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from framework.serving.http.errors import ApiError
-from framework.serving.http.proxy import NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, WORKER_HEADER
+from framework.serving.http.proxy import NOT_FORWARDED, NOT_RETURNED, REQUEST_ID_HEADER, WORKER_HEADER, dropped
 from framework.serving.router.server import Answering, Headers, Request
 
 _NOT_FORWARDED = frozenset(h.encode() for h in NOT_FORWARDED) | {REQUEST_ID_HEADER.lower().encode()}
 _NOT_RETURNED = frozenset(h.encode() for h in NOT_RETURNED) | {REQUEST_ID_HEADER.lower().encode()}
 _RID = REQUEST_ID_HEADER.encode()
-
-
-def _dropped(lower: dict[bytes, bytes], base: frozenset[bytes]) -> frozenset[bytes]:
-    """``base`` and the fields the Connection header names (hop-by-hop too)."""
-    named = lower.get(b"connection")
-    if named:
-        return base | {t.strip().lower() for t in named.split(b",")}
-    return base
 
 
 _passed: dict[tuple, bytes] = {}  # a client's header list -> its end-to-end lines: clients repeat theirs
@@ -33,7 +25,7 @@ def forwarded_head(req: Request, length: int) -> bytes:
     key = tuple(req.headers)
     passed = _passed.get(key)
     if passed is None:
-        drop = _dropped(req.lower, _NOT_FORWARDED)
+        drop = dropped(req.lower.get(b"connection"), _NOT_FORWARDED)
         passed = b"".join(b"%s: %s\r\n" % kv for kv in req.headers if kv[0] not in drop)
         if b"content-type" not in req.lower:
             passed += b"content-type: application/json\r\n"
@@ -45,8 +37,31 @@ def forwarded_head(req: Request, length: int) -> bytes:
 
 def returned_headers(up) -> Headers:
     """A worker's end-to-end response headers (the request id is the router's, added to every answer)."""
-    drop = _dropped(up.lower, _NOT_RETURNED)
+    drop = dropped(up.lower.get(b"connection"), _NOT_RETURNED)
     return [kv for kv in up.headers if kv[0] not in drop]
+
+
+_returned: dict[tuple, bytes] = {}  # a worker's header list -> its end-to-end lines: a worker repeats its own
+
+
+def returned_lines(up) -> bytes:
+    """``returned_headers`` as header lines, each ending in CRLF."""
+    key = tuple(up.headers)
+    lines = _returned.get(key)
+    if lines is None:
+        if len(_returned) >= _PASSED_MAX:  # (Date changes every second: old keys go in bulk)
+            _returned.clear()
+        lines = _returned[key] = b"".join([b"%s: %s\r\n" % kv for kv in returned_headers(up)])
+    return lines
+
+
+def judged(up) -> tuple[bool, bool]:
+    """From a worker's response head (upstream.UpstreamResponse): (worth another attempt: 408, 429, 5xx; passed on as
+    it streams: an event stream or a body of no stated length)."""
+    status = up.status
+    if status in (408, 429) or status >= 500:
+        return True, False
+    return False, up.content_type() == b"text/event-stream" or up.content_length() is None
 
 
 @dataclass
