@@ -2,6 +2,7 @@
 model, then with one of issue 19's terms switched off at a time. No published figure is read here.
 
     python experiments/sim_repro/ablate.py --round 1      # ~10 minutes; writes ablation_round<N>.json and .md
+    python experiments/sim_repro/ablate.py --round 2      # round 1's terms and round 2's (ROUND2), on round 2's setup
 """
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ TERMS = {"all terms (the prediction)": [],
          "no front end": ["sim.cost.frontend=false"],
          "no BOS": ["workload.bos=false"],
          "v0.4.0's graph cap 96 under DP attention": ["engine.cuda_graph_dp_attention_max_bs=96"]}
+# round 2's terms (predict.py SETUPS[2]), each undone alone: (overrides of every PR #1970 cell, of its DP cells only)
+ROUND2 = {"v0.4.1's split-KV decode kernel (PR #2394) instead of the one before": (
+              ["sim.cost.mla_decode_kernel=split_kv"], []),
+          "that kernel's occupancy terms off (waves, spills: its bytes only)": (
+              ["sim.cost.mla_decode_occupancy=false"], []),
+          "CUDA graphs under DP attention (PR #2061)": ([], ["engine.cuda_graph=true"]),
+          "schedule_conservativeness 0.3 under DP attention (PR #2096)": (
+              [], ["parallel.schedule_conservativeness=0.3"])}
 
 
 def main() -> None:
@@ -34,9 +43,13 @@ def main() -> None:
     ap.add_argument("--round", type=int, default=1)
     args = ap.parse_args()
     t0, rows = time.time(), []
-    for term, extra in TERMS.items():
-        cells = [pr1970(b, s, extra) for b in BENCHES for s in SCHEMES] + [router_blog(r, extra) for r in ROUTERS]
-        rows.append({"term": term, "overrides": extra, "figures": {c["cell"]: c["figure"] for c in cells}})
+    terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {})
+    for term, (extra, dp_extra) in terms.items():
+        cells = ([pr1970(b, s, extra + (dp_extra if s == "dp_attn" else []), args.round)
+                  for b in BENCHES for s in SCHEMES]
+                 + [router_blog(r, extra if term in TERMS else []) for r in ROUTERS])
+        rows.append({"term": term, "overrides": extra, "dp_attn_overrides": dp_extra,
+                     "figures": {c["cell"]: c["figure"] for c in cells}})
         print(f"  {term:<42} " + "  ".join(f"{c['figure']:9,.0f}" for c in cells), flush=True)
     base = rows[0]["figures"]
     lines = [f"# Ablation, round {args.round}: each cell with one term off (change vs the prediction)", "",

@@ -12,6 +12,7 @@ Writes predictions_round<N>.json (the figures, the cost model's config, the git 
 files; no published figure) and predictions_round<N>.md. compare.py holds the published figures.
 
     python experiments/sim_repro/predict.py --round 1      # ~2 minutes
+    python experiments/sim_repro/predict.py --round 2      # PR #1970 as its code stood then (SETUPS below)
 """
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ from framework.runs.sim import simulate  # noqa: E402
 
 SCHEMES = {"tp": ["parallel=tp", "engine.chunked_prefill_tokens=8192"],
            "dp_attn": ["parallel=dp_attn", "engine.chunked_prefill_tokens=4096"]}   # SGLang halves it under DP
+# PR #1970's setup per round: the experiment, and what each scheme adds. Round 1: SGLang v0.4.1's inputs. Round 2: the
+# code as of PR #1970's figures (conf/experiment/pr1970_nov2024.yaml: the decode kernel before PR #2394); under DP
+# attention no CUDA graphs yet (PR #2061, merged 2024-11-17) and schedule_conservativeness 1.0 (PR #2096, 2024-11-20)
+SETUPS = {1: ("pr1970", {}),
+          2: ("pr1970_nov2024", {"dp_attn": ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0"]})}
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
            "prefill": ["workload.input_len=512", "workload.output_len=1"]}
 ROUTERS = ("round_robin", "cache_aware")
@@ -39,6 +45,7 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cos
                "framework/contracts/cost.py", "framework/gpu/roofline.py", "framework/gpu/hardware.py",
                "framework/sim/cluster.py", "framework/sim/instance.py", "framework/sim/frontend.py",
                "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml", "conf/experiment/sglang_router_blog.yaml",
+               "conf/experiment/pr1970_nov2024.yaml", "plugins/parallelism/dp_attn.py",
                "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
                "data/gpu-profiles/fit/a100.json")
 KEYS = ("output_throughput_tok_s", "input_throughput_tok_s", "total_throughput_tok_s", "duration_s",
@@ -51,8 +58,11 @@ def run(overrides: list[str]) -> dict:
     return {k: results.get(k) for k in KEYS}
 
 
-def pr1970(bench: str, scheme: str, extra: list[str]) -> dict:
-    overrides = ["experiment=pr1970"] + SCHEMES[scheme] + BENCHES[bench] + extra
+def pr1970(bench: str, scheme: str, extra: list[str], rnd: int = 1) -> dict:
+    if rnd not in SETUPS:
+        raise SystemExit(f"--round {rnd} has no PR #1970 setup; rounds: {', '.join(map(str, SETUPS))} (SETUPS)")
+    experiment, per_scheme = SETUPS[rnd]
+    overrides = [f"experiment={experiment}"] + SCHEMES[scheme] + per_scheme.get(scheme, []) + BENCHES[bench] + extra
     cfg = compose(overrides)
     r = run(overrides)
     w = cfg.workload
@@ -81,7 +91,7 @@ def main() -> None:
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the overlap-on variants of the TP cells")
     args = ap.parse_args()
     t0 = time.time()
-    cells = [pr1970(b, s, []) for b in BENCHES for s in SCHEMES] + [router_blog(r, []) for r in ROUTERS]
+    cells = [pr1970(b, s, [], args.round) for b in BENCHES for s in SCHEMES] + [router_blog(r, []) for r in ROUTERS]
     for c in cells:
         print(f"  {c['cell']:<24} {c['figure']:10,.0f} {c['unit']}  ({c['sim']['sim_wall_s']:.0f} s)", flush=True)
     by = {c["cell"]: c["figure"] for c in cells}
@@ -90,7 +100,7 @@ def main() -> None:
               "pr2170/cache_aware / round_robin": by["pr2170/cache_aware"] / by["pr2170/round_robin"]}
     sensitivity = []
     if not args.no_sensitivity:     # not the prediction: how much the one unverified default moves the TP cells
-        sensitivity = [pr1970(b, "tp", ["sim.cost.overlap_schedule=on"]) for b in BENCHES]
+        sensitivity = [pr1970(b, "tp", ["sim.cost.overlap_schedule=on"], args.round) for b in BENCHES]
         for c in sensitivity:
             print(f"  (sensitivity, overlap on) {c['cell']:<22} {c['figure']:10,.0f} {c['unit']}", flush=True)
     out = {"experiment": "sim_repro/predict", "round": args.round, "git_sha": git_sha(), "model_digest": digest(),
@@ -103,6 +113,8 @@ def main() -> None:
     path.write_text(json.dumps(out, indent=1, default=str) + "\n")
     lines = [f"# Predictions, round {args.round} (pre-registered: no published figure here; compare.py has them)", "",
              f"git {out['git_sha']}; cost model config and file digests in {path.name}.", "",
+             f"PR #1970's setup: experiment={SETUPS[args.round][0]}"
+             + "".join(f"; {k} cells add {' '.join(v)}" for k, v in SETUPS[args.round][1].items()) + ".", "",
              "| cell | predicted | unit |", "|---|---:|---|"]
     lines += [f"| {c['cell']} | {c['figure']:,.0f} | {c['unit']} |" for c in cells]
     lines += ["", "| ratio | predicted |", "|---|---:|"] + [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]

@@ -44,6 +44,16 @@ class RooflineConfig(CostConfig):
     # fp32 partial output and log-sum-exp (B x H x splits x (kv_lora_rank + 1) x 4 bytes), stage 2 reads them and
     # reduces. 0: one stage (no partials)
     mla_decode_kv_splits: int = 8
+    # which Triton MLA decode kernel (issue 19, round 2): "split_kv", the one above (SGLang PR #2394, merged
+    # 2024-12-08, in v0.4.1), or "logits", the kernel before it (issue #2271, 2024-11-30: "missing a flash decoding
+    # like optimization"; what PR #1970's November 2024 figures ran): stage 1 writes every head's score per cached
+    # token to attn_logits [heads, sum(seq_lens)] in the backend's reduce dtype, stage 2 reads them back and reads
+    # the latent's first kv_lora_rank values again; each stage reads the latent once per block of BLOCK_H heads
+    # (LOGITS_KERNEL below: 64, so twice at 128 heads a rank) whatever decode_head_block says
+    mla_decode_kernel: str = "split_kv"
+    attn_logits_bytes: int = 2        # that reduce dtype: fp16 (4: --triton-attention-reduce-in-fp32)
+    # that kernel's occupancy terms (wave factor, spilled registers; _logits_decode): false prices its bytes only
+    mla_decode_occupancy: bool = True
     # the fraction of the attention compute rate the absorbed-MLA extend kernel (extend_attention.py over the
     # 576/512-wide latent) reaches; no public measurement of the 2024 kernel: 1.0 (the dense-GEMM fit)
     absorbed_extend_eff: float = 1.0
@@ -85,6 +95,66 @@ class RooflineConfig(CostConfig):
                                       # TBO the prefill GEMMs run on the rest (SGLang's deep_gemm_num_sms)
 
 
+DECODE_KERNELS = ("split_kv", "logits")
+
+# The "logits" kernel as sglang 0.3.5 and 0.3.6 ship it (PyPI wheels, the same on CUDA; python/sglang/srt/layers/
+# attention/triton_ops/decode_attention.py): stage name -> (BLOCK_N tokens a step, num_warps).
+# _decode_grouped_att_m_fwd: BLOCK = 64, num_warps = 4, grid (batch, head blocks, cdiv(max_len, 64)), its loop runs
+# once; _decode_grouped_softmax_reducev_fwd: BLOCK = 128, num_warps = 8, grid (batch, head blocks), a loop over the
+# whole sequence. Both: BLOCK_H = max(16, min(64, next_power_of_2(heads))), num_stages = 1.
+LOGITS_KERNEL = {"scores": (64, 4), "reducev": (128, 8)}
+LOGITS_BLOCK_H = (16, 64)
+# One SM of compute capability 8.0 to 10.0 (CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability"; H100 whitepaper): 65,536 32-bit registers, at most 255 a thread, 2,048 resident threads and 32
+# resident blocks; 228 KB of shared memory on 9.0 (A100: 164 KB; the stages below need <= 144 KB, so 228 serves all)
+SM_REGS, THREAD_REGS, SM_THREADS, SM_BLOCKS, SM_SMEM = 65536, 255, 2048, 32, 228 * 1024
+
+
+@dataclass(frozen=True)
+class KernelStage:
+    """One stage of the logits kernel on one SM: what a program holds and how many fit at once."""
+    block_h: int                # heads a program covers
+    head_blocks: int            # programs per request (per 64 tokens in stage 1)
+    block_n: int
+    threads: int
+    regs: float                 # live 32-bit registers a thread needs (the tiles below), before any spill
+    spill_bytes: float          # per loop step: what does not fit in 255 a thread, stored and loaded again
+    smem: int                   # bytes of the tl.dot operand tiles, which pass through shared memory
+    per_sm: int                 # programs resident on one SM at once
+
+
+def logits_stage(stage: str, heads: int, width: int, rank: int, reduce_bytes: int, act_bytes: int,
+                 block_n: int | None = None, warps: int | None = None, block_h: int | None = None) -> KernelStage:
+    """The kernel's geometry from its constants (overridable, for tests): stage 1 holds q [BLOCK_H, width] in the
+    reduce dtype and its scores [BLOCK_H, BLOCK_N] fp32, and its first dot's operands q and k [rank, BLOCK_N] pass
+    through shared memory; stage 2 carries acc [BLOCK_H, rank], e_max and e_sum [BLOCK_H] fp32 across its loop beside
+    the step's p [BLOCK_H, BLOCK_N] fp32, and its dot's p and v [BLOCK_N, rank] pass through shared memory."""
+    n, w = LOGITS_KERNEL[stage]
+    n, w = block_n or n, warps or w
+    lo, hi = LOGITS_BLOCK_H
+    bh = block_h or max(lo, min(hi, 1 << max(heads - 1, 0).bit_length()))
+    threads = 32 * w
+    if stage == "scores":
+        held = bh * width * reduce_bytes + bh * n * 4
+        smem = (bh * rank + rank * n) * reduce_bytes
+    else:
+        held = (bh * rank + 2 * bh + bh * n) * 4
+        smem = (bh * n + n * rank) * act_bytes
+    regs = held / 4 / threads
+    spill = max(0.0, regs - THREAD_REGS) * 4 * threads
+    used = min(regs, THREAD_REGS)
+    per_sm = max(1, min(int(SM_REGS // (threads * used)), SM_THREADS // threads, SM_BLOCKS, SM_SMEM // smem))
+    return KernelStage(bh, -(-heads // min(bh, heads)), n, threads, regs, spill, smem, per_sm)
+
+
+def wave_factor(programs: int, slots: int) -> float:
+    """A stage's time over its bandwidth-bound time when its `programs` equal programs run `slots` at a time, each at
+    the share of the bandwidth a full wave gives it: ceil(programs / slots) whole waves. Fewer programs than slots: one
+    wave, each program walking its sequence at that share (an upper bound: one SM can draw more than its share, by how
+    much no hardware field says)."""
+    return -(-programs // slots) * slots / programs if programs > 0 else 1.0
+
+
 def expected_touched(experts: int, top_k: int, tokens: float) -> float:
     """Distinct experts `tokens` tokens pick, in expectation under uniform routing: a token misses a given expert
     with probability 1 - k/E."""
@@ -112,6 +182,11 @@ class RooflineCost(CostModel):
                 ("mla_decode_kv_splits", "host_step_us", "host_running_us", "host_new_req_us", "host_speed_factor",
                  "eager_dense_layer_us", "eager_moe_layer_us", "tokenize_us_per_token", "stream_us_per_chunk")
                 if getattr(cfg, k) < 0]
+        if cfg.mla_decode_kernel not in DECODE_KERNELS:
+            bad.append(f"sim.cost.mla_decode_kernel={cfg.mla_decode_kernel!r} is not one of "
+                       f"{', '.join(DECODE_KERNELS)}")
+        if cfg.attn_logits_bytes not in (2, 4):
+            bad.append(f"sim.cost.attn_logits_bytes={cfg.attn_logits_bytes} must be 2 (fp16) or 4 (fp32)")
         if cfg.stream_interval < 1:
             bad.append(f"sim.cost.stream_interval={cfg.stream_interval} must be >= 1")
         if bad:
@@ -135,9 +210,13 @@ class RooflineCost(CostModel):
         self.eager_floor = eager_floor_s(cfg, m.first_k_dense_replace, self.moe_layers)
         # two-stage decode: per request and head, each split's fp32 partial output and log-sum-exp, written by
         # stage 1 and read by stage 2
-        self._partials_bytes = h * cfg.mla_decode_kv_splits * (m.kv_lora_rank + 1) * 4
+        self._logits_kernel = cfg.mla_decode_kernel == "logits"
+        self._partials_bytes = 0 if self._logits_kernel else h * cfg.mla_decode_kv_splits * (m.kv_lora_rank + 1) * 4
+        self._logits_bytes = h * cfg.attn_logits_bytes                 # per cached token: written, then read
+        self._stages = {k: logits_stage(k, h, m.kv_cache_width, m.kv_lora_rank, cfg.attn_logits_bytes, self.act)
+                        for k in LOGITS_KERNEL}
         self._fp8_quant = cfg.fp8_act_quant and self.wdtype == "fp8"
-        block = cfg.decode_head_block
+        block = 0 if self._logits_kernel else cfg.decode_head_block
         self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
         # again and again: cache those parts per instance
@@ -309,6 +388,8 @@ class RooflineCost(CostModel):
             nbytes = t * self._normal_bytes
         else:                                             # over the latent (decode: read once per head block)
             seen = sum(b.prefix) + t
+            if b.mode == "decode" and self._logits_kernel:         # the kernel before PR #2394
+                return proj + self._logits_decode(seen, t), kernels + 2
             scored = seen if b.mode == "decode" else sum(n * p + n * (n + 1) / 2
                                                          for n, p in zip(b.new_tokens, b.prefix))
             flops = self._absorbed_flops * scored
@@ -321,6 +402,40 @@ class RooflineCost(CostModel):
             if b.mode == "extend":
                 flops /= self.cfg.absorbed_extend_eff
         return proj + self.rf.attention(flops, nbytes), kernels + 1
+
+    def _logits_decode(self, seen: int, t: int) -> float:
+        """The decode kernel before SGLang PR #2394 over `seen` cached tokens of `t` requests. Stage 1 reads q and, per
+        block of BLOCK_H heads, the 576-wide latent, scores it (2 x heads x width FLOPs per pair) and writes the logits;
+        stage 2 reads them and, per head block, the kv_lora_rank-wide values (2 x heads x kv_lora_rank FLOPs per pair)
+        and writes the output. Each stage: the roofline of its bytes (spilled registers included: their stores and
+        loads priced at the HBM's rate, an upper bound, since local memory may stay in L2) times its wave factor
+        (register and shared-memory occupancy from the CUDA limits above, hardware.sm_count SMs)."""
+        m, h, a = self.m, self.heads, self.act
+        s1, s2 = self._stages["scores"], self._stages["reducev"]
+        # a decode batch comes priced by its sum (framework/contracts/cost.py decode_shape): every request at the mean
+        # length, as in PR #1970's decode (input 1, all admitted at once: they decode in lockstep)
+        blocks = t * -(-seen // (t * s1.block_n))                 # stage 1's programs per head block
+        steps = t * -(-seen // (t * s2.block_n))                  # stage 2's loop steps, all its programs
+        logits = seen * self._logits_bytes
+        rows1, rows2 = s1.block_h * s1.head_blocks, s2.block_h * s2.head_blocks   # heads computed, padding included
+        stage1 = self._stage_s(s1, 2 * rows1 * m.kv_cache_width * seen,
+                               seen * self._latent_bytes * s1.head_blocks + t * h * m.kv_cache_width * a + logits,
+                               s1.head_blocks * blocks)
+        stage2 = self._stage_s(s2, 2 * rows2 * m.kv_lora_rank * seen,
+                               logits + seen * m.kv_lora_rank * a * s2.head_blocks + t * h * m.kv_lora_rank * a,
+                               s2.head_blocks * t, s2.head_blocks * steps)
+        return stage1 + stage2
+
+    def _stage_s(self, st: KernelStage, flops: float, nbytes: float, programs: int, loop_steps: int = 0) -> float:
+        """One stage: the roofline time (latency apart) of its bytes and its spill (stored and loaded each loop step of
+        each program; stage 1's loop runs once), times its wave factor."""
+        if not self.cfg.mla_decode_occupancy:
+            return self.rf.attention(flops, nbytes)
+        roof = self.rf.attention(flops, nbytes + 2 * st.spill_bytes * (loop_steps or programs))
+        if roof <= 0:
+            return 0.0
+        lat = self.rf._gemm_lat
+        return lat + (roof - lat) * wave_factor(programs, self.instance.hardware.sm_count * st.per_sm)
 
     def _projections(self, t: int, normal: bool) -> tuple[float, int]:
         """Everything of an attention layer but the attention kernel: it depends on the token count only."""
