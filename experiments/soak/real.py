@@ -9,6 +9,9 @@ through the KV events of a policy that follows them). Per replay: the hit rate t
 router's decision p50 / p99, and its policy's state entries (``policy_state``). Writes results_real.json.
 
     python experiments/soak/real.py [--routers cache_aware precise_prefix sticky_prefix] [--replays 3] [--quick]
+                                    [--sessions 12]
+
+``--sessions``: more sessions of the same kind (more decisions behind each p50: 6 per session).
 """
 from __future__ import annotations
 
@@ -49,10 +52,13 @@ def main() -> None:
     ap.add_argument("--routers", nargs="+", default=["cache_aware", "precise_prefix", "sticky_prefix", "kv_cost"])
     ap.add_argument("--replays", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sessions", type=int, default=None, help="sessions per replay (default: the trace's 12)")
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args()
     torch.set_num_threads(1)
     extra = COMMON + TRACE + (QUICK if args.quick else [])
+    if args.sessions is not None:
+        extra.append(f"workload.num_sessions={args.sessions}")
     cfg = compose(extra)
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
     rows, t0 = [], time.time()

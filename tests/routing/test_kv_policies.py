@@ -285,7 +285,7 @@ def test_recent_credits_wait_for_their_event_or_lapse():
     policy.on_request_done(w, policy.last_decision)
     now[0] = 5.0
     policy.maintain(now[0])  # no event within confirm_s: the credits lapse
-    assert policy.view._holders == {} and policy.view.stats["lapsed"] > 0
+    assert not any(policy.view._held.values()) and policy.view.stats["lapsed"] > 0
 
 
 def test_a_block_stored_and_removed_while_its_request_was_in_flight_is_not_awaited():
@@ -309,7 +309,7 @@ def test_removed_worker_leaves_no_credit_behind():
     policy.on_request_done(w, policy.last_decision)
     w = policy.select("some other prompt text")
     policy.remove_worker(w)
-    assert all(w not in held for held in policy.view._holders.values())
+    assert w not in policy.view._held and w not in policy.view._starts
     assert w not in policy.active_blocks
 
 

@@ -2,8 +2,8 @@
 what the walk block by block answers, on random streams of KV events, credits, ends, lapses, flushes and removals --
 removals of middle blocks and prefixes removed under requests in flight included, the cases that break closure.
 
-Oracle: the first block each worker misses, found by walking the view's own counts (``_holders``; stored and recent
-for ``confirmed_prefix``), and the orphans counted from scratch."""
+Oracle: the first block each worker misses, found by walking the view's own counts (``holds``; stored and recent
+for ``confirmed_prefix``), and the index's gaps and chain starts counted from scratch."""
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
@@ -25,7 +25,7 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "store", "store_tail", "remov
 
 def walked(view: KvView, keys: list[int], worker: str) -> int:
     n = 0
-    while n < len(keys) and worker in view._holders.get(keys[n], ()):
+    while n < len(keys) and view.holds(worker, keys[n]):
         n += 1
     return n
 
@@ -47,14 +47,21 @@ def gaps(view: KvView, worker: str, has) -> dict[int, int]:
     return out
 
 
-def check(view: KvView, probes: list[bytes]) -> None:
+def check(view: KvView, probes: list[bytes], in_flight: list) -> None:
+    confirmed = {}  # key -> workers holding it stored or recent
     for w in WORKERS:
         stored, recent = view._by_events.get(w, {}), view._recent.get(w, {})
-        assert view._gaps.get(w, {}) == gaps(view, w, lambda k: w in view._holders.get(k, ()))
         assert view._conf_gaps.get(w, {}) == gaps(view, w, lambda k: k in stored or k in recent)
+        for k in {*stored, *recent}:
+            confirmed[k] = confirmed.get(k, 0) + 1
+        starts = {}
+        for worker, keys, parent, depth, _ in in_flight:
+            if worker == w and keys and depth:
+                starts[parent, depth - 1] = starts.get((parent, depth - 1), 0) + 1
+        assert view._starts.get(w, {}) == starts
     for parent, depth in view._parent.values():  # a block's depth: its parent's + 1
         assert parent in view._parent and view._parent[parent][1] == depth - 1 or parent not in view._parent
-    assert set(view._parent) == set(view._holders)
+    assert view._refs == confirmed and set(view._parent) == set(confirmed)
     for text in probes:
         keys = view.keys.chain(text)
         assert all(view._parent[k][1] == i for i, k in enumerate(keys) if k in view._parent)  # its place on the path
@@ -85,14 +92,15 @@ def test_the_index_answers_what_the_walk_answers(sequence, probes):
         elif op == "credit":
             keys = view.keys.chain(text)
             held = view.match(keys, [w])[w]
-            view.credit(w, keys[held:], keys[held - 1] if held else ROOT_HASH, held)
-            in_flight.append((w, keys[held:], view.removals))
+            parent = keys[held - 1] if held else ROOT_HASH
+            view.credit(w, keys[held:], parent, held)
+            in_flight.append((w, keys[held:], parent, held, view.removals))
         elif op in ("end", "fail") and in_flight:
-            worker, keys, since = in_flight.pop(k % len(in_flight))
+            worker, keys, parent, depth, since = in_flight.pop(k % len(in_flight))
             if op == "end":
-                view.retire(worker, keys, now, since)
+                view.retire(worker, keys, parent, depth, now, since)
             else:
-                view.debit(worker, keys)
+                view.debit(worker, keys, parent, depth)
         elif op == "expire":
             now += 0.6
             view.expire(now)
@@ -102,14 +110,15 @@ def test_the_index_answers_what_the_walk_answers(sequence, probes):
             view.forget(w, capacity=True)
             view.drop_credits(w)
             in_flight = [f for f in in_flight if f[0] != w]
-        check(view, probes + [text])
-    for worker, keys, since in in_flight:  # every request ends, every credit lapses: nothing is left but events'
-        view.retire(worker, keys, now, since)
+        check(view, probes + [text], in_flight)
+    for worker, keys, parent, depth, since in in_flight:  # every request ends, every credit lapses: only events' left
+        view.retire(worker, keys, parent, depth, now, since)
     view.expire(now + 10)
-    check(view, probes)
+    check(view, probes, [])
     for w in WORKERS:
         view.apply(w, AllBlocksCleared())
-    assert view._holders == {} and view._parent == {} and view._gaps == {} and view._conf_gaps == {}
+    assert not any(view._held.values()) and view._parent == {} and view._refs == {} and view._conf_gaps == {}
+    assert view._starts == {}
 
 
 @settings(max_examples=60, deadline=None)

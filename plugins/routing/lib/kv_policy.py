@@ -54,6 +54,8 @@ class Credit(NamedTuple):
     since: int = 0             # the view's removal count at the decision (KvView.retire)
     hold: tuple[int, ...] = ()  # the prefix to see stored before the request is sent (hold_s > 0), ...
     hold_until: float = 0.0     # ...until this time at most
+    parent: int = ROOT_HASH    # the key of the block under the credited ones (``keys``), ...
+    depth: int = 0             # ...and the first credited block's depth: the blocks its worker held already
 
 
 class PromptKeys:
@@ -67,7 +69,7 @@ class PromptKeys:
     compares the prompts filed there with itself, newest first, until one is a prefix of it (a ``bytes`` test in C,
     on the prompt's last block first, which tells most others apart without reading them). Any remembered prefix
     gives the same keys: the lookup decides only how many blocks are hashed. Prompts of tokens >= 256 are hashed
-    whole."""
+    whole. The list ``keys`` returns may be the memo's own (a continuation extends it): read it before the next call."""
 
     def __init__(self, keys: BlockKeys, size: int = 256, per_anchor: int = 64, min_blocks: int = 16):
         if min_blocks < 1:
@@ -114,8 +116,11 @@ class PromptKeys:
             return best_keys
         else:
             self.continued = len(best_keys)
-            keys = best_keys + self.chain(raw[len(best):], best_keys[-1])
-            anchor, entry = found  # continued: this prompt takes its place (a prompt is continued once, as a rule)
+            # continued: this prompt takes its place (a prompt is continued once, as a rule), and its list, extended in
+            # place: a copy would touch every key of the prompt, not only the new ones
+            keys = best_keys
+            keys += self.chain(raw[len(best):], best_keys[-1])
+            anchor, entry = found
             filed = by_anchor[anchor]
             filed.remove(entry)
             self._count -= 1
@@ -211,7 +216,7 @@ class KvViewPolicy(RoutingPolicy):
         """The decision, with its estimate (``matched_chars``): the prompt tokens ``worker`` will serve from cache by
         the view -- stored, recently ended and in flight: a request queued behind another with its prefix finds that
         prefix prefilled. Its memo (``Credit``: the credited ``keys`` and the rest) keeps the estimate without the
-        in-flight credits too (``accuracy``)."""
+        in-flight credits too (``accuracy``); ``keys`` are ``credit``'s, from ``matched_blocks`` on."""
         n = len(req.tokens)
         stored = self.view.confirmed_prefix(worker, req.keys, matched_blocks)
         if prefill_tokens:
@@ -220,7 +225,7 @@ class KvViewPolicy(RoutingPolicy):
         if self.cfg.hold_s > 0 and stored < matched_blocks:  # the rest is some request's prefill in flight there
             hold, hold_until = tuple(req.keys[:matched_blocks]), self.clock() + self.cfg.hold_s
         memo = Credit(keys, prefill_tokens, blocks, self.estimate(stored, n), first_block, self.view.removals, hold,
-                      hold_until)
+                      hold_until, req.keys[matched_blocks - 1] if matched_blocks else ROOT_HASH, matched_blocks)
         return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason, memo=memo)
 
     def hold_s(self, decision: RoutingDecision) -> float:
@@ -269,10 +274,11 @@ class KvViewPolicy(RoutingPolicy):
             self.prefill_tokens[decision.worker] -= decision.memo.prefill_tokens
         keys = decision.memo.keys
         if keys:
+            memo = decision.memo
             if ok:
-                self.view.retire(decision.worker, keys, self.clock(), decision.memo.since)
+                self.view.retire(decision.worker, keys, memo.parent, memo.depth, self.clock(), memo.since)
             else:
-                self.view.debit(decision.worker, keys)
+                self.view.debit(decision.worker, keys, memo.parent, memo.depth)
         if ok and usage is not None:
             a = self.accuracy
             a["requests"] += 1

@@ -4,7 +4,7 @@ each worker holds, learnt from its KV events (framework/kv_events), and the bloc
 A block is keyed by ``BlockKeys`` (chained over the block's tokens, so a request's blocks and an event's meet whatever
 hash the worker publishes): an event's ``BlockStored`` chains its blocks on the key of its parent block, found through
 the worker's own hash of it. A worker holds a block, as far as a decision is concerned, while its count in
-``_holders`` is positive. The count adds up three things:
+``_held[worker]`` is positive. The count adds up three things:
 
 - stored: one per event that stored the block and no event removed since (``_by_events``, the exact part);
 - in flight: one per request routed there with the block and not ended (``credit`` at the decision): without it, two
@@ -31,16 +31,21 @@ A match is a binary search, not a walk: where a worker's blocks are prefix-close
 too), it holds the first k blocks of a request exactly when it holds block k-1, so ~log2(blocks) probes find its
 longest match. Closure breaks where a worker lacks a block under one it holds (its gaps: a prefix evicted while a
 request that extends it is in flight, a flush under requests in flight, a cache that evicts a block before its
-children); the view keeps each worker's gaps with their depths, from each held block's parent and depth (``_parent``)
-and the number of held children of each block (``_children``), updated as a block turns held or not. A request's
-blocks at one of the worker's gaps bound the search (below the first gap on the request's path its blocks are
-prefix-closed), so a match stays exact at ~log2(blocks) probes plus one per gap. The same holds of
-``confirmed_prefix`` over stored and recent blocks.
+children). The first gap on a request's path bounds the search (above it the path's blocks are prefix-closed), so a
+match stays exact at ~log2(blocks) probes plus one per candidate gap. The gaps of a worker's stored and recent blocks
+are kept as they change (``_conf_gaps``: from each such block's parent and depth, ``_parent``, and the number of such
+children of each block, ``_conf_children``), off the request path: events and ends. A request in flight adds a chain
+(its blocks past those its worker held, each the parent of the next), which can open a gap only at its first block's
+parent: the view keeps those parents (``_starts``), and a match checks both sets of candidates against the worker's
+counts. So a decision credits its blocks in one C-level count update (``Counter.update``), with no per-block index
+work; the stored-or-recent index also answers ``confirmed_prefix``.
+
+Per worker, ``_held[worker]`` counts each block's stored, in-flight and recent credits together (one dictionary per
+worker, probed once per step of a search).
 """
 from __future__ import annotations
 
-from collections import deque
-from itertools import islice
+from collections import Counter, deque
 from typing import Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
@@ -51,7 +56,7 @@ class KvView:
     def __init__(self, block_size: int, confirm_s: float = 2.0):
         self.block_size, self.confirm_s = block_size, confirm_s
         self.keys = BlockKeys(block_size)
-        self._holders: dict[int, dict[str, int]] = {}  # block key -> {worker: stored + in flight + recent}
+        self._held: dict[str, Counter] = {}  # worker -> block key -> stored + in flight + recent
         self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
         self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
         self._recent: dict[str, dict[int, int]] = {}  # worker -> key -> ended requests awaiting its event
@@ -62,14 +67,15 @@ class KvView:
         self._peak: dict[str, int] = {}  # worker -> the most blocks its events showed it holding at once
         self._stored_total: dict[str, float] = {}  # worker -> blocks stored lately, aged: how fast its cache turns over
         self._stored_since_aging = 0  # blocks stored by every worker since the counts last halved
-        # the index that turns a match into a binary search: each held block's parent and depth, and per worker how
-        # many of the blocks it holds (in ``_holders``; ``_conf_*``: stored or recent) have each parent, and its gaps
-        # key in ``_holders`` -> (its parent block's key (ROOT_HASH: a first block), its depth: 0 for a first block)
+        # the index that turns a match into a binary search (module docstring): for each block some worker holds
+        # stored or recent, its parent's key (ROOT_HASH: a first block) and its depth (0: a first block), and on how
+        # many workers it is so; per worker, how many of those children each block has, and its gaps (key -> depth)
         self._parent: dict[int, tuple[int, int]] = {}
-        self._children: dict[str, dict[int, int]] = {}  # worker -> key -> how many of its children the worker holds
-        self._gaps: dict[str, dict[int, int]] = {}  # worker -> key it lacks under a block it holds -> the key's depth
-        self._conf_children: dict[str, dict[int, int]] = {}  # the same over stored and recent blocks
+        self._refs: dict[int, int] = {}
+        self._conf_children: dict[str, dict[int, int]] = {}
         self._conf_gaps: dict[str, dict[int, int]] = {}
+        # worker -> (the parent key of an in-flight chain's first block, its depth) -> chains in flight there
+        self._starts: dict[str, dict[tuple[int, int], int]] = {}
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -106,8 +112,9 @@ class KvView:
             if parent is None:  # stored on a block the view never saw: unreachable from a request's first block
                 self.stats["orphans"] += len(e.block_hashes)
                 return
-            depth = self._parent[parent][1] + 1
+            depth = self._parent[parent][1] + 1  # stored there: in the index
         stored, recent = self._by_events.setdefault(worker, {}), self._recent.get(worker)
+        held = self._held_by(worker)
         removed_at = self._removed_at.get(worker)
         new = 0
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
@@ -116,11 +123,11 @@ class KvView:
                 continue  # stored again without a removal in between: still one copy
             ext[h] = key
             new += 1
-            self._add(worker, key, above, depth - 1)
+            held[key] += 1
             n = stored.get(key, 0)
             stored[key] = n + 1
             if not n and not (recent and key in recent):
-                self._confirmed(worker, key, True)
+                self._confirmed(worker, key, True, above, depth - 1)
             if removed_at:
                 removed_at.pop(key, None)
             self.stats["stored"] += 1
@@ -145,7 +152,7 @@ class KvView:
             self._confirmed(worker, key, False)
         self._drop(worker, key)
         self.removals += 1
-        if worker in self._holders.get(key, ()):  # credited to requests in flight: ``retire`` must not await it
+        if key in self._held.get(worker, ()):  # credited to requests in flight: ``retire`` must not await it
             self._removed_at.setdefault(worker, {})[key] = self.removals
 
     def forget(self, worker: str, capacity: bool = False) -> None:
@@ -158,6 +165,7 @@ class KvView:
         self._by_events.pop(worker, None)
         self._removed_at.pop(worker, None)
         for key, n in self._recent.pop(worker, {}).items():
+            self._unref(key)  # nothing stored is left: it leaves the worker's stored-or-recent set
             for _ in range(n):
                 self._drop(worker, key)
         self._conf_children.pop(worker, None)  # nothing stored or recent is left of it
@@ -170,17 +178,9 @@ class KvView:
     def drop_credits(self, worker: str) -> None:
         """Drop every credit of ``worker`` and every figure of its cache (removed: the ends of its requests will not
         be reported)."""
-        self._stored_total.pop(worker, None)
-        self._peak.pop(worker, None)
-        self._recent.pop(worker, None)
-        self._removed_at.pop(worker, None)
-        for key in [k for k, held in self._holders.items() if worker in held]:
-            del self._holders[key][worker]
-            if not self._holders[key]:
-                del self._holders[key]
-                del self._parent[key]
-        for index in (self._children, self._gaps, self._conf_children, self._conf_gaps):
-            index.pop(worker, None)
+        self.forget(worker, capacity=True)
+        self._held.pop(worker, None)
+        self._starts.pop(worker, None)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
@@ -193,42 +193,53 @@ class KvView:
 
     def sizes(self) -> dict[str, int]:
         """Entries per structure (``RoutingPolicy.state_sizes``)."""
-        return {"view_blocks": len(self._holders), "view_worker_hashes": sum(map(len, self._external.values())),
+        return {"view_blocks": sum(map(len, self._held.values())),
+                "view_worker_hashes": sum(map(len, self._external.values())),
                 "view_recent": sum(map(len, self._recent.values())), "view_deadlines": len(self._deadlines),
                 "view_removed_at": sum(map(len, self._removed_at.values())), "view_parents": len(self._parent),
-                "view_child_counts": sum(map(len, self._children.values()))
-                + sum(map(len, self._conf_children.values()))}
+                "view_child_counts": sum(map(len, self._conf_children.values())),
+                "view_chains": sum(map(len, self._starts.values()))}
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
         return self._peak.get(worker, 0)
+
+    def holds(self, worker: str, key: int) -> bool:
+        """Whether ``worker`` holds the block (stored, in flight or recent)."""
+        return key in self._held.get(worker, ())
 
     # -- requests ----------------------------------------------------------------------------------------------------
     def match(self, keys: Sequence[int], candidates: list[str], hint: int | None = None) -> dict[str, int]:
         """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent). ``hint``: a likely
         answer (the length of the prompt the request continues), tried first; then each candidate's answer is the
         next one's hint (a shared prefix). Hints cost probes, never change an answer."""
-        holders, all_gaps = self._holders, self._gaps
+        all_held, all_gaps, all_starts = self._held, self._conf_gaps, self._starts
         matched, last = {}, None
         for w in candidates:
+            held = all_held.get(w)
+            if not held:
+                matched[w] = last = 0
+                continue
             lo, hi = 0, len(keys)  # it holds the first lo blocks, not the first hi + 1
-            gaps = all_gaps.get(w)
+            gaps, starts = all_gaps.get(w), all_starts.get(w)
             if gaps:
-                hi = _below_gaps(keys, gaps)
+                hi = _below_gaps(keys, gaps.items(), held, hi)
+            if starts:
+                hi = _below_gaps(keys, starts, held, hi)
             for guess in (last, hint):  # at most 2 probes each, and each narrows the search
                 if guess is None or not lo <= guess <= hi:
                     continue
-                if guess and w not in holders.get(keys[guess - 1], ()):
+                if guess and keys[guess - 1] not in held:
                     hi = guess - 1
                 else:
                     lo = guess
-                    if guess < hi and w not in holders.get(keys[guess], ()):
+                    if guess < hi and keys[guess] not in held:
                         hi = guess
                 if lo == hi:
                     break
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if w in holders.get(keys[mid - 1], ()):
+                if keys[mid - 1] in held:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -241,7 +252,7 @@ class KvView:
         lo, hi = 0, upto
         gaps = self._conf_gaps.get(worker)
         if gaps:
-            hi = min(hi, _below_gaps(keys, gaps))
+            hi = min(hi, _below_gaps(keys, gaps.items(), (), len(keys)))
         if hi and (keys[hi - 1] in stored or keys[hi - 1] in recent):  # the common case: all of it
             return hi
         while lo < hi:
@@ -255,59 +266,47 @@ class KvView:
 
     def credit(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
         """A request's blocks (a chain: each the parent of the next, the first a child of ``parent`` at ``depth``) are
-        in flight on ``worker``. ``_add`` inlined: past the first, each block's parent is the block before, held."""
+        in flight on ``worker``: one count each (a C-level update), and the chain's start, where it can open a gap."""
         if not keys:
             return
-        self._add(worker, keys[0], parent, depth)
-        holders, parents = self._holders, self._parent
-        counts = self._children.setdefault(worker, {})
-        gaps = self._gaps.get(worker)
-        parent = keys[0]
-        for key in islice(keys, 1, None):
-            depth += 1
-            held = holders.get(key)
-            if held is None:
-                holders[key] = {worker: 1}
-                parents[key] = (parent, depth)
-            elif worker in held:
-                held[worker] += 1
-                parent = key
-                continue
-            else:
-                held[worker] = 1
-            counts[parent] = counts.get(parent, 0) + 1  # its parent is held: no gap above it, and none at it now
-            if gaps:
-                gaps.pop(key, None)
-            parent = key
-        if gaps is not None and not gaps:
-            del self._gaps[worker]
+        self._held_by(worker).update(keys)
+        if depth:
+            starts = self._starts.get(worker)
+            if starts is None:
+                starts = self._starts[worker] = {}
+            start = (parent, depth - 1)
+            starts[start] = starts.get(start, 0) + 1
 
-    def debit(self, worker: str, keys: Sequence[int]) -> None:
-        """A request credited with these blocks failed there."""
+    def debit(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
+        """A request credited with these blocks (``credit``'s arguments) failed there."""
         for key in keys:
             self._drop(worker, key)
+        self._end_chain(worker, keys, parent, depth)
 
-    def retire(self, worker: str, keys: Sequence[int], now: float, since: int) -> None:
-        """A request credited with these blocks when ``removals`` was ``since`` ended there: each credit stays (recent)
-        until the worker's event for the block arrives or ``confirm_s`` passes; one already stored goes now, and so
-        does one stored and removed again since the decision (gone, not late)."""
+    def retire(self, worker: str, keys: Sequence[int], parent: int, depth: int, now: float, since: int) -> None:
+        """A request credited with these blocks (``credit``'s arguments) when ``removals`` was ``since`` ended there:
+        each credit stays (recent) until the worker's event for the block arrives or ``confirm_s`` passes; one already
+        stored goes now, and so does one stored and removed again since the decision (gone, not late)."""
         stored = self._by_events.get(worker, {})
         recent = self._recent.setdefault(worker, {})
         removed_at = self._removed_at.get(worker, {})
         deadline = now + self.confirm_s
-        for key in keys:
+        above = parent
+        for i, key in enumerate(keys, depth):
             if key in stored:
                 self._drop(worker, key)
             elif removed_at.get(key, 0) > since:
                 self._drop(worker, key)
-                if worker not in self._holders.get(key, ()):  # no credit left to retire: forget the removal
+                if key not in self._held.get(worker, ()):  # no credit left to retire: forget the removal
                     del removed_at[key]
             else:
                 n = recent.get(key, 0)
                 recent[key] = n + 1
                 if not n:  # not stored either (above)
-                    self._confirmed(worker, key, True)
+                    self._confirmed(worker, key, True, above, i)
                 self._deadlines.append((deadline, worker, key))
+            above = key
+        self._end_chain(worker, keys, parent, depth)
 
     def expire(self, now: float) -> None:
         """Drop the recent credits whose event did not come within ``confirm_s`` (evicted meanwhile, or lost)."""
@@ -330,80 +329,91 @@ class KvView:
         else:
             counts[key] -= 1
 
-    def _add(self, worker: str, key: int, parent: int = ROOT_HASH, depth: int = 0) -> None:
-        """One more count of ``key`` on ``worker``; ``parent`` and ``depth``: where it lies, needed when no worker holds
-        it."""
-        held = self._holders.get(key)
+    def _held_by(self, worker: str) -> Counter:
+        held = self._held.get(worker)
         if held is None:
-            self._holders[key] = {worker: 1}
-            self._parent[key] = (parent, depth)
-        elif worker in held:
-            held[worker] += 1
-            return
-        else:
-            held[worker] = 1
-        self._turned(self._children, self._gaps, worker, key, True, self._holds)
+            held = self._held[worker] = Counter()
+        return held
 
     def _drop(self, worker: str, key: int) -> None:
-        held = self._holders[key]
-        n = held[worker] - 1
+        held = self._held[worker]  # (an emptied worker's counter stays: one per worker)
+        n = held[key] - 1
         if n:
-            held[worker] = n
+            held[key] = n
+        else:
+            del held[key]
+
+    def _end_chain(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
+        if not keys or not depth:
             return
-        del held[worker]
-        self._turned(self._children, self._gaps, worker, key, False, self._holds)
-        if not held:
-            del self._holders[key]
+        starts = self._starts[worker]
+        start = (parent, depth - 1)
+        if starts[start] == 1:
+            del starts[start]
+            if not starts:
+                del self._starts[worker]
+        else:
+            starts[start] -= 1
+
+    def _unref(self, key: int) -> None:
+        """One worker fewer holds ``key`` stored or recent."""
+        n = self._refs[key] - 1
+        if n:
+            self._refs[key] = n
+        else:
+            del self._refs[key]
             del self._parent[key]
 
-    def _confirmed(self, worker: str, key: int, now: bool) -> None:
-        """``key`` turned stored-or-recent on ``worker`` (``now``), or stopped being either."""
-        self._turned(self._conf_children, self._conf_gaps, worker, key, now, self._confirms)
-
-    def _holds(self, worker: str, key: int) -> bool:
-        return worker in self._holders.get(key, ())
-
-    def _confirms(self, worker: str, key: int) -> bool:
-        return key in self._by_events.get(worker, ()) or key in self._recent.get(worker, ())
-
-    def _turned(self, children: dict, all_gaps: dict, worker: str, key: int, now: bool, has) -> None:
-        """Keep ``worker``'s gaps as ``key`` joins (``now``) or leaves its set (``has``: membership of the others): a
-        block is a gap while it is out of the set and one of its children is in."""
-        counts = children.get(worker)
-        if counts is None:
-            counts = children[worker] = {}
+    def _confirmed(self, worker: str, key: int, now: bool, parent: int = ROOT_HASH, depth: int = 0) -> None:
+        """``key`` turned stored-or-recent on ``worker`` (``now``: a child of ``parent`` at ``depth``), or stopped being
+        either: keep the worker's gaps (a block is a gap while it is out of the set and one of its children is in)."""
+        if now:
+            n = self._refs.get(key, 0)
+            self._refs[key] = n + 1
+            if not n:
+                self._parent[key] = (parent, depth)
+        children = self._conf_children.get(worker)
+        if children is None:
+            children = self._conf_children[worker] = {}
+        all_gaps = self._conf_gaps
         gaps = all_gaps.get(worker)
         parent, depth = self._parent[key]
         if parent != ROOT_HASH:
-            n = counts.get(parent, 0)
+            n = children.get(parent, 0)
             if now:
-                counts[parent] = n + 1
-                if not n and not has(worker, parent):
+                children[parent] = n + 1
+                if not n and not self._confirms(worker, parent):
                     if gaps is None:
                         gaps = all_gaps[worker] = {}
                     gaps[parent] = depth - 1
             elif n == 1:
-                del counts[parent]
+                del children[parent]
                 if gaps:
                     gaps.pop(parent, None)
             else:
-                counts[parent] = n - 1
+                children[parent] = n - 1
         if now:
             if gaps:
                 gaps.pop(key, None)
-        elif key in counts:
-            if gaps is None:
-                gaps = all_gaps[worker] = {}
-            gaps[key] = depth
+        else:
+            if key in children:
+                if gaps is None:
+                    gaps = all_gaps[worker] = {}
+                gaps[key] = depth
+            self._unref(key)
         if gaps is not None and not gaps:
             del all_gaps[worker]
+        if not children:
+            del self._conf_children[worker]
+
+    def _confirms(self, worker: str, key: int) -> bool:
+        return key in self._by_events.get(worker, ()) or key in self._recent.get(worker, ())
 
 
-def _below_gaps(keys: Sequence[int], gaps: dict[int, int]) -> int:
-    """The depth of the shallowest of ``gaps`` (key -> depth) on the path ``keys`` (len(keys): none): above it, the
-    worker's blocks on the path are prefix-closed."""
-    first = len(keys)
-    for key, depth in gaps.items():
-        if depth < first and keys[depth] == key:
+def _below_gaps(keys: Sequence[int], gaps, held, first: int) -> int:
+    """The depth of the shallowest of ``gaps`` ((key, depth) pairs) on the path ``keys`` that is not in ``held``
+    (``first``: none above it): above it, the worker's blocks on the path are prefix-closed."""
+    for key, depth in gaps:
+        if depth < first and keys[depth] == key and key not in held:
             first = depth
     return first
