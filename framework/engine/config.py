@@ -28,6 +28,10 @@ class Role(enum.StrEnum):
 SCHEDULE_POLICIES = tuple(p.value for p in SchedulePolicy)
 ROLES = tuple(r.value for r in Role)
 DEVICES = tuple(d.value for d in Device)
+# when a prefill instance prefills a paired request (`engine.disaggregation_order`): sglang, once its decode side
+# has pre-allocated the slots and sent the room's destination (SGLang's bootstrap queue); distserve, at once, its KV
+# held until the destination comes (DistServe's pull; can deadlock, broken by engine.disaggregation_timeout_s)
+DISAGGREGATION_ORDERS = ("sglang", "distserve")
 
 
 @dataclass
@@ -66,6 +70,7 @@ class EngineConfig:
     disaggregation_decode_prefix_reuse: bool = False   # decode: receive only what its radix cache lacks (servelab)
     disaggregation_local_prefill: bool = False   # decode: serve a request without bootstrap fields whole (servelab)
     disaggregation_timeout_s: float = 60.0      # a room unpaired, or a transfer unanswered, this long fails
+    disaggregation_order: str = "sglang"        # prefill: sglang | distserve (DISAGGREGATION_ORDERS; sim.pd_order)
     # decode: future tokens kept free per decoding request before another request's slots are pre-allocated (SGLang's
     # SGLANG_NUM_RESERVED_DECODE_TOKENS, 512); 0: DistServe's decode admission (a request is taken when its prompt's
     # blocks fit; running out later retracts, where DistServe swaps to CPU)
@@ -102,6 +107,9 @@ class EngineConfig:
             problems.append(f"engine.cuda_graph_max_context must be >= 1, got {self.cuda_graph_max_context}")
         if self.role not in ROLES:
             problems.append(f"engine.role={self.role!r} is not one of {', '.join(ROLES)}")
+        if self.disaggregation_order not in DISAGGREGATION_ORDERS:
+            problems.append(f"engine.disaggregation_order={self.disaggregation_order!r} is not one of "
+                            f"{', '.join(DISAGGREGATION_ORDERS)}")
         if self.disaggregation_timeout_s <= 0:
             problems.append(f"engine.disaggregation_timeout_s must be > 0, got {self.disaggregation_timeout_s}")
         if self.disaggregation_decode_reserve_tokens < 0:

@@ -3,9 +3,11 @@
 itself moves through framework/instance/kv_connector.py, which calls the methods here in the same step on every rank
 of the instance (the rank loop turns its events into commands), so the ranks' pools stay in lockstep.
 
-Prefill role: a request runs as on a mixed instance with max_new_tokens 1 (SGLang's prefill side returns after the
-prefill); when its prefill finishes, its KV is held (row, slots, cache lock: `sending`, SGLang's inflight queue)
-until the connector has sent it, then released into the radix cache as any finished request.
+Prefill role: in SGLang's order (`engine.disaggregation_order=sglang`, the real path's connector decides) a paired
+request first waits, holding no KV, for its room's destination (`bootstrapping`, SGLang's PrefillBootstrapQueue);
+then (at once in DistServe's order) it runs as on a mixed instance with max_new_tokens 1 (SGLang's prefill side
+returns after the prefill); when its prefill finishes, its KV is held (row, slots, cache lock: `sending`, SGLang's
+inflight queue) until the connector has sent it, then released into the radix cache as any finished request.
 
 Decode role: a request waits for KV slots (`waiting_slots`, SGLang's DecodePreallocQueue): a req_to_token row and a
 slot per prompt token it lacks, admitted in arrival order while the pool keeps each running or receiving request's
@@ -53,6 +55,7 @@ class Disaggregation:
         self.receiving: dict[str, Req] = {}
         self.abandoned: set[str] = set()         # aborted while receiving: slots kept until the prefill answers
         self.sending: dict[str, Req] = {}
+        self.bootstrapping: dict[str, Req] = {}  # prefill, SGLang's order: waiting for the room's destination
         self._allocated: list[Destination] = []
 
     # -- both roles ---------------------------------------------------------------------------------------------
@@ -66,13 +69,25 @@ class Disaggregation:
 
     def pending(self) -> int:
         """Requests in a disaggregation queue (the rank loop keeps polling while any is)."""
-        return len(self.waiting_slots) + len(self.receiving) + len(self.sending)
+        return len(self.waiting_slots) + len(self.receiving) + len(self.sending) + len(self.bootstrapping)
 
     def stats(self) -> dict:
         return {"kv_waiting_slots": len(self.waiting_slots), "kv_receiving": len(self.receiving),
-                "kv_sending": len(self.sending)}
+                "kv_sending": len(self.sending), "kv_bootstrapping": len(self.bootstrapping)}
 
     # -- prefill --------------------------------------------------------------------------------------------------
+    def park(self, req: Req) -> None:
+        """SGLang's order: queue a paired prefill request to wait for its room's destination (`admit`), holding no
+        KV meanwhile, so it blocks no other request (the caller set max_new_tokens 1 and checked it can ever run
+        here)."""
+        self.bootstrapping[req.rid] = req
+
+    def admit(self, rid: str) -> None:
+        """The room's destination came: the parked request joins the scheduler's waiting queue."""
+        req = self.bootstrapping.pop(rid, None)
+        if req is not None:
+            self.s.add(req)
+
     def hold(self, req: Req) -> bool:
         """A request just finished (scheduler.process): keep a paired request's KV for the connector (True)."""
         if self.role is not Role.prefill or req.pairing is None or req.finish_reason == "abort":
@@ -159,7 +174,8 @@ class Disaggregation:
         """A transfer failed (or an abandoned one ended): free what the request holds; the request is returned when
         its client still waits (not abandoned)."""
         if self.role is Role.prefill:
-            return self.sent(rid)
+            parked = self.bootstrapping.pop(rid, None)
+            return parked if parked is not None else self.sent(rid)
         req = self.receiving.pop(rid, None)
         if req is None:
             return None
@@ -178,6 +194,10 @@ class Disaggregation:
         if req is not None:
             req.finish_reason = "abort"
             self.abandoned.add(rid)
+            return True
+        req = self.bootstrapping.pop(rid, None)
+        if req is not None:                     # a parked prefill holds nothing
+            req.finish_reason = "abort"
             return True
         return rid in self.sending              # a held prefill: the connector releases it
 

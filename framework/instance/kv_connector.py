@@ -9,16 +9,20 @@ tcp fallback) and the ranks exchange where their pools live. Rank 0 holds the co
   address (`bootstrap_host:bootstrap_port`) a *want*: the room, where every decode rank's pool is, the slots, and
   where to answer. The prefill side answers *done* (with its sampled first token, the bytes and seconds) once the
   KV has landed, or *failed*.
-- prefill: rank 0 listens on the bootstrap port. When a paired request's prefill is done and its room's want has
-  come, a sender thread writes the KV (read from this rank's pool: every rank of a DP group holds the whole MLA
-  latent) straight into every decode rank's pool, then answers.
+- prefill: rank 0 listens on the bootstrap port. In SGLang's order (`engine.disaggregation_order=sglang`, the
+  default) a paired request waits, holding no KV, until its room's want has come (`KVBootstrapped` then queues it
+  for its prefill), so held KV always has a destination; in DistServe's (`distserve`) it is prefilled at once and
+  its KV held until the want comes, which can deadlock (held KV filling this pool, the decode side's slots taken by
+  requests waiting here) until the timeout fails the requests. When a paired request's prefill is done and its
+  room's want has come, a sender thread writes the KV (read from this rank's pool: every rank of a DP group holds
+  the whole MLA latent) straight into every decode rank's pool, then answers.
 
-What a rank must do about it reaches every rank as a command in the step's exchange (`KVDone`, `KVFailed`), so the
-ranks free and admit in lockstep. Faults: a room unanswered for `disaggregation_timeout_s` fails on either side; a
-client that leaves sends the other side a *cancel*; a decode request's slots are freed only once the prefill side
-can no longer write them (it answered, or the timeout passed). Several DP groups (DP attention): on the decode side
-a group's leader reports its allocations to rank 0 (KVAllocated, in the exchange) and the KV goes to that group's
-ranks; on the prefill side they are not built yet (refused).
+What a rank must do about it reaches every rank as a command in the step's exchange (`KVBootstrapped`, `KVDone`,
+`KVFailed`), so the ranks free and admit in lockstep. Faults: a room unanswered for `disaggregation_timeout_s` fails
+on either side; a client that leaves sends the other side a *cancel*; a decode request's slots are freed only once
+the prefill side can no longer write them (it answered, or the timeout passed). Several DP groups (DP attention): on
+the decode side a group's leader reports its allocations to rank 0 (KVAllocated, in the exchange) and the KV goes to
+that group's ranks; on the prefill side they are not built yet (refused).
 """
 from __future__ import annotations
 
@@ -48,6 +52,12 @@ class KVDone:
     cached_tokens: int = 0
     nbytes: int = 0
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class KVBootstrapped:
+    """Prefill, SGLang's order: the request's room has its destination; it may be prefilled now."""
+    rid: str
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,8 @@ class KVConnector:
         self.role, self.rank, self.engine = Role(cfg.role), control.rank, engine
         self.disagg = engine.scheduler.disagg
         self.timeout_s, self.layerwise = cfg.disaggregation_timeout_s, cfg.disaggregation_layerwise
+        # SGLang's order: a paired prefill request is parked until its room's destination comes (rank loop: park)
+        self.waits_for_destination = self.role is Role.prefill and cfg.disaggregation_order == "sglang"
         self.backend = resolve_backend(cfg.disaggregation_transfer_backend)
         self.transport = open_transport(self.backend, cfg.disaggregation_host)
         esz = buf.element_size()
@@ -151,6 +163,8 @@ class KVConnector:
         # prefill
         self.wants: dict[int, tuple[dict, float]] = {}     # room -> (want, when it came)
         self.held: dict[str, tuple[int, float]] = {}       # rid -> (room, since when its KV is ready)
+        self.parked: dict[str, float] = {}                 # rid -> since when it waits for its room's want
+        self.bound: set[int] = set()                       # rooms whose want let their request in (SGLang's order)
         self.inflight: dict[str, int] = {}                 # rid -> room, with the sender thread
         self.cancelled: dict[int, float] = {}              # rooms the decode side gave up (when)
         self.closing: set[str] = set()                     # rids with a command on its way to every rank
@@ -210,7 +224,9 @@ class KVConnector:
         if self.rank != 0:
             return
         if self.role is Role.prefill:
-            if rid in self.inflight:
+            if rid in self.disagg.bootstrapping and rid not in self.closing:   # its Abort drops it: no KV held
+                self._fail_prefill(rid, self.disagg.bootstrapping[rid].pairing.room, "the prefill request was aborted")
+            elif rid in self.inflight:
                 self.cancelled[self.inflight[rid]] = time.monotonic()   # the sender thread stops before writing
             elif rid in self.disagg.sending and rid not in self.closing:
                 self.held.pop(rid, None)
@@ -236,6 +252,7 @@ class KVConnector:
             self.wants[room] = (msg, now)
         elif msg["op"] == "cancel":       # answered unless the sender thread has the room (it answers then)
             self.wants.pop(room, None)
+            self.bound.discard(room)
             self.cancelled[room] = now
             for rid, (r, _) in list(self.held.items()):
                 if r == room:
@@ -245,7 +262,8 @@ class KVConnector:
                 self.push.send(msg["notify"], {"op": "failed", "room": room, "error": "cancelled"})
 
     def _prefill_poll(self, now: float) -> None:
-        self.closing &= set(self.disagg.sending)      # the commands sent last step have been applied
+        self.closing &= set(self.disagg.sending) | set(self.disagg.bootstrapping)   # last step's commands applied
+        self._admit_parked(now)
         for rid, req in self.disagg.sending.items():
             if rid in self.held or rid in self.inflight or rid in self.closing:
                 continue
@@ -256,6 +274,7 @@ class KVConnector:
         for rid, (room, since) in list(self.held.items()):
             if room in self.wants:
                 want, _ = self.wants.pop(room)
+                self.bound.discard(room)
                 del self.held[rid]
                 req = self.disagg.sending[rid]
                 src = self.disagg.kv_of(rid, want["first"])
@@ -271,11 +290,13 @@ class KVConnector:
             if now - since > self.timeout_s and room not in self.inflight.values():
                 del self.cancelled[room]
         for room, (want, since) in list(self.wants.items()):
-            if now - since > self.timeout_s:     # no request of that room came here
+            if now - since > self.timeout_s:     # no request of that room came here, or (bound) its prefill stalled
                 del self.wants[room]
-                self.push.send(want["notify"], {"op": "failed", "room": room, "error":
-                                                f"the prefill instance got no request for room {room} within "
-                                                f"{self.timeout_s:g}s"})
+                why = (f"the prefill instance did not prefill room {room} within {self.timeout_s:g}s of its "
+                       f"destination" if room in self.bound else
+                       f"the prefill instance got no request for room {room} within {self.timeout_s:g}s")
+                self.bound.discard(room)
+                self.push.send(want["notify"], {"op": "failed", "room": room, "error": why})
         while True:
             try:
                 rid, ok, info = self.results.get_nowait()
@@ -291,6 +312,26 @@ class KVConnector:
                 self.stats_["kv_transfer_failures"] += 1
                 self._command(KVFailed(rid, info))
 
+    def _admit_parked(self, now: float) -> None:
+        """SGLang's order: let in each parked request whose room's want has come (its want's clock restarts: the
+        prefill runs now); fail one whose room was cancelled or that waited past the timeout."""
+        self.parked = {rid: t for rid, t in self.parked.items() if rid in self.disagg.bootstrapping}
+        for rid, req in self.disagg.bootstrapping.items():
+            if rid in self.closing:
+                continue
+            room, since = req.pairing.room, self.parked.setdefault(rid, now)
+            if self.cancelled.pop(room, None) is not None:
+                self._command(KVFailed(rid, "the decode side cancelled the room"))
+            elif room in self.wants:
+                self.wants[room] = (self.wants[room][0], now)
+                self.bound.add(room)
+                self.commands.append(KVBootstrapped(rid))   # (applied this step; not closing: it comes back held)
+            elif now - since > self.timeout_s:
+                self._fail_prefill(rid, room, f"no decode instance asked for room {room} within "
+                                              f"engine.disaggregation_timeout_s={self.timeout_s:g}s (it waited for "
+                                              f"its destination before prefilling, holding no KV: "
+                                              f"engine.disaggregation_order=sglang)")
+
     def _command(self, cmd) -> None:
         self.closing.add(cmd.rid)
         self.commands.append(cmd)
@@ -298,6 +339,7 @@ class KVConnector:
     def _fail_prefill(self, rid: str, room: int, why: str) -> None:
         self.stats_["kv_transfer_failures"] += 1
         self._command(KVFailed(rid, why))
+        self.bound.discard(room)
         if room in self.wants:
             want, _ = self.wants.pop(room)
             self.push.send(want["notify"], {"op": "failed", "room": room, "error": why})

@@ -30,11 +30,13 @@ from framework.engine.config import EngineConfig, Role
 from framework.engine.disagg import Pairing
 from framework.engine.engine import Engine
 from framework.engine.request import Req, SamplingParams
+from framework.engine.scheduler import check_admissible
 from framework.engine.stats import instance_stats
 from framework.model.config import ModelConfig
 from framework.core.registry import PARALLELISM
 from framework.kv_events.events import KVEventBatch
-from framework.instance.kv_connector import IDLE_POLL_S, POLL_S, KVAllocated, KVConnector, KVDone, KVFailed
+from framework.instance.kv_connector import (IDLE_POLL_S, POLL_S, KVAllocated, KVBootstrapped, KVConnector, KVDone,
+                                             KVFailed)
 
 HEARTBEAT_S = 1.0      # an idle rank 0 still exchanges this often
 INFO_EVERY_S = 0.2     # how often rank 0 pushes the instance's stats to the parent while busy
@@ -272,6 +274,8 @@ class RankLoop:
                                   pairing=cmd.pairing))
             elif isinstance(cmd, (KVDone, KVFailed)):
                 self._transfer_news(cmd)
+            elif isinstance(cmd, KVBootstrapped):     # SGLang's order: its room's destination came
+                self.kv.disagg.admit(cmd.rid)
             elif isinstance(cmd, Abort):
                 self.engine.scheduler.abort(cmd.rid)
             elif isinstance(cmd, Flush):
@@ -302,7 +306,13 @@ class RankLoop:
     def _add(self, req: Req) -> None:
         try:
             if req.pairing is not None:
-                self.engine.scheduler.add_paired(req)
+                if self.kv is not None and self.kv.waits_for_destination:
+                    s = self.engine.scheduler         # SGLang's order: prefilled once its destination comes
+                    req.params = dataclasses.replace(req.params, max_new_tokens=1)   # (as disagg.add does)
+                    check_admissible(req, s.pool.capacity, s.context_len)
+                    self.kv.disagg.park(req)
+                else:
+                    self.engine.scheduler.add_paired(req)
                 self.engine.requests += 1
                 self.added.append((self.engine.instance_step.attempts, req))
                 return

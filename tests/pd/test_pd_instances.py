@@ -115,9 +115,9 @@ def test_faults_fail_the_request_and_free_every_slot(cfg):
             await wait_async(lambda: counters(decode)["kv_receiving"] == 1, what="slots pre-allocated")
             task.cancel()
             await wait_async(lambda: counters(decode) == start_d, timeout=0.8, what="decode slots freed")
-            # the prefill client leaves while its KV is held for a decode side
+            # the prefill client leaves while it waits for its destination (SGLang's order: it holds no KV yet)
             task = asyncio.create_task(collect(prefill, "impatient prefill " * 4, long, pairing_for(pre_spec)))
-            await wait_async(lambda: counters(prefill)["kv_sending"] == 1, what="prefill KV held")
+            await wait_async(lambda: counters(prefill)["kv_bootstrapping"] == 1, what="prefill parked")
             task.cancel()
             await wait_async(lambda: counters(prefill) == start_p, timeout=0.8, what="prefill KV released")
 
