@@ -132,11 +132,12 @@ async def test_500_is_retried_elsewhere_and_opens_the_breaker(engines):
     calls = []
     bad = await serve(status_app(500, calls=calls))
     async with workers_over(engines[:1]) as (_, urls), \
-            router_over([url_of(bad), *urls], breaker_failure_threshold=2, breaker_cooldown_secs=1.0) as (router, http):
+            router_over([url_of(bad), *urls], breaker_failure_threshold=2, breaker_cooldown_secs=2.5) as (router, http):
         results = [await gen(http, f"q{i}") for i in range(6)]
         assert all(status == 200 and worker == urls[0] for status, _, worker in results)
         assert len(calls) == 2 and router.workers[url_of(bad)].breaker.state == "open"  # no 3rd try while open
-        await asyncio.sleep(1.05)  # cool-down over: the next request to it is a half-open probe
+        # the six requests above must finish inside the cool-down (2.5 s: a loaded machine took over 1 s)
+        await asyncio.sleep(2.55)  # cool-down over: the next request to it is a half-open probe
         for i in range(2):
             await gen(http, f"p{i}")
         assert len(calls) == 3 and router.workers[url_of(bad)].breaker.state == "open"
