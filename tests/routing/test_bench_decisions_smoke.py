@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_router" / "bench_decisions.py"
 
 
+@pytest.mark.long  # a subprocess run of an experiments script (~5 s): CI's long set keeps it
 def test_bench_decisions_smoke(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--conversations", "6", "--turns", "5", "--repeats", "1",
