@@ -9,26 +9,11 @@ from pathlib import Path
 import pytest
 
 from framework.config import compose
-from framework.core.registry import COST
-from framework.contracts.cost import BatchShape, InstanceShape, Step
+from framework.contracts.cost import BatchShape, Step
 from plugins.cost.roofline import logits_stage, wave_factor
+from roofline_helpers import cost, h100, v2  # noqa: F401 (v2, h100: fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def v2():
-    return replace(compose(["model=deepseek_v2"]).model, weight_dtype="fp8")
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return compose(["hardware=h100_sxm"]).hardware
-
-
-def cost(model, hw, parallel="tp", **cfg):
-    inst = InstanceShape(model, hw, parallel=parallel, size=8, moe="triton_fused")
-    return COST.build("roofline", COST.get("roofline").Config(**cfg), inst)
 
 
 def decode(n, context, groups=1):

@@ -7,26 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from framework.config import compose
-from framework.core.registry import COST
-from framework.contracts.cost import BatchShape, InstanceShape, Step
+from framework.contracts.cost import BatchShape, Step
 from framework.engine.config import EngineConfig
 from framework.engine.cuda_graph import GraphPolicy, capture_sizes
 from framework.sim.frontend import FrontEnd
-
-
-@pytest.fixture(scope="module")
-def v2():
-    return replace(compose(["model=deepseek_v2"]).model, weight_dtype="fp8")
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return compose(["hardware=h100_sxm"]).hardware
-
-
-def cost(model, hw, parallel="tp", **cfg):
-    inst = InstanceShape(model, hw, parallel=parallel, size=8, moe="triton_fused")
-    return COST.build("roofline", COST.get("roofline").Config(**cfg), inst)
+from roofline_helpers import cost, h100, v2  # noqa: F401 (v2, h100: fixtures)
 
 
 def decode(n, context=256, groups=1, graph=True):

@@ -248,13 +248,17 @@ class Flight:
         if self.task is not None:
             self.task.cancel()  # the relay ends the request
             return
+        self._abandon()
+        self.call.outcome = CLIENT_DISCONNECT
+        self._finish()
+
+    def _abandon(self) -> None:
+        """Stop whatever is under way: the worker's answer awaited, a backoff or hold timer, the attempt's decision."""
         self._stop_waiting()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self._end_attempt()
-        self.call.outcome = CLIENT_DISCONNECT
-        self._finish()
 
     def _stop_waiting(self) -> None:
         if self.up is not None:
@@ -287,11 +291,7 @@ class Flight:
         log.exception("unhandled error on POST %s", self.call.route)
         if self.over:
             return
-        self._stop_waiting()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self._end_attempt()
+        self._abandon()
         conn = self.conn
         if conn.request is not None and not conn.started and not conn.closed:
             self._answer(conn.send_error, ApiError(500, f"internal error while handling POST {self.call.route}"))
