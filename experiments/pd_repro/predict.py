@@ -8,12 +8,14 @@ The setup is DistServe's artifact's (LLMServe/DistServe, evaluation/2-benchmark-
 evaluation/ae-scripts/e2e/opt-13b-distllm-client.sh), each figure's source in SETUP below; what servelab cannot
 express is said there too (the model is an MLA stand-in, the engines are servelab's SGLang-v0.4 scheduler).
 
-    python experiments/pd_repro/predict.py [--round 1|2] [--sharegpt PATH] [--requests 300] [--quick]
+    python experiments/pd_repro/predict.py [--round 1|2|3] [--sharegpt PATH] [--requests 300] [--quick]
 
 --round 1 (predictions.json, committed in 7b49e78): DistServe on servelab's decode admission (SGLang's 512 future
 tokens kept per decoding request) and ShareGPT's first exchange as the prompt. --round 2 (predictions_round2.json):
 DistServe's and vLLM 0.2's own policies and DistServe's dataset preparation, each from the artifact's or vLLM's code,
-none from the figure (ROUND2 below).
+none from the figure (ROUND2 below). --round 3 (predictions_round3.json): round 2 with the vLLM baseline run by vLLM's
+own scheduler, as DistServe's artifact built it (engine.scheduler=vllm_v0_1_7; ROUND3 below); DistServe's side as in
+round 2. From round 3 the file holds no wall-clock figure, so a rerun writes it byte for byte.
 
 --sharegpt: the real ShareGPT file (ShareGPT_V3_unfiltered_cleaned_split.json, which DistServe samples); without it,
 the synthetic ShareGPT-format sample this repository ships (data/sharegpt/, log-normal lengths, not real chats), and
@@ -87,6 +89,33 @@ ROUND2 = {
 }
 
 
+ROUND3 = {
+    "vllm_scheduler": "engine.scheduler=vllm_v0_1_7 on the vLLM instance (framework/engine/vllm_policy.py), the rest "
+                      "as round 2; DistServe's instances unchanged. The artifact's baseline is "
+                      "interestingLSY/vllm branch distserve-baseline-vllm (evaluation/README.md and "
+                      "Dockerfile.evaluation at e2d4dca), whose head a4b2b944 (2024-04-29) is vLLM v0.1.7 plus "
+                      "timing patches; the notebook printing Figure 8 was committed after it (cc3096f, 2024-04-30). "
+                      "Its INSTRUCTIONS.md says v0.2.3 (a sibling branch distserve-baseline-vllm-v0.2.3 holds that), "
+                      "whose scheduler differs only by a padded prefill count and max_paddings 256: not taken",
+    "vllm_rules": "vllm/core/scheduler.py Scheduler._schedule and vllm/core/block_manager.py at that branch: a step "
+                  "is all prefill (waiting requests admitted FCFS from the head, whole prompts, no chunking) or all "
+                  "decode; admission stops at the first request whose blocks would leave fewer free than the "
+                  "watermark, or past max_num_batched_tokens or max_num_seqs; decode needs a free block per request, "
+                  "preempts the latest arrival by recomputation (to the front of the waiting queue); no prefix cache",
+    "vllm_settings": "2-start-api-server.py: --block-size 16 (engine.vllm_block_size=16), --max-num-batched-tokens "
+                     "16384 (engine.max_prefill_tokens=16384), --max-num-seqs 1024 (engine.max_running_requests=1024), "
+                     "-tp 1, --swap-space 16 (used only by multi-sequence requests: the client sends best_of 1); "
+                     "BlockSpaceManager's default watermark 0.01 (engine.vllm_watermark=0.01)",
+}
+SETUP_ROUND3 = {**SETUP,
+                "vllm": "one instance, TP 1 (2-start-api-server.py: vllm 1), vLLM v0.1.7's scheduler "
+                        "(engine.scheduler=vllm_v0_1_7): block size 16, watermark 0.01, max-num-batched-tokens 16384, "
+                        "max-num-seqs 1024, prefill first, no chunked prefill, preemption by recomputation, no prefix "
+                        "caching",
+                "engines": "vLLM's own scheduler for the vLLM baseline; servelab's (SGLang v0.4's) stands for "
+                           "DistServe's; no pipeline parallelism"}
+
+
 def distserve_dataset(source: str | None, seed: int) -> tuple[str, dict]:
     """A ShareGPT-format file of DistServe's prepared requests (one exchange each) made from `source` (default: the
     shipped synthetic sample); returns its path and what it holds."""
@@ -146,13 +175,20 @@ def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict, rnd:
     return res
 
 
-def vllm(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
+def vllm_instance(sharegpt, n, rate_per_gpu, rnd: int = 1) -> tuple:
+    """The vLLM baseline's run config, its requests and its one simulated instance."""
     extra = ["engine.init_new_token_ratio=0"] if rnd >= 2 else []
+    if rnd >= 3:      # vLLM's own scheduler (ROUND3); the ratio above then has no effect
+        extra += ["engine.scheduler=vllm_v0_1_7", "engine.vllm_block_size=16", "engine.vllm_watermark=0.01"]
     cfg = compose(overrides(sharegpt, n, rate_per_gpu) + ["parallel=single", "cluster.instances=1",
                                                           "engine.chunked_prefill_tokens=16384",
                                                           "engine.max_prefill_tokens=16384"] + extra)
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
-    inst = {"sim://vllm-0": SimInstance("sim://vllm-0", cfg, cost_model(cfg), cfg.seed)}
+    return cfg, sessions, {"sim://vllm-0": SimInstance("sim://vllm-0", cfg, cost_model(cfg), cfg.seed)}
+
+
+def vllm(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
+    cfg, sessions, inst = vllm_instance(sharegpt, n, rate_per_gpu, rnd)
     return run_sim(inst, cfg, sessions, None, {}, rnd)
 
 
@@ -190,20 +226,23 @@ def main() -> None:
     ap.add_argument("--sharegpt", default=None)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="a coarse grid (a smoke run, not the prediction)")
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2))
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3))
     args = ap.parse_args()
     sharegpt, dataset = args.sharegpt, None
     if args.round >= 2:     # DistServe's preparation: a file of its prompts (the seed: the runs' own, 0)
         sharegpt, dataset = distserve_dataset(args.sharegpt, seed=0)
     step = 0.5 if args.quick else 0.125
     rates = [round(step * k, 3) for k in range(1, int(12 / step) + 1)]   # until attainment falls below 0.5
-    out = {"setup": SETUP, "dataset": args.sharegpt or "data/sharegpt/synthetic_sharegpt.json.gz (a stand-in: "
+    setup = SETUP_ROUND3 if args.round >= 3 else SETUP
+    out = {"setup": setup, "dataset": args.sharegpt or "data/sharegpt/synthetic_sharegpt.json.gz (a stand-in: "
            "synthetic lengths, not ShareGPT's)",
            "requests_per_rate": args.requests if args.round == 1 or args.sharegpt else dataset["requests"],
            "attainment_target": ATTAINMENT,
            "round": args.round, "systems": {}}
     if args.round >= 2:
         out["round2_changes"], out["prepared_dataset"] = ROUND2, dataset
+    if args.round >= 3:
+        out["round3_changes"] = ROUND3
     t0 = time.time()
     for name, fn in (("vllm", vllm), ("distserve", distserve)):
         curve, rows = [], []
@@ -222,13 +261,16 @@ def main() -> None:
     v, d = out["systems"]["vllm"]["goodput_per_gpu"], out["systems"]["distserve"]["goodput_per_gpu"]
     out["predicted"] = {"vllm_goodput_per_gpu": v, "distserve_goodput_per_gpu": d,
                         "distserve_over_vllm": d / v if v else None}
-    out["sim_wall_s"] = time.time() - t0
+    wall = time.time() - t0
+    if args.round <= 2:
+        out["sim_wall_s"] = wall       # (rounds 1-2 kept it; from round 3 the file is byte-for-byte reproducible)
     name = "predictions.json" if args.round == 1 else f"predictions_round{args.round}.json"
     if args.quick:
         name = name.replace(".json", "_quick.json")   # a smoke run never overwrites a registered prediction
     (HERE / name).write_text(json.dumps(out, indent=1) + "\n")
     print(f"\npredicted per-GPU goodput (>= {ATTAINMENT:.0%} within TTFT 0.25 s and TPOT 0.1 s): vLLM {v:.3f}, "
-          f"DistServe {d:.3f} req/s/GPU, ratio {out['predicted']['distserve_over_vllm'] or float('nan'):.2f}x")
+          f"DistServe {d:.3f} req/s/GPU, ratio {out['predicted']['distserve_over_vllm'] or float('nan'):.2f}x "
+          f"({wall:.0f} s of simulation)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ class SchedulePolicy(enum.StrEnum):
     lpm = "lpm"     # longest prefix match first (fcfs beyond 128 waiting)
 
 
+class EngineScheduler(enum.StrEnum):
+    """Whose scheduler an engine runs (`engine.scheduler`)."""
+    sglang = "sglang"              # SGLang v0.4's (framework/engine/scheduler.py, schedule_policy.py)
+    vllm_v0_1_7 = "vllm_v0_1_7"    # vLLM's, as DistServe's artifact ran its baseline (framework/engine/vllm_policy.py)
+
+
 class Device(enum.StrEnum):
     """Where the engine runs (`engine.device`)."""
     auto = "auto"   # cuda when a GPU is visible, else cpu
@@ -26,6 +32,7 @@ class Role(enum.StrEnum):
 
 
 SCHEDULE_POLICIES = tuple(p.value for p in SchedulePolicy)
+ENGINE_SCHEDULERS = tuple(e.value for e in EngineScheduler)
 ROLES = tuple(r.value for r in Role)
 DEVICES = tuple(d.value for d in Device)
 # when a prefill instance prefills a paired request (`engine.disaggregation_order`): sglang, once its decode side
@@ -43,6 +50,12 @@ class EngineConfig:
     max_running_requests: Optional[int] = 256   # None: SGLang's, from the KV pool (sglang_max_running_requests)
     schedule_policy: SchedulePolicy = SchedulePolicy.lpm
     radix_cache: bool = True
+    # whose scheduler: sglang, or vllm_v0_1_7 (DistServe's vLLM baseline: prefill-first, no chunking, blocks with a
+    # watermark, preemption by recomputation; engine.max_prefill_tokens is its max_num_batched_tokens and
+    # engine.max_running_requests its max_num_seqs; needs radix_cache=false)
+    scheduler: EngineScheduler = EngineScheduler.sglang
+    vllm_block_size: int = 16             # vLLM's --block-size
+    vllm_watermark: float = 0.01          # vLLM's BlockSpaceManager watermark (a share of the blocks)
     # SGLang's new-token ratio (global_config.py): admission reserves running requests' future tokens times the
     # ratio; it starts at init x schedule_conservativeness, decays to factor x that over decay_steps decode steps,
     # and resets when the engine idles
@@ -88,6 +101,19 @@ class EngineConfig:
                 problems.append(f"engine.{key} must be >= 1, got {getattr(self, key)}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             problems.append(f"engine.schedule_policy={self.schedule_policy!r} is not one of {', '.join(SCHEDULE_POLICIES)}")
+        if self.scheduler not in ENGINE_SCHEDULERS:
+            problems.append(f"engine.scheduler={self.scheduler!r} is not one of {', '.join(ENGINE_SCHEDULERS)}")
+        elif self.scheduler != EngineScheduler.sglang:
+            if self.radix_cache:
+                problems.append(f"engine.scheduler={self.scheduler} has no prefix caching: "
+                                f"set engine.radix_cache=false")
+            if self.role != Role.mixed or self.alternate_extend_decode:
+                problems.append(f"engine.scheduler={self.scheduler} runs a mixed instance with its own step order: "
+                                f"engine.role must be mixed and engine.alternate_extend_decode false")
+        if self.vllm_block_size < 1:
+            problems.append(f"engine.vllm_block_size must be >= 1, got {self.vllm_block_size}")
+        if not 0 <= self.vllm_watermark < 1:
+            problems.append(f"engine.vllm_watermark must be in [0, 1), got {self.vllm_watermark}")
         if not 0 <= self.init_new_token_ratio <= 1:
             problems.append(f"engine.init_new_token_ratio must be in [0, 1], got {self.init_new_token_ratio}")
         if not 0 <= self.min_new_token_ratio_factor <= 1:

@@ -10,6 +10,9 @@ then longest prompt, first), keeping 20 free slots per remaining request, and re
 
 The forward pass is not called here: `next_batch()` returns what to run and `process(batch, tokens, now)` takes the
 sampled tokens, so a simulator can drive the same scheduler with a cost model. No wall-clock is read here.
+
+`engine.scheduler=vllm_v0_1_7` hands each step's decisions to vLLM's rules (framework/engine/vllm_policy.py) over the
+same queues, pool and batch builders.
 """
 from __future__ import annotations
 
@@ -18,13 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from framework.contracts.batch import ForwardBatch, ForwardMode
-from framework.engine.config import EngineConfig, Role, sglang_max_running_requests
+from framework.engine.config import EngineConfig, EngineScheduler, Role, sglang_max_running_requests
 from framework.engine.disagg import Disaggregation
 from framework.engine.kv_pool import KVPool
 from framework.engine.radix_cache import RadixCache
 from framework.engine.request import Req
 from framework.engine.schedule_policy import AddReqResult, PrefillAdder, calc_priority, prefix_key
 from framework.engine.stats import HitRateLog
+from framework.engine.vllm_policy import VllmScheduling
 
 RETRACT_DECODE_STEPS = 20    # global_config.retract_decode_steps: free slots kept per request after a retraction
 
@@ -65,6 +69,9 @@ class Scheduler:
         self.context_len = context_len
         self.max_running = (cfg.max_running_requests if cfg.max_running_requests is not None
                             else sglang_max_running_requests(pool.capacity, context_len or pool.capacity))
+        # engine.scheduler=vllm_*: vLLM's decisions over these queues and this pool (framework/engine/vllm_policy.py)
+        self.vllm = (VllmScheduling(cfg, pool.capacity, self.max_running)
+                     if cfg.scheduler != EngineScheduler.sglang else None)
         self.req_to_token = pool.req_to_token_pool(self.max_running, min(context_len or pool.capacity, pool.capacity))
         self.cache = RadixCache(pool.free, self.req_to_token, enabled=cfg.radix_cache)
         self.waiting: list[Req] = []
@@ -92,6 +99,8 @@ class Scheduler:
     def add(self, req: Req) -> None:
         """Queue a request. Raises ValueError (one clear sentence) when it can never fit on this rank."""
         check_admissible(req, self.pool.capacity, self.context_len)
+        if self.vllm is not None:
+            self.vllm.check_admissible(req)
         self.waiting.append(req)
 
     def add_paired(self, req: Req) -> None:
@@ -122,7 +131,9 @@ class Scheduler:
         if self.disagg is not None:
             self.disagg.preallocate()
         retracted: list[Req] = []
-        if self.cfg.alternate_extend_decode and self._last_mode is ForwardMode.EXTEND and self.running:
+        if self.vllm is not None:
+            batch = self.vllm.next_batch(self, retracted)
+        elif self.cfg.alternate_extend_decode and self._last_mode is ForwardMode.EXTEND and self.running:
             batch = self._decode_batch(retracted) or self._prefill_batch()
         else:
             batch = self._prefill_batch() or self._decode_batch(retracted)
@@ -251,9 +262,13 @@ class Scheduler:
             self.batch_is_full = False
         if not self.running:
             return None
+        return self._build_decode()
+
+    def _build_decode(self) -> ForwardBatch:
+        """SGLang's prepare_for_decode: one new slot per running request (the caller made room)."""
         reqs = list(self.running)
         bs = len(reqs)
-        out = self.pool.alloc(bs)           # _check_decode_mem made room
+        out = self.pool.alloc(bs)
         rows = [r.req_pool_idx for r in reqs]
         positions = [r.kv_len for r in reqs]
         self.req_to_token.write_tokens(rows, positions, out)
@@ -272,6 +287,8 @@ class Scheduler:
         last of them finishing a request: no prefill can be formed (nothing waits, or batch_is_full), nothing is
         mid-prefill, just prefilled or finished, no request has stop strings, and the free slots cover the steps
         without an eviction. 0 when the next step may be anything else (or there is none)."""
+        if self.vllm is not None:
+            return self.vllm.decode_steps_ahead(self)
         if (self.chunked is not None or self._last_extend is not None or self._no_step or not self.running
                 or (self.waiting and not self.batch_is_full)):
             return 0
@@ -300,7 +317,8 @@ class Scheduler:
         for j in range(k):
             self.req_to_token.write_tokens(rows, [r.kv_len + j for r in reqs], self.pool.alloc(bs))
         for _ in range(k):
-            self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+            if self.vllm is None:             # SGLang's decay per decode step (vLLM has no such ratio)
+                self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
             if self.step_log is not None:
                 self.step_log.append(StepRecord("decode", tuple(r.rid for r in reqs), (), (1,) * bs, (),
                                                 self.new_token_ratio))
