@@ -21,6 +21,8 @@ the reason it cannot, which is refused with that reason); the service settings m
 | router.cors_allowed_origins     | --cors-allowed-origins (none: SGLang allows every origin, servelab none)     |
 | router.request_id_headers       | --request-id-headers (none: both use x-request-id, x-correlation-id,         |
 |                                 | x-trace-id, request-id)                                                      |
+| router.dp_aware                 | --dp-aware: it reads each worker's dp_size from GET /server_info, routes to  |
+|                                 | `url@rank` and puts the rank in the body's data_parallel_rank (OpenAI too)   |
 | other router.* service settings | not passed: SGLang's defaults (backoff, breaker, health checks); a run that   |
 |                                 | sets one is refused at start (framework/config.py, refuse_ignored_keys)       |
 
@@ -54,7 +56,7 @@ PINNED = SGLANG_ROUTER_VERSION
 # the router.* service settings sglang-router is given (front_door_args: the front door's, under SGLang's own names)
 SERVICE_FLAGS = ("impl", "host", "port", "max_retries", "max_concurrent_requests", "queue_size", "queue_timeout_secs",
                  "rate_limit_tokens_per_second", "api_key", "control_plane_api_keys", "control_plane_audit_enabled",
-                 "tls_cert_path", "tls_key_path", "cors_allowed_origins", "request_id_headers")
+                 "tls_cert_path", "tls_key_path", "cors_allowed_origins", "request_id_headers", "dp_aware")
 _SERIES = re.compile(r'^(smg_worker_cb_outcomes_total|smg_worker_retries_total)\{([^}]*)\}\s+(\S+)', re.M)
 
 
@@ -82,6 +84,8 @@ def sglang_router_args(rc, service, worker_urls: list[str], port: int, prometheu
     args = ["--host", service.host, "--port", str(port), *workers, *policy_args,
             "--prometheus-host", service.host, "--prometheus-port", str(prometheus_port), "--log-level", "error"]
     args += ["--retry-max-retries", str(service.max_retries)] if service.max_retries > 0 else ["--disable-retries"]
+    if service.dp_aware:
+        args.append("--dp-aware")
     for flag, name in (("--prefill-policy", getattr(service, "prefill_policy", None)),
                        ("--decode-policy", getattr(service, "decode_policy", None))):
         if pd is not None and name is not None:   # its P/D mode's policy per role (the thresholds: --policy's)
@@ -161,9 +165,23 @@ class SglangRouter:
             self.stop()
             raise
 
+    def _routed(self) -> int | None:
+        """How many workers /readiness counts once every one is registered: one per worker, or under --dp-aware one per
+        DP group (each worker's dp_size, from its /server_info as sglang-router reads it; None: one did not answer)."""
+        if "--dp-aware" not in self.args:
+            return len(self.workers)
+        total = 0
+        for url in self.workers:
+            try:
+                with urllib.request.urlopen(url + "/server_info", timeout=2) as resp:
+                    total += int(json.loads(resp.read()).get("dp_size") or 1)
+            except (OSError, ValueError, TypeError):
+                return None
+        return total
+
     def _wait_ready(self, timeout_s: float) -> None:
         """Until /readiness says every worker is registered and healthy (it registers them in the background)."""
-        deadline, last = time.monotonic() + timeout_s, "no answer yet"
+        deadline, last, routed = time.monotonic() + timeout_s, "no answer yet", None
         while True:
             if self.popen.poll() is not None:
                 raise PeerRouterError(f"sglang-router exited with status {self.popen.returncode} at start (its "
@@ -171,7 +189,8 @@ class SglangRouter:
             try:
                 with urllib.request.urlopen(self.url + "/readiness", timeout=2) as resp:
                     state = json.loads(resp.read())
-                if state.get("healthy_workers") == len(self.workers):
+                routed = routed or self._routed()
+                if routed is not None and state.get("healthy_workers") == routed:
                     self.reset_stats()
                     return
                 last = json.dumps(state)

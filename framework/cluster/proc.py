@@ -45,7 +45,8 @@ def open_worker_engine(spec: WorkerSpec):
     torch.set_num_threads(1)
     from framework.instance.rank_loop import InstanceSpec
     from framework.instance.client import open_engine
-    return open_engine(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed))
+    return open_engine(InstanceSpec(spec.model, spec.engine, spec.parallel, spec.moe, spec.seed,
+                                    kv_events_block_size=spec.kv_block_size))
 
 
 async def _serve(role: str, spec, report) -> None:
@@ -57,7 +58,7 @@ async def _serve(role: str, spec, report) -> None:
         info = {}
         if spec.kv_block_size:
             from framework.kv_events.worker import publish_cache_events
-            publisher, info["kv_events"] = publish_cache_events(client.local_engine, spec.host, spec.kv_block_size)
+            publisher, info["kv_events"] = publish_cache_events(client, spec.host, spec.kv_block_size)
         app, host, port = create_worker_app(client, extra_info=info), spec.host, spec.port
     else:
         from framework.core.registry import ROUTING

@@ -99,6 +99,11 @@ class RankProcesses:
         self._lifeline = lifeline  # ranks exit when this closes (see rank._exit_when_launcher_dies)
         self._outcome: dict[int, dict] = {}  # rank -> its report, or a synthetic one when it died without reporting
         self._lock = threading.RLock()
+        # terminate() runs in two threads at once when the owner stops the instance while a reader thread sits in
+        # recv(): the ranks it kills read as deaths there, and _raise_if_failed tears down too. Connection.close is
+        # not thread-safe (check, os.close, then forget the handle), so both could os.close one descriptor: EBADF,
+        # or worse, closing whatever file took that number in between. One teardown at a time.
+        self._teardown = threading.Lock()
         self._terminated = False
         self._failure: RankFailed | None = None  # raised again by every later call
 
@@ -162,24 +167,24 @@ class RankProcesses:
         return [self._outcome[r]["result"] for r in range(self.size)]
 
     def terminate(self) -> None:
-        """Stop every rank still running (SIGTERM, then SIGKILL) and reap it. Safe to call more than once."""
-        self._terminated = True
-        for p in self._processes:
-            if p.is_alive():
-                p.terminate()
-        for p in self._processes:
-            p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self._lifeline.close()
-        if self._channel is not None:
-            self._channel.close()
-        for conn in self._reports:
-            try:
-                conn.close()
-            except OSError:  # its descriptor was already closed (seen once in CI: EBADF at teardown); nothing to free
-                pass
+        """Stop every rank still running (SIGTERM, then SIGKILL) and reap it. Safe to call more than once, and from
+        several threads (one tears down, the others wait for it)."""
+        with self._teardown:
+            self._terminated = True
+            for p in self._processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in self._processes:
+                p.join(2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            with self._lock:   # not while _collect_ready reads a report (its number could be reused meanwhile)
+                self._lifeline.close()
+                if self._channel is not None:
+                    self._channel.close()
+                for conn in self._reports:
+                    conn.close()
 
     def __enter__(self) -> "RankProcesses":
         return self

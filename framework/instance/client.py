@@ -100,6 +100,8 @@ class InstanceClient:
         self._closed = False
         self.failure: BaseException | None = None
         self.error: str | None = None            # set when the instance failed: the worker reports unhealthy
+        self.on_kv_events = None                 # InstanceSpec.kv_events_block_size: gets each KVEventBatch (the
+                                                 # reader thread calls it; the worker's publisher queues it)
         self._reader = threading.Thread(target=self._read, name="instance-reader", daemon=True)
         self._reader.start()
         try:
@@ -200,6 +202,9 @@ class InstanceClient:
                 now = time.perf_counter()
                 if msg.stats is not None:           # first: whoever a finish wakes reads stats that count it
                     self._stats = msg.stats
+                if self.on_kv_events is not None:   # before the tokens: a router sees a finished turn's blocks
+                    for batch in msg.kv_events:     # stored as early as the worker can tell it
+                        self.on_kv_events(batch)
                 for event in msg.events:
                     self._event(event, now)
             elif isinstance(msg, Ready):

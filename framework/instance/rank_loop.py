@@ -35,6 +35,7 @@ from framework.engine.stats import instance_stats
 from framework.model.config import ModelConfig
 from framework.core.registry import PARALLELISM
 from framework.kv_events.events import KVEventBatch
+from framework.kv_events.relay import EventRelay
 from framework.instance.kv_connector import (IDLE_POLL_S, POLL_S, KVAllocated, KVBootstrapped, KVConnector, KVDone,
                                              KVFailed)
 
@@ -51,6 +52,8 @@ class InstanceSpec:
     moe: Any                    # the MoE backend's Config
     seed: int = 0
     cases: list[tuple] = field(default_factory=list)   # verify: (name, EngineConfig, MoE config), one engine each
+    kv_events_block_size: int = 0   # > 0: each DP group's radix cache's KV events, in blocks of this many tokens, go
+                                    # to the parent (its worker publishes them to routers), stamped with the group
 
 
 # -- commands: parent -> rank 0 -> every rank --------------------------------------------------------------------
@@ -121,6 +124,7 @@ class Ready:
 class Outputs:
     events: list                      # TokenOut | Rejected, in the order they happened per DP group
     stats: Optional[dict]             # the instance's stats, every INFO_EVERY_S and when it goes idle
+    kv_events: list = field(default_factory=list)   # KVEventBatch per DP group (InstanceSpec.kv_events_block_size)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ class Report:
     commands: list                    # rank 0's, for every rank
     events: list                      # a leader's events of its previous step
     snapshot: dict                    # Engine.server_info()
+    kv_events: list = field(default_factory=list)   # a leader's KV events for the parent, one batch (or none)
 
 
 def control_group(group: Group, timeout_s: float) -> Group:
@@ -156,7 +161,7 @@ def build_rank_engine(spec: InstanceSpec, group: Group, control: Group, engine_c
 class RankLoop:
     """One rank's side of the instance protocol; `run()` returns this rank's final snapshot at `Stop`."""
 
-    def __init__(self, engine: Engine, control: Group, channel=None):
+    def __init__(self, engine: Engine, control: Group, channel=None, kv_events_block_size: int = 0):
         self.engine, self.par, self.control, self.channel = engine, engine.par, control, channel
         self.rank, self.size = control.rank, control.size
         self.dispatcher = self.par.dispatcher() if self.rank == 0 else None
@@ -166,6 +171,12 @@ class RankLoop:
             self.dispatcher.watch(self.par.dp_rank, engine.scheduler.cache)
         self.relay = self.par.dispatcher().relay(self.par.dp_rank, engine.scheduler.cache) \
             if self.rank and self.par.leads else None
+        # kv_events_block_size: each leader's KV events for the parent ride the same exchange (rank 0's own go
+        # straight into its outbox); one group's are not stamped with a rank, as vLLM's single-rank publisher
+        self.cache_events = EventRelay(engine.scheduler.cache, kv_events_block_size,
+                                       self.par.dp_rank if type(self.par).dp_size(self.par.cfg) > 1 else None) \
+            if kv_events_block_size and self.par.leads else None
+        self.kv_out: list[KVEventBatch] = []   # rank 0: the KV events for the parent
         self.snapshots: list[dict] = []      # every rank's, as of the last exchange
         self.sent_cmds = False               # the last exchange carried commands: the ranks may have new work
         self.sent_adds = False               # ... and requests the snapshots may not show yet
@@ -246,7 +257,8 @@ class RankLoop:
         self.par.set_step(self.steps)
         if self.size > 1:
             ups = (self.pending + (self.relay.drain() if self.relay is not None else [])) if self.rank else []
-            reports = self.control.all_gather_object(Report(cmds or [], ups, self.engine.server_info()))
+            kv = self.cache_events.drain() if self.rank and self.cache_events is not None else []
+            reports = self.control.all_gather_object(Report(cmds or [], ups, self.engine.server_info(), kv))
             if self.rank:
                 self.pending = []
             cmds = reports[0].commands
@@ -254,6 +266,7 @@ class RankLoop:
             if self.rank == 0:
                 for report in reports[1:]:
                     self.pending += report.events
+                    self.kv_out += report.kv_events
                 for batch in [e for e in self.pending if isinstance(e, KVEventBatch)]:
                     self.dispatcher.feed(batch)
                 self.pending = [e for e in self.pending if not isinstance(e, KVEventBatch)]
@@ -346,9 +359,11 @@ class RankLoop:
             not (self.sent_adds or any(self._group_loads()))      # no group holds an unfinished request
         if force_info or drained or now - self._info_sent >= INFO_EVERY_S:
             info, self._info_sent = self.stats(), now
-        if self.pending or info is not None:
-            self.channel.send(Outputs(self.pending, info))
-            self.pending = []
+        if self.cache_events is not None:
+            self.kv_out += self.cache_events.drain()
+        if self.pending or self.kv_out or info is not None:
+            self.channel.send(Outputs(self.pending, info, self.kv_out))
+            self.pending, self.kv_out = [], []
 
 
 # -- rank functions (module level: spawned ranks import them by name) -------------------------------------------
@@ -357,7 +372,7 @@ def serve_rank(group: Group, channel, spec: InstanceSpec) -> dict:
     torch.set_grad_enabled(False)
     control = control_group(group, spec.parallel.timeout_s + HEARTBEAT_S + 5.0)
     engine = build_rank_engine(spec, group, control)
-    loop = RankLoop(engine, control, channel)
+    loop = RankLoop(engine, control, channel, spec.kv_events_block_size)
     return {**loop.run(), "instance_peak_running": loop.peak_running}
 
 

@@ -72,9 +72,17 @@ class Tee:
         self.second.cleared()
 
 
+def _tells(obs, emitter) -> bool:
+    """Whether observer ``obs`` (perhaps a chain of ``Tee``s) already tells ``emitter``."""
+    if isinstance(obs, Tee):
+        return _tells(obs.first, emitter) or _tells(obs.second, emitter)
+    return obs is emitter
+
+
 def observe(cache, emitter) -> None:
-    """Make ``emitter`` one of ``cache``'s observers, beside whatever observer it has (a ``Tee``)."""
+    """Make ``emitter`` one of ``cache``'s observers, beside whatever observers it has (``Tee``s), once: asked again
+    (the DP controller re-checks before each decision) it adds nothing."""
     obs = cache.observer
-    if obs is emitter or (isinstance(obs, Tee) and obs.second is emitter):
+    if _tells(obs, emitter):
         return
     cache.observer = emitter if obs is None else Tee(obs, emitter)

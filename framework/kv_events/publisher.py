@@ -6,11 +6,14 @@ Each batch goes out as the multipart message ``[topic, seq, payload]``: ``seq`` 
 gets ``[b"", seq, payload]`` for every kept batch from ``start_seq`` on, then ``[b"", -1 (8 bytes, signed), b""]``.
 
 Events are queued by the cache (any thread) and sent by the publisher's own thread, which takes whatever has queued
-since its last send as one batch: one message per engine step under load, one per event when idle.
+since its last send as one batch: one message per engine step under load, one per event when idle. A multi-rank
+instance's events come already batched per DP group (``publish_batch``: each with its ``data_parallel_rank``, as its
+rank 0 forwards them); consecutive ones of the same group go out as one message, so one stream carries every group.
 
 A subscriber that joins late needs every batch since the cache was last empty: servelab's publisher says which batch
-that is (``info["cleared_seq"]``: the last batch with ``AllBlocksCleared``, 0 at start), so a router that starts in
-front of a long-running worker replays from there rather than from 0 (vLLM's publisher has no such field: from 0).
+that is (``info["cleared_seq"]``: the last batch with ``AllBlocksCleared``, 0 at start; with several DP groups on
+one stream, the oldest of the groups' last clears), so a router that starts in front of a long-running worker replays
+from there rather than from 0 (vLLM's publisher has no such field: from 0).
 """
 from __future__ import annotations
 
@@ -48,19 +51,25 @@ class ZmqEventPublisher:
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.topic = topic.encode()
         self.rank = data_parallel_rank
-        self._queue: queue.SimpleQueue[KVEvent | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[KVEvent | KVEventBatch | None] = queue.SimpleQueue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
+        self._cleared: dict[int | None, int] = {}    # DP rank -> its last batch that cleared its cache (0: none)
         # where a subscriber joining now can start: the last batch that cleared the cache (0: it started empty).
         # servelab's addition to the protocol, advertised in /get_server_info (``info``, updated in place).
+        # ``last_seq``: the last batch sent (-1: none yet), for a client that waits until a router has seen it all
         self.info = {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "topic": topic,
-                     "cleared_seq": 0}
+                     "cleared_seq": 0, "last_seq": -1}
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
     def publish(self, event: KVEvent) -> None:
         """Queue one event (thread-safe; never blocks)."""
         self._queue.put(event)
+
+    def publish_batch(self, batch: KVEventBatch) -> None:
+        """Queue a batch that keeps its own ``data_parallel_rank`` (a DP group's; thread-safe; never blocks)."""
+        self._queue.put(batch)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -78,9 +87,9 @@ class ZmqEventPublisher:
                 first = self._queue.get(timeout=0.05)
             except queue.Empty:
                 continue
-            events, stop = [], first is None
+            items, stop = [], first is None
             if first is not None:
-                events.append(first)
+                items.append(first)
             while not stop:
                 try:
                     e = self._queue.get_nowait()
@@ -89,14 +98,26 @@ class ZmqEventPublisher:
                 if e is None:
                     stop = True
                 else:
-                    events.append(e)
-            if events:
-                self._send(events)
+                    items.append(e)
+            for rank, events in self._runs(items):
+                self._send(events, rank)
             if stop:
                 return
 
-    def _send(self, events: list[KVEvent]) -> None:
-        payload = encode_batch(KVEventBatch(time.time(), tuple(events), self.rank))
+    def _runs(self, items: list) -> list[tuple[int | None, list[KVEvent]]]:
+        """The queued items as (DP rank, events) runs, in order: a bare event is this publisher's rank's."""
+        runs: list[tuple[int | None, list[KVEvent]]] = []
+        for item in items:
+            rank, events = (item.data_parallel_rank, item.events) if isinstance(item, KVEventBatch) else \
+                (self.rank, (item,))
+            if runs and runs[-1][0] == rank:
+                runs[-1][1].extend(events)
+            elif events:
+                runs.append((rank, list(events)))
+        return runs
+
+    def _send(self, events: list[KVEvent], rank: int | None) -> None:
+        payload = encode_batch(KVEventBatch(time.time(), tuple(events), rank))
         seq = self._seq
         self._seq += 1
         try:
@@ -104,8 +125,12 @@ class ZmqEventPublisher:
         except zmq.ZMQError:  # a dead context at exit; subscribers resync from the sequence gap
             log.exception("kv events: sending batch %d failed", seq)
         self._buffer.append((seq, payload))
-        if any(isinstance(e, AllBlocksCleared) for e in events):
-            self.info["cleared_seq"] = seq
+        # per DP group: a clear of one group leaves the others' earlier batches needed, so a late subscriber starts
+        # at the oldest of the groups' last clears (a group never cleared: 0)
+        self._cleared[rank] = seq if any(isinstance(e, AllBlocksCleared) for e in events) else \
+            self._cleared.get(rank, 0)
+        self.info["cleared_seq"] = min(self._cleared.values())
+        self.info["last_seq"] = seq
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

@@ -22,7 +22,7 @@ from framework.contracts.routing import LoadReport, RequestUsage, RequestView, R
 from framework.kv_events.events import KVEventBatch
 
 DP_RANK_HEADER = "X-Data-Parallel-Rank"   # how the HTTP router names the chosen group (the worker reads it as the
-                                          # body's data_parallel_rank; the OpenAI endpoints have no such body field)
+                                          # body's data_parallel_rank, which sglang-router sends: no re-encoding)
 
 
 class DPChoice(NamedTuple):

@@ -30,12 +30,12 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 
-from framework.routing.dp_aware import DP_RANK_HEADER   # the OpenAI endpoints' way to name a DP group (no body field)
+from framework.routing.dp_aware import DP_RANK_HEADER   # another way to name a DP group (servelab's router)
 
 
 def dp_rank_of(request, req) -> int | None:
-    """The DP group a request names: SGLang's `data_parallel_rank` field of /generate, or the header; None: the
-    instance's DP controller picks."""
+    """The DP group a request names: SGLang's `data_parallel_rank` body field (of /generate, and of the OpenAI endpoints
+    as sglang-router --dp-aware sends it), or the header; None: the instance's DP controller picks."""
     header = request.headers.get(DP_RANK_HEADER)
     if header is None:
         return getattr(req, "data_parallel_rank", None)

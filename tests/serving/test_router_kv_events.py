@@ -28,7 +28,7 @@ async def cluster(policy):
     pubs, servers = [], []
     try:
         for c in clients:
-            pub, info = publish_cache_events(c.local_engine, "127.0.0.1", B)
+            pub, info = publish_cache_events(c, "127.0.0.1", B)
             pubs.append(pub)
             servers.append(await serve(create_worker_app(c, model_name="tiny", extra_info={"kv_events": info})))
         router_server = await start_router(policy, [url_of(s) for s in servers], RouterServiceConfig(

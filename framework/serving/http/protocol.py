@@ -136,6 +136,8 @@ class _OpenAIRequest(_Bootstrap):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     ignore_eos: bool = False  # SGLang's extension
+    # as GenerateRequest's: sglang-router 0.3.2 --dp-aware puts the DP group it chose in the OpenAI bodies too
+    data_parallel_rank: Annotated[int, Field(ge=0)] | None = None
 
     def _sampling(self, max_tokens: int) -> SamplingParams:
         return _sampling_params(max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,

@@ -10,7 +10,12 @@ its own events alike.
   ``tcp://*:5557``; its replay socket on ``router.kv_events_replay_port`` when one is set). A router that joins late
   replays from the worker's last cache clear (``kv_events.cleared_seq``; else from 0). A resync (lost batches, a
   restarted worker) drops the policy's view of that worker (``reset_worker`` with the subscriber's cause:
-  ``RESTARTED`` when the sequence went back, ``EVENTS_LOST`` otherwise).
+  ``RESTARTED`` when the sequence went back, ``EVENTS_LOST`` otherwise). A worker of several DP groups publishes
+  every group's events on its one stream, each batch stamped with the group's ``data_parallel_rank``: under
+  ``router.dp_aware`` each batch goes whole to the candidate ``url@rank`` it names (the worker's ``dp_size`` is read
+  from the same ``/get_server_info`` before the first batch, so a replay finds every group's candidate); otherwise
+  the groups' events go to the worker as one view that holds a block while any group does
+  (framework/kv_events/union.py).
 - Load reports (``LOAD``): ``GET /get_load`` (SGLang's: one object per DP rank with ``num_reqs``,
   ``num_waiting_reqs``, ``num_tokens``) on every healthy worker every ``router.load_poll_interval_s``.
 - Usage (``USAGE``): the prompt, cached and output tokens the worker reported for a request, read from its JSON
@@ -28,6 +33,7 @@ import aiohttp
 
 from framework.contracts.routing import KV_EVENTS, LOAD, RESTARTED, LoadReport, RequestUsage
 from framework.kv_events.subscriber import KvEventSubscriber
+from framework.kv_events.union import GroupUnion
 from framework.routing.core import Attempt, RouterCore
 from framework.routing.dp_aware import DPAware
 from framework.routing.workers import WorkerState
@@ -71,6 +77,7 @@ class WorkerEvents:
         subs = core.policy.subscriptions
         self.kv, self.load = KV_EVENTS in subs, LOAD in subs  # (USAGE: the core's wants_usage, read by the service)
         self.subscribers: dict[str, tuple[KvEventSubscriber, asyncio.Task]] = {}
+        self.unions: dict[str, GroupUnion] = {}   # worker -> its DP groups' blocks (router.dp_aware off)
         self.problems: dict[str, str] = {}  # worker -> the last event its policy refused (logged once)
         self._pending: set[str] = set()
         self._info_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs * 5)
@@ -94,13 +101,14 @@ class WorkerEvents:
 
     async def stop(self, url: str) -> None:
         entry = self.subscribers.pop(url, None)
+        self.unions.pop(url, None)
         if entry is not None:
             entry[1].cancel()
             await asyncio.gather(entry[1], return_exceptions=True)
 
     async def _subscribe(self, url: str) -> None:
         try:
-            endpoint, replay, start = await self._endpoints(url)
+            endpoint, replay, start, dp_size = await self._endpoints(url)
             if endpoint is None:
                 log.warning("worker %s advertises no KV events and router.kv_events_port is not set: the policy "
                             "sees nothing of its cache", url)
@@ -108,14 +116,17 @@ class WorkerEvents:
             w = self.core.workers.get(url)
             if w is None:
                 return
+            if dp_size and isinstance(policy := self.core.policy_of(url), DPAware) and self.core.is_current(w):
+                policy.set_dp_size(url, dp_size)     # its candidates before its groups' events (pd.py asks again)
             sub = KvEventSubscriber(endpoint, replay, lambda batch: self._deliver(w, batch),
                                     lambda why, cause=RESTARTED: self._resync(w, cause), name=url, start_seq=start)
             self.subscribers[url] = (sub, asyncio.create_task(sub.run()))
         finally:
             self._pending.discard(url)
 
-    async def _endpoints(self, url: str) -> tuple[str | None, str | None, int]:
-        """(event endpoint, replay endpoint, the first batch the view needs) of a worker."""
+    async def _endpoints(self, url: str) -> tuple[str | None, str | None, int, int | None]:
+        """(event endpoint, replay endpoint, the first batch the view needs, its DP groups if it says) of a
+        worker."""
         cfg = self.cfg
         try:
             async with self.session().get(url + "/get_server_info", timeout=self._info_timeout) as r:
@@ -123,19 +134,25 @@ class WorkerEvents:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             info = {}
         kv = info.get("kv_events") if isinstance(info, dict) else None
+        dp_size = info.get("dp_size") if isinstance(info, dict) and isinstance(info.get("dp_size"), int) else None
         if isinstance(kv, dict) and kv.get("endpoint"):
-            return kv["endpoint"], kv.get("replay_endpoint"), int(kv.get("cleared_seq", 0))
+            return kv["endpoint"], kv.get("replay_endpoint"), int(kv.get("cleared_seq", 0)), dp_size
         if cfg.kv_events_port:
             host = urlsplit(url).hostname
             replay = f"tcp://{host}:{cfg.kv_events_replay_port}" if cfg.kv_events_replay_port else None
-            return f"tcp://{host}:{cfg.kv_events_port}", replay, 0
-        return None, None, 0
+            return f"tcp://{host}:{cfg.kv_events_port}", replay, 0, dp_size
+        return None, None, 0, dp_size
 
     def _deliver(self, w: WorkerState, batch) -> None:
         if self.core.is_current(w):
             # router.dp_aware: the whole batch, whose data_parallel_rank names the worker's DP group
-            dp_aware = isinstance(self.core.policy_of(w.url), DPAware)
-            released = self.core.worker_events(w.url, [batch] if dp_aware else batch.events, self._refused)
+            if isinstance(self.core.policy_of(w.url), DPAware):
+                events = [batch]
+            elif batch.data_parallel_rank is None:
+                events = batch.events
+            else:                 # one DP group's, of a worker the policy sees whole
+                events = self.unions.setdefault(w.url, GroupUnion()).events(batch)
+            released = self.core.worker_events(w.url, events, self._refused)
             if released:
                 self.on_release(released)
 
@@ -149,6 +166,8 @@ class WorkerEvents:
         """The view of ``w`` is void (``cause``: the subscriber's: RESTARTED or EVENTS_LOST); the requests held for
         it that the policy lets go now are sent."""
         if self.core.is_current(w):
+            if w.url in self.unions:
+                self.unions[w.url].reset()
             released = self.core.reset_worker(w.url, cause)
             if released:
                 self.on_release(released)
