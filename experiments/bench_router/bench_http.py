@@ -1,7 +1,9 @@
 """The router service's own cost: added latency, throughput and CPU per request, with stub workers on loopback,
 beside the other proxies that could stand where it stands, all in the same run.
 
-Processes: stub workers (two aiohttp apps answering a fixed ~290-byte completion JSON); the proxies compared, each
+Processes: stub workers (two servers in one process answering a fixed ~290-byte completion JSON: asyncio protocols +
+httptools on uvloop, ``--stubs fast``, so that the stubs' process is not what caps a proxy's throughput; ``--stubs
+aiohttp``: aiohttp apps, the harness before, whose process saturated near 6,500 req/s); the proxies compared, each
 round-robin in front of the same stubs: servelab's router as it runs in a cluster (``router``: its own HTTP server on
 asyncio protocols + httptools, pooled kept-alive upstream connections, uvloop's event loop; ``serve_router``), the
 same on asyncio's own loop (``router_asyncio``), the same ``Router`` behind an aiohttp app on uvloop
@@ -9,7 +11,8 @@ same on asyncio's own loop (``router_asyncio``), the same ``Router`` behind an a
 router (sglang-router 0.3.2, Rust, when installed: ``framework.cluster.peer_router``), a bare aiohttp proxy (aiohttp's
 server and one pooled ClientSession with nothing else: no validation, policy, retries or bookkeeping), and the floor
 of the design the router uses (``minimal``: round robin on asyncio protocols + httptools + uvloop with kept-alive
-upstream connections and no feature at all); and this client, a minimal keep-alive HTTP/1.1 client on asyncio protocols, so that on a 2-core machine
+upstream connections and no feature at all); and this client, a minimal keep-alive HTTP/1.1 client on asyncio
+protocols and uvloop, so that on a 2-core machine
 most of the CPU goes to what is measured. Bodies are 2 KB ``/v1/completions`` requests. Every servelab variant runs
 every feature (validation, policy, retries, deadlines, breaker, request ids, admission and key checks: off by default,
 as in a local run, but on the path). Where the remaining time goes: profile_http.py.
@@ -80,6 +83,40 @@ async def run_stubs(ports: list[int]) -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
+async def run_fast_stubs(ports: list[int]) -> None:
+    """The same stub workers at a fraction of the CPU: asyncio protocols + httptools on uvloop, answering the same
+    JSON to every POST (and "ok" to GET /health). With aiohttp stubs the stub process saturated its core near 6,500
+    req/s, so every proxy's c=256 throughput read that ceiling instead of the proxy's own (issue 22)."""
+    import httptools
+
+    loop = asyncio.get_running_loop()
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+              % (len(STUB_BODY), STUB_BODY))
+    health = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+    class Stub(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.parser = httptools.HttpRequestParser(self)
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:   # SGLang's router opens HTTP/2 prior-knowledge ("PRI") first
+                self.transport.close()
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_message_complete(self) -> None:
+            self.transport.write(health if self.parser.get_method() == b"GET" else answer)
+
+    for port in ports:
+        await loop.create_server(Stub, "127.0.0.1", port, backlog=1024)
     await asyncio.Event().wait()
 
 
@@ -357,7 +394,7 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
             runs[f"{name}_c256"].append(await measure(port, body, 256, *c256, cpu=cpu))
     med = {f"{phase}_{k}": statistics.median(r[k] for r in rs) for phase, rs in runs.items() for k in rs[0]}
     stats = await get_json(proxies["router"][0], "/router_stats")
-    out = {"body_bytes": len(body), "reps": args.reps, "proxies": list(proxies),
+    out = {"body_bytes": len(body), "reps": args.reps, "proxies": list(proxies), "stubs": args.stubs,
            "direct_p50_ms": med["direct_c1_p50_ms"], "direct_p99_ms": med["direct_c1_p99_ms"],
            "router_decision_us_p50": stats["router_decision_us"]["p50"],
            "router_decision_us_p99": stats["router_decision_us"]["p99"], "router_retries": stats["retries"]}
@@ -426,6 +463,9 @@ def main() -> None:
     contenders = [n for n in NAMES if n != "baseline"]   # 'baseline' runs only with --baseline DIR
     ap.add_argument("--proxies", nargs="+", default=[n for n in contenders if n != "sglang" or installed_version()],
                     choices=contenders, help="what to compare (default: all that are installed)")
+    ap.add_argument("--stubs", choices=["fast", "aiohttp"], default="fast",
+                    help="the stub workers: asyncio protocols + httptools on uvloop (default), or aiohttp apps (the "
+                         "harness before; their process caps every proxy near 6,500 req/s on 2 cores)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--baseline", default=None,
                     help="another checkout's root: its router runs beside this one as proxy 'baseline' (A/B of a "
@@ -444,6 +484,9 @@ def main() -> None:
     if args.role == "bench":
         out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a bad --out fails at once, not after it
     if args.role == "stubs":
+        if args.stubs == "fast":
+            import uvloop
+            return uvloop.run(run_fast_stubs([int(p) for p in args.ports.split(",")]))
         return asyncio.run(run_stubs([int(p) for p in args.ports.split(",")]))
     if args.role == "client":  # profile_http.py's load: --c256-requests over --concurrency connections
         body = json.dumps({"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode()
@@ -468,7 +511,8 @@ def main() -> None:
     ports = {n: free_ports("127.0.0.1", 2)[0] for n in names}  # the minimal proxy reports its CPU on port + 1
     me = [sys.executable, str(Path(__file__).resolve())]
     workers = ",".join(f"http://127.0.0.1:{p}" for p in stub_ports)
-    procs = [subprocess.Popen([*me, "--role", "stubs", "--ports", ",".join(map(str, stub_ports))])]
+    procs = [subprocess.Popen([*me, "--role", "stubs", "--stubs", args.stubs,
+                               "--ports", ",".join(map(str, stub_ports))])]
     roles = {"router": ["--role", "router", "--uvloop"], "router_asyncio": ["--role", "router"],
              "router_aiohttp": ["--role", "router_aiohttp", "--uvloop"], "bare": ["--role", "bare_proxy"],
              "minimal": ["--role", "minimal_proxy", "--uvloop"]}
@@ -488,7 +532,8 @@ def main() -> None:
             rc = compose(["router=round_robin", "router.impl=sglang", f"router.port={ports['sglang']}"]).router
             peer = SglangRouter(rc, rc, workers.split(","), startup_timeout_s=60)
             proxies["sglang"] = (ports["sglang"], proc_cpu(peer))
-        results = asyncio.run(bench(args, proxies, stub_ports))
+        import uvloop   # the client on uvloop too: less of the 2 cores for the harness, more for what is measured
+        results = uvloop.run(bench(args, proxies, stub_ports))
     finally:
         if peer is not None:
             peer.stop()

@@ -51,7 +51,7 @@ async def profiled(requests: int, concurrency: int) -> tuple[pstats.Stats, float
     from bench_http import wait_up
 
     stub_ports = free_ports("127.0.0.1", 2)
-    stubs = subprocess.Popen([sys.executable, BENCH, "--role", "stubs", "--ports", ",".join(map(str, stub_ports))])
+    stubs = subprocess.Popen([sys.executable, BENCH, "--role", "stubs", "--stubs", "fast", "--ports", ",".join(map(str, stub_ports))])
     try:
         for p in stub_ports:
             await wait_up(p)

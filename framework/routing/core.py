@@ -73,6 +73,7 @@ class RouterCore:
         self.role_policies: dict[str, Any] = {}  # P/D: role -> its own policy instance (set_role_policies)
         self.on_idle: Callable[[WorkerState], None] | None = None  # a draining worker's last request ended
         self._held: dict[str, list[Attempt]] = {}  # worker url -> attempts held for it, in the order they came
+        self._in_role: dict[str, Any] = {}  # worker url -> the role policy that holds it (policy_of, on every request)
 
     # -- workers -----------------------------------------------------------------------------------------------------
     def add_worker(self, url: str, healthy: bool = False) -> WorkerState:
@@ -82,6 +83,7 @@ class RouterCore:
         if url in policy.loads:  # a policy handed over with workers: start this one afresh
             policy.remove_worker(url)
         policy.add_worker(url)
+        self._in_role.pop(url, None)
         state = WorkerState(url, CircuitBreaker(self.breaker_threshold, self.breaker_cooldown_s), policy.loads,
                             healthy=healthy, clock=self.clock)
         self.workers[url] = state
@@ -92,6 +94,7 @@ class RouterCore:
         policy = self.policy_of(url)
         state = self.workers.pop(url)
         policy.remove_worker(url)
+        self._in_role.pop(url, None)
         state.loads = _REMOVED
         return state
 
@@ -101,6 +104,7 @@ class RouterCore:
         for p in policies.values():
             p.clock = self.clock
         self.role_policies = dict(policies)
+        self._in_role = {url: p for p in policies.values() for url in p.loads}
         self.wants_usage = any(USAGE in p.subscriptions for p in (self.policy, *policies.values()))
         for w in self.workers.values():
             if w.role in policies:
@@ -119,6 +123,10 @@ class RouterCore:
         target.add_worker(url)
         target.loads[url] = in_flight
         w.loads = target.loads
+        if target is self.policy:
+            self._in_role.pop(url, None)
+        else:
+            self._in_role[url] = target
 
     def policy_for(self, role: str) -> Any:
         """The policy that picks a ``role`` worker: that role's own, else the router's."""
@@ -126,10 +134,7 @@ class RouterCore:
 
     def policy_of(self, url: str) -> Any:
         """The policy that holds worker ``url``: its role's once it moved there, else the router's."""
-        for p in self.role_policies.values():
-            if url in p.loads:
-                return p
-        return self.policy
+        return self._in_role.get(url, self.policy)
 
     def policies(self) -> list:
         return [self.policy, *self.role_policies.values()]

@@ -68,6 +68,7 @@ class Guard:
         self.api_key = api_key.encode() if api_key else None
         self.control_keys, self.audit = control_keys, audit
         self.rid_headers = tuple(h.lower().encode() for h in (request_id_headers or DEFAULT_REQUEST_ID_HEADERS))
+        self._rid_names = frozenset(self.rid_headers)
         origins = [o.encode() for o in cors_origins or ()]
         self.cors_any, self.cors = b"*" in origins, frozenset(origins)
         self.cors_on = bool(origins)
@@ -76,10 +77,11 @@ class Guard:
         self._id_prefix, self._id_n = b"%016x" % random.Random().getrandbits(64), 0
 
     def request_id(self, lower: dict[bytes, bytes]) -> bytes:
-        for name in self.rid_headers:
-            rid = lower.get(name)
-            if rid:
-                return rid
+        if not self._rid_names.isdisjoint(lower):  # (most clients send none: one set check, no loop)
+            for name in self.rid_headers:
+                rid = lower.get(name)
+                if rid:
+                    return rid
         self._id_n = n = self._id_n + 1
         return b"%s%016x" % (self._id_prefix, n)
 

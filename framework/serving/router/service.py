@@ -48,13 +48,14 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
+from pydantic import ValidationError
 
 from framework.contracts.routing import RequestView
 from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
 from framework.routing.dp_aware import DP_RANK_HEADER, DPAware, dp_rank_of
 from framework.routing.workers import WorkerState
 from framework.serving.http import protocol as P
-from framework.serving.http.errors import ApiError, json_bytes, parse_body
+from framework.serving.http.errors import ApiError, json_bytes, validation_error
 from framework.serving.http.proxy import RETRY_SAME_WORKER, ROUTE_HEADER, WORKER_HEADER, retry_after_s, route_header
 from framework.serving.http.server_base import tune_gc_for_serving
 from framework.serving.router.admission import Admission
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 
 ROUTES = {"/generate": P.GenerateRouting, "/v1/completions": P.CompletionRouting,
           "/v1/chat/completions": P.ChatRouting}
+# each route's body validator, called directly (parse_body's, without its two Python frames on every request)
+_VALIDATE = {route: view.__pydantic_validator__.validate_json for route, view in ROUTES.items()}
 _WORKER_B, _ROUTE_B = WORKER_HEADER.encode(), ROUTE_HEADER.encode()
 _DP_RANK_B = DP_RANK_HEADER.encode()
 
@@ -328,7 +331,10 @@ class Router:
         if self.guard.api_key is not None:
             self.guard.data_plane(req.lower)
         try:
-            view = parse_body(ROUTES[route], req.body)
+            try:
+                view = _VALIDATE[route](req.body)
+            except ValidationError as exc:
+                raise validation_error(exc) from None
             prompt = view.__dict__  # token_ids() looks its fields up with getattr: ~5% of the CPU when one is absent
             ids = view.token_ids() if isinstance(prompt.get("input_ids") or prompt.get("prompt"), list) else None
             text = view.routing_text()
