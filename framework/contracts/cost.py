@@ -97,6 +97,12 @@ class CostModel(ABC):
         return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
                                           for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
 
+    def placement_moves(self, forward_pass: int) -> dict[str, float]:
+        """Expert re-placement (EPLB) at the end of the instance's `forward_pass`-th forward pass (from 1): the MoE
+        contract's counters (framework.model.moe_stats.PLACEMENT_KEYS) and `eplb_stall_s`, the seconds serving stops
+        while weights move. Empty (the default): the model places no experts."""
+        return {}
+
     def kv_link(self, intra_node: bool) -> tuple[float, float]:
         """Prefill/decode disaggregation: (bytes/s, seconds) of one GPU's link that a KV transfer between two
         instances takes, one direction, and its latency per transfer: NVLink inside a node, the GPU's NIC between

@@ -69,7 +69,7 @@ def expert_load_stats(model, group=None) -> dict[str, Any]:
             **placement_stats(model)}
 
 
-PLACEMENT_KEYS = ("eplb_rebalances", "eplb_experts_moved", "eplb_bytes_moved")
+PLACEMENT_KEYS = ("eplb_rebalances", "eplb_experts_moved", "eplb_bytes_moved", "eplb_stall_s")   # stall: mode=sim
 
 
 def placement_stats(model) -> dict[str, int]:

@@ -59,8 +59,11 @@ class SimInstance:
         policies = [GraphPolicy(cfg.engine, dp_size > 1, g.max_running, width, graphs) for g in self.groups]
         self.step = InstanceStep(self.groups, list(range(dp_size)),
                                  [par_cls.dp_rank_of(cfg.parallel, r) for r in range(self.size)], policies)
-        self.executor = CostExecutor(cost_model, self.answers)
+        self.executor = CostExecutor(cost_model, self.answers, self._forward_done)
         self.forward_s = 0.0
+        # EPLB's weight moves as the cost model prices them (`placement_moves`): forward passes so far, and the
+        # moves' counters over them (the real path's MoEBackend.stats keys; absent when no experts are placed)
+        self.forward_passes, self.placement = 0, {}
         self._plan: StepPlan | None = None    # the step in flight
 
     # -- requests ---------------------------------------------------------------------------------------------
@@ -133,12 +136,14 @@ class SimInstance:
         return self.step.run_ahead()
 
     def run_times(self, k: int) -> list[float]:
-        """The durations of the next k steps, all DECODE (k <= run_ahead())."""
+        """The durations of the next k steps, all DECODE (k <= run_ahead()), a rebalance's stall included."""
         groups = [g if g.has_work() else None for g in self.groups]
         sizes = tuple(len(g.running) if g else 0 for g in groups)
         contexts = tuple(sum(r.kv_len for r in g.running) if g else 0 for g in groups)
         graph = all(d.reason is None for d in self.step.run_decisions())
-        return self.cost.decode_times(sizes, contexts, k, graph=graph)
+        times = self.cost.decode_times(sizes, contexts, k, graph=graph)
+        n = self.forward_passes
+        return [t + self.cost.placement_moves(n + i).get("eplb_stall_s", 0.0) for i, t in enumerate(times, 1)]
 
     def advance(self, k: int, times: list[float], end: float) -> list[Req]:
         """Run k DECODE steps of the given durations, the last ending at `end` (the same effects as k
@@ -148,9 +153,19 @@ class SimInstance:
             self.dispatcher.update([g.num_requests() for g in self.groups])
         answers = self.answers
         out = self.step.advance(k, lambda r, n: answers[r.rid][len(r.output_ids):len(r.output_ids) + n], end)
-        self.forward_s += sum(times)
+        self.forward_s += sum(times)         # run_times priced the stalls: only count the moves here
+        for _ in range(k):
+            self._forward_done()
         self._forget_finished(out)
         return out
+
+    def _forward_done(self) -> float:
+        """A forward pass ended: count what EPLB moved at its end; the seconds serving stopped for it."""
+        self.forward_passes += 1
+        moves = self.cost.placement_moves(self.forward_passes)
+        for key, value in moves.items():
+            self.placement[key] = self.placement.get(key, 0) + value
+        return moves.get("eplb_stall_s", 0.0)
 
     # -- stats ------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -162,7 +177,7 @@ class SimInstance:
             dp = self.par_cls.dp_rank_of(self.par_cfg, rank)
             leads = rank == 0 or self.par_cls.dp_rank_of(self.par_cfg, rank - 1) != dp
             counters = {**self.step.counters[dp], **self.step.policies[dp].stats, "forward_s": self.forward_s,
-                        "schedule_s": 0.0, "skipped_idle_steps": 0}
+                        "schedule_s": 0.0, "skipped_idle_steps": 0, **self.placement}
             ranks.append(rank_snapshot(self.groups[dp], scheme, rank, dp, leads, self.memory,
                                        self.dispatcher.assigned[dp], counters))
         return instance_stats(ranks, self.step.peak_running)
@@ -172,12 +187,15 @@ class CostExecutor:
     """The simulator's executor of a step: the cost model prices its batches (the forward's seconds on the virtual
     clock) and each sampled request takes its next deterministic answer token."""
 
-    def __init__(self, cost_model, answers: dict[str, list[int]]):
-        self.cost, self.answers = cost_model, answers
+    def __init__(self, cost_model, answers: dict[str, list[int]], forward_done=lambda: 0.0):
+        """forward_done(): called once per step, after it; returns the seconds the step stalls after its forward
+        (an EPLB rebalance moving weights: SGLang's ModelRunner runs it at the end of the pass)."""
+        self.cost, self.answers, self.forward_done = cost_model, answers, forward_done
 
     def execute(self, plan: StepPlan) -> None:
         graph = all(d.reason is None for d in plan.decisions)
         plan.seconds = self.cost.step_time(Step(tuple(_shape(b) for b in plan.batches), graph=graph))
+        plan.seconds += self.forward_done()
         answers = self.answers
         plan.tokens = [[answers[r.rid][len(r.output_ids)] for r, s in zip(b.reqs, b.sample) if s]
                        for b in plan.batches]

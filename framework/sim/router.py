@@ -7,7 +7,9 @@ the same calls over sockets and HTTP):
 - KV_EVENTS: each simulated radix cache's `observer` is a CacheEventEmitter in the workers' block size
   (`cluster.kv_block_size`), whose events reach the core at once, each as a batch of its own (the real path's ~1 ms
   of latency and its batching are not simulated). An instance with several DP groups sends every group's events as
-  one worker's, as one publisher per instance would.
+  one worker's, merged into the union of its groups' blocks (framework/kv_events/union.py, as the real router merges
+  a worker's per-group batches: one group's eviction leaves a block another group holds), unless the router
+  addresses DP groups itself (router.dp_aware: each group's events as a batch with its data_parallel_rank).
 - LOAD: a LoadReport per instance every `router.load_poll_interval_s` of simulated time (GET /get_load's figures).
 A request the policy holds (`hold_s`) waits at the router until an event of its worker lets it go (`on_release`), or
 its hold runs out (`hold_over`, when the simulation's timer fires: framework/sim/cluster.py).
@@ -20,6 +22,7 @@ from typing import Callable
 from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView
 from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.events import KVEventBatch
+from framework.kv_events.union import GroupUnion
 from framework.routing.dp_aware import DPAware
 from framework.routing.core import OK, Attempt, RouterCore
 
@@ -47,17 +50,27 @@ class SimRouter:
 
     def watch(self, worker: str, caches) -> None:
         """Send the KV events of `worker`'s radix caches (one per DP group) to the policy, if it follows them; a
-        DP-aware one (router.dp_aware) gets each group's as a batch with its data_parallel_rank."""
-        if self.block_size:
-            dp_aware = isinstance(self.policy, DPAware)
-            for rank, cache in enumerate(caches):
-                sink = (lambda event, r=rank: self.worker_event(worker, KVEventBatch(self.now, (event,), r))) \
-                    if dp_aware else (lambda event: self.worker_event(worker, event))
-                cache.observer = CacheEventEmitter(self.block_size, sink)
+        DP-aware one (router.dp_aware) gets each group's as a batch with its data_parallel_rank, any other the union
+        of the groups' blocks."""
+        if not self.block_size:
+            return
+        dp_aware = isinstance(self.policy, DPAware)
+        union = GroupUnion() if len(caches) > 1 and not dp_aware else None
+        for rank, cache in enumerate(caches):
+            if dp_aware:
+                sink = lambda event, r=rank: self.worker_events(worker, (KVEventBatch(self.now, (event,), r),))
+            elif union is not None:
+                sink = lambda event, r=rank: self.worker_events(
+                    worker, union.events(KVEventBatch(self.now, (event,), r)))
+            else:
+                sink = lambda event: self.worker_events(worker, (event,))
+            cache.observer = CacheEventEmitter(self.block_size, sink)
 
-    def worker_event(self, worker: str, event) -> None:
-        """One KV event of `worker`, as it happens (the emitter's sink)."""
-        released = self.core.worker_events(worker, (event,))
+    def worker_events(self, worker: str, events) -> None:
+        """KV events of `worker`, as they happen (the emitters' sinks)."""
+        if not events:
+            return
+        released = self.core.worker_events(worker, events)
         if released and self.on_release is not None:
             self.on_release(released)
 

@@ -27,6 +27,7 @@ from framework.model.config import WeightDtype
 from plugins.cost._host import combine, eager_floor_s, overlapped, scheduler_s
 from plugins.cost._layout import declared_collectives, layout_for, plugin_configs
 from plugins.cost.lib import deepep
+from plugins.cost.lib.eplb_moves import EPLBMoves
 from plugins.cost.lib.expert_load import SOURCES, layer_loads, rank_imbalance, rebalance
 from plugins.cost.lib.tbo import decode_layer, overlapped_s, prefill_layer
 
@@ -93,6 +94,9 @@ class RooflineConfig(CostConfig):
     deepep_dispatch_fp8: bool = True  # DeepEP's measured setting: FP8 dispatch (+1 fp32 scale / 128), BF16 combine
     deepep_normal_sms: int = 24       # SMs DeepEP's normal kernels hold (README: Buffer.set_num_sms(24)); under
                                       # TBO the prefill GEMMs run on the rest (SGLang's deep_gemm_num_sms)
+    # EPLB's weight moves in mode=sim (plugins/cost/lib/eplb_moves.py): SGLang's --eplb-rebalance-layers-per-chunk,
+    # MoE layers moved per forward pass; 0: its default None, every layer in one stall
+    eplb_layers_per_chunk: int = 0
 
 
 DECODE_KERNELS = ("split_kv", "logits")
@@ -298,15 +302,32 @@ class RooflineCost(CostModel):
                              f"{instance.hardware.sm_count - 1} (hardware.sm_count)")
         self.imbalance, self.slots_per_expert = 1.0, 1.0
         slots = self.moe_cls.expert_slots(self.moe_cfg, m.n_routed_experts, lay.size) if m.n_routed_experts else None
+        self.eplb_moves: EPLBMoves | None = None
+        every = getattr(getattr(self.moe_cfg, "eplb", None), "rebalance_every", 0)
+        if slots and lay.size == 1:                       # one rank holds every expert: rebalances move nothing
+            self._eplb_moves(every, slots, [slots] * self.moe_layers)
         if not slots or lay.size == 1:
             return
         self.slots_per_expert = len(slots) / m.n_routed_experts
         loads = layer_loads(cfg.expert_loads, m.n_routed_experts, m.num_experts_per_tok, self.moe_layers,
                             cfg.zipf_exponent, cfg.expert_load_seed) or [[1.0] * m.n_routed_experts]
-        eplb = getattr(getattr(self.moe_cfg, "eplb", None), "rebalance_every", 0) > 0
-        per_layer = [rank_imbalance(row, rebalance(row, len(slots), lay.size) if eplb else slots, lay.size)
-                     for row in loads]
+        placed = [rebalance(row, len(slots), lay.size) if every > 0 else slots for row in loads]
+        per_layer = [rank_imbalance(row, p, lay.size) for row, p in zip(loads, placed)]
         self.imbalance = sum(per_layer) / len(per_layer)   # the slowest rank paces each layer: their mean
+        # MoE layer i is placed for the loads' row i (one row: every layer alike)
+        self._eplb_moves(every, slots, [placed[i * len(placed) // self.moe_layers] for i in range(self.moe_layers)])
+
+    def _eplb_moves(self, every: int, initial, placed: list) -> None:
+        """EPLB's weight moves (plugins/cost/lib/eplb_moves.py), over the point-to-point links of `kv_link`."""
+        m = self.m
+        self.eplb_moves = EPLBMoves(every, self.cfg.eplb_layers_per_chunk, initial, placed, self.lay.size,
+                                    self.instance.hardware.gpus_per_node,
+                                    3 * m.hidden_size * m.moe_intermediate_size * m.linear_itemsize,
+                                    {True: self.kv_link(True), False: self.kv_link(False)},
+                                    lambda nbytes: self.rf.memop("add", nbytes))
+
+    def placement_moves(self, forward_pass: int) -> dict[str, float]:
+        return self.eplb_moves.at(forward_pass) if self.eplb_moves is not None else {}
 
     def _deepep_s(self, mode: str, tokens: int) -> tuple[float, float]:
         """(dispatch, combine) seconds of one layer on the busiest rank (its receive scales with the imbalance)."""
