@@ -8,14 +8,17 @@ The setup is DistServe's artifact's (LLMServe/DistServe, evaluation/2-benchmark-
 evaluation/ae-scripts/e2e/opt-13b-distllm-client.sh), each figure's source in SETUP below; what servelab cannot
 express is said there too (the model is an MLA stand-in, the engines are servelab's SGLang-v0.4 scheduler).
 
-    python experiments/pd_repro/predict.py [--round 1|2|3] [--sharegpt PATH] [--requests 300] [--quick]
+    python experiments/pd_repro/predict.py [--round 1|2|3|4] [--sharegpt PATH] [--requests 300] [--quick]
 
 --round 1 (predictions.json, committed in 7b49e78): DistServe on servelab's decode admission (SGLang's 512 future
 tokens kept per decoding request) and ShareGPT's first exchange as the prompt. --round 2 (predictions_round2.json):
 DistServe's and vLLM 0.2's own policies and DistServe's dataset preparation, each from the artifact's or vLLM's code,
 none from the figure (ROUND2 below). --round 3 (predictions_round3.json): round 2 with the vLLM baseline run by vLLM's
 own scheduler, as DistServe's artifact built it (engine.scheduler=vllm_v0_1_7; ROUND3 below); DistServe's side as in
-round 2. From round 3 the file holds no wall-clock figure, so a rerun writes it byte for byte.
+round 2. From round 3 the file holds no wall-clock figure, so a rerun writes it byte for byte. --round 4
+(predictions_round4.json): round 3 with every step priced by DistServe's own profile of each engine
+(sim.cost=distserve_profile; ROUND4 below); the workload as round 2 (no independent length statistic found). It also
+runs round 3's cost model on the same grid and prints the change per side (the sensitivity).
 
 --sharegpt: the real ShareGPT file (ShareGPT_V3_unfiltered_cleaned_split.json, which DistServe samples); without it,
 the synthetic ShareGPT-format sample this repository ships (data/sharegpt/, log-normal lengths, not real chats), and
@@ -116,6 +119,40 @@ SETUP_ROUND3 = {**SETUP,
                            "DistServe's; no pipeline parallelism"}
 
 
+ROUND4 = {
+    "step_cost": "sim.cost=distserve_profile (plugins/cost/distserve_profile.py) on every instance, each side priced "
+                 "by its own engine's profile: sim.cost.system=vllm on the vLLM instance, sim.cost.system=distserve "
+                 "on DistServe's prefill (TP 2) and decode (TP 1) instances. The coefficients "
+                 "(experiments/pd_repro/distserve_profile_a100.json) are DistServe's simulator's profile of OPT-13B "
+                 "on A100-80GB: LLMServe/DistServe simdistserve/estimators/profile_data/profiler-a100-80g.distserve"
+                 ".json and profiler-a100-80g.vllm.json, key facebook/opt-13b, at commit 3261c760 (2024-04-22), "
+                 "Apache-2.0; fitted by evaluation/1-fit-time-usage/main.py on single-forward timings "
+                 "(evaluation/0-test-single-forward-performance, sut_distserve.py / sut_vllm.py); priced as "
+                 "simdistserve/estimators/time_estimator.py lines 26-75 at 82831f16 does (ms: prefill a + b sum(l) "
+                 "+ c sum(l^2); decode a + b sum(context + 1) + c batch, small/large batch split at 95)",
+    "step_cost_not_taken": "the calibration the simulator's authors added after the profile, against whole serving "
+                           "runs (simdistserve/benchmarks/alignment, 20a1633: the real OPT-13B ShareGPT runs behind "
+                           "the published curves): 8a653a7's fudge factors (prefill x1.1 DistServe / x1.4 vLLM, vLLM "
+                           "decode x1.2, +1 ms per prefill), folded into the profile files by 4c68ed9 (2024-05-01; "
+                           "the camera-ready e2d4dca ships those), and worker.py's add_ray_overhead (2 ms + 1e-4 ms "
+                           "per context token, ee7fcf3). Not per-step measurements, and fitted to the outcome",
+    "step_cost_scope": "the profile has no host, front-end or CUDA-graph terms (simdistserve has none): the roofline's "
+                       "SGLang front end and host terms go with it. The KV transfer stays as the roofline prices it "
+                       "(simdistserve prices none). Memory (the KV pool) is unchanged: the MLA stand-in's",
+    "workload": "unchanged from round 2 (DistServe's 0-prepare-dataset.py on the shipped synthetic sample): no "
+                "independent length statistic of DistServe's ShareGPT workload was found. The paper's text is not "
+                "reachable here; the artifact's dataset code (0-prepare-dataset.py, 1-analyse-dataset.py, "
+                "simdistserve/prepare-dataset.py) states filters, not statistics, and those filters are already "
+                "applied. The artifact's per-request lengths exist only inside its recorded serving runs "
+                "(simdistserve/benchmarks/alignment/data-ground-truth/*.exp), which also hold the measured latencies "
+                "behind the published curves: not read",
+}
+SETUP_ROUND4 = {**SETUP_ROUND3,
+                "cost_model": "sim.cost=distserve_profile: DistServe's artifact's own per-step profile of OPT-13B on "
+                              "A100-80GB, each system's for its side (vLLM TP 1; DistServe prefill TP 2, decode TP 1); "
+                              "the KV link as the roofline prices it (ROUND4)"}
+
+
 def distserve_dataset(source: str | None, seed: int) -> tuple[str, dict]:
     """A ShareGPT-format file of DistServe's prepared requests (one exchange each) made from `source` (default: the
     shipped synthetic sample); returns its path and what it holds."""
@@ -142,9 +179,18 @@ def distserve_dataset(source: str | None, seed: int) -> tuple[str, dict]:
                        "output_mean": sum(outs) / len(outs)}
 
 
-def overrides(sharegpt: str | None, n: int, rate: float) -> list[str]:
-    out = ["mode=sim", "logger.mode=disabled", "model=opt13b_mla", "hardware=a100_80g", "sim.cost=roofline",
-           "sim.cost.decode_head_block=0", "sim.cost.mla_decode_kv_splits=0",     # OPT's MHA: KV read once, no splits
+ROOFLINE = ["sim.cost=roofline", "sim.cost.decode_head_block=0",    # OPT's MHA: KV read once, no splits
+            "sim.cost.mla_decode_kv_splits=0"]
+COSTS = ("roofline", "distserve_profile")
+
+
+def cost_overrides(cost: str, system: str) -> list[str]:
+    """Rounds 1-3: the roofline; round 4's switch: DistServe's profile of `system`'s own engine (ROUND4)."""
+    return ROOFLINE if cost == "roofline" else ["sim.cost=distserve_profile", f"sim.cost.system={system}"]
+
+
+def overrides(sharegpt: str | None, n: int, rate: float, cost: list[str] = ROOFLINE) -> list[str]:
+    out = ["mode=sim", "logger.mode=disabled", "model=opt13b_mla", "hardware=a100_80g", *cost,
            "workload=sharegpt", f"workload.num_prompts={n if sharegpt else 0}",   # (the sample: all of its 190)
            f"workload.request_rate={rate}",
            "workload.max_concurrency=0", "workload.max_output_len=0", "workload.max_prompt_len=2047",
@@ -175,26 +221,27 @@ def run_sim(instances: dict, cfg, sessions, roles: dict | None, cfgs: dict, rnd:
     return res
 
 
-def vllm_instance(sharegpt, n, rate_per_gpu, rnd: int = 1) -> tuple:
+def vllm_instance(sharegpt, n, rate_per_gpu, rnd: int = 1, cost: str = "roofline") -> tuple:
     """The vLLM baseline's run config, its requests and its one simulated instance."""
     extra = ["engine.init_new_token_ratio=0"] if rnd >= 2 else []
     if rnd >= 3:      # vLLM's own scheduler (ROUND3); the ratio above then has no effect
         extra += ["engine.scheduler=vllm_v0_1_7", "engine.vllm_block_size=16", "engine.vllm_watermark=0.01"]
-    cfg = compose(overrides(sharegpt, n, rate_per_gpu) + ["parallel=single", "cluster.instances=1",
-                                                          "engine.chunked_prefill_tokens=16384",
-                                                          "engine.max_prefill_tokens=16384"] + extra)
+    cfg = compose(overrides(sharegpt, n, rate_per_gpu, cost_overrides(cost, "vllm"))
+                  + ["parallel=single", "cluster.instances=1", "engine.chunked_prefill_tokens=16384",
+                     "engine.max_prefill_tokens=16384"] + extra)
     sessions = WORKLOAD.build(cfg.workload.name, cfg.workload, cfg.seed).sessions()
     return cfg, sessions, {"sim://vllm-0": SimInstance("sim://vllm-0", cfg, cost_model(cfg), cfg.seed)}
 
 
-def vllm(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
-    cfg, sessions, inst = vllm_instance(sharegpt, n, rate_per_gpu, rnd)
+def vllm(sharegpt, n, rate_per_gpu, rnd: int = 1, cost: str = "roofline") -> dict:
+    cfg, sessions, inst = vllm_instance(sharegpt, n, rate_per_gpu, rnd, cost)
     return run_sim(inst, cfg, sessions, None, {}, rnd)
 
 
-def distserve(sharegpt, n, rate_per_gpu, rnd: int = 1) -> dict:
+def distserve(sharegpt, n, rate_per_gpu, rnd: int = 1, cost: str = "roofline") -> dict:
     rate = 3 * rate_per_gpu                                   # 3 GPUs: per-GPU rate x 3
-    base = overrides(sharegpt, n, rate) + ["cluster.instances=2", "cluster.roles=[prefill,decode]"]
+    base = overrides(sharegpt, n, rate, cost_overrides(cost, "distserve")) + ["cluster.instances=2",
+                                                                              "cluster.roles=[prefill,decode]"]
     if rnd >= 2:
         base.append("sim.pd_order=distserve")
     cfg_p = compose(base + ["parallel=tp", "parallel.size=2", "engine.chunked_prefill_tokens=8192",
@@ -221,19 +268,52 @@ def goodput(curve: list[tuple[float, float]]) -> float:
     return best
 
 
+def curve(name: str, fn, sharegpt, n: int, rates: list[float], rnd: int, cost: str = "roofline") -> dict:
+    """One system's attainment against the per-GPU rate, until past its knee, and its goodput."""
+    points, rows = [], []
+    for r in rates:
+        res = fn(sharegpt, n, r, rnd, cost)
+        points.append((r, res["slo_attainment"]))
+        rows.append({"rate_per_gpu": r, "slo_attainment": res["slo_attainment"],
+                     "ttft_p90_ms": res["ttft_p90_ms"], "tpot_p90_ms": res["tpot_p90_ms"],
+                     **{k: v for k, v in res.items() if k.startswith("pd_transfer_p")}})
+        print(f"{name:>9} {cost:>17} {r:6.3f} req/s/GPU  attainment {res['slo_attainment']:.3f}  "
+              f"TTFT p90 {res['ttft_p90_ms']:8.1f} ms  TPOT p90 {res['tpot_p90_ms']:7.1f} ms", flush=True)
+        below = [a for _, a in points[-4:] if a < ATTAINMENT]
+        if res["slo_attainment"] < 0.5 or len(below) == 4:   # past the knee: the goodput is settled
+            break
+    return {"curve": rows, "goodput_per_gpu": goodput(points)}
+
+
+def sensitivity(sharegpt, n: int, rates: list[float], rnd: int, systems: dict) -> dict:
+    """Round 4's change alone and per side: each system's goodput under round 3's cost (the roofline) beside the
+    prediction's (DistServe's profile), and the ratio of every pairing. The one other change round 4 could have made
+    (the workload's lengths) has no source (ROUND4['workload']), so there is no second change to run alone."""
+    base = {name: curve(name, fn, sharegpt, n, rates, rnd, "roofline")["goodput_per_gpu"]
+            for name, fn in (("vllm", vllm), ("distserve", distserve))}
+    new = {name: systems[name]["goodput_per_gpu"] for name in systems}
+    pairs = {f"vllm_{cv}__distserve_{cd}": (new if cd == COSTS[1] else base)["distserve"] /
+             (new if cv == COSTS[1] else base)["vllm"] for cv in COSTS for cd in COSTS}
+    r3 = HERE / "predictions_round3.json"
+    same = (json.loads(r3.read_text())["predicted"] if r3.exists() else {})
+    return {"goodput_per_gpu": {"roofline": base, "distserve_profile": new}, "distserve_over_vllm": pairs,
+            "roofline_equals_round3": same.get("vllm_goodput_per_gpu") == base["vllm"]
+            and same.get("distserve_goodput_per_gpu") == base["distserve"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sharegpt", default=None)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="a coarse grid (a smoke run, not the prediction)")
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3))
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3, 4))
     args = ap.parse_args()
     sharegpt, dataset = args.sharegpt, None
     if args.round >= 2:     # DistServe's preparation: a file of its prompts (the seed: the runs' own, 0)
         sharegpt, dataset = distserve_dataset(args.sharegpt, seed=0)
     step = 0.5 if args.quick else 0.125
     rates = [round(step * k, 3) for k in range(1, int(12 / step) + 1)]   # until attainment falls below 0.5
-    setup = SETUP_ROUND3 if args.round >= 3 else SETUP
+    setup = SETUP_ROUND4 if args.round >= 4 else SETUP_ROUND3 if args.round >= 3 else SETUP
     out = {"setup": setup, "dataset": args.sharegpt or "data/sharegpt/synthetic_sharegpt.json.gz (a stand-in: "
            "synthetic lengths, not ShareGPT's)",
            "requests_per_rate": args.requests if args.round == 1 or args.sharegpt else dataset["requests"],
@@ -243,24 +323,26 @@ def main() -> None:
         out["round2_changes"], out["prepared_dataset"] = ROUND2, dataset
     if args.round >= 3:
         out["round3_changes"] = ROUND3
+    if args.round >= 4:
+        out["round4_changes"] = ROUND4
+    n = args.requests if args.round == 1 or args.sharegpt else 0
+    cost = "distserve_profile" if args.round >= 4 else "roofline"
     t0 = time.time()
     for name, fn in (("vllm", vllm), ("distserve", distserve)):
-        curve, rows = [], []
-        for r in rates:
-            res = fn(sharegpt, args.requests if args.round == 1 or args.sharegpt else 0, r, args.round)
-            curve.append((r, res["slo_attainment"]))
-            rows.append({"rate_per_gpu": r, "slo_attainment": res["slo_attainment"],
-                         "ttft_p90_ms": res["ttft_p90_ms"], "tpot_p90_ms": res["tpot_p90_ms"],
-                         **{k: v for k, v in res.items() if k.startswith("pd_transfer_p")}})
-            print(f"{name:>9} {r:6.3f} req/s/GPU  attainment {res['slo_attainment']:.3f}  "
-                  f"TTFT p90 {res['ttft_p90_ms']:8.1f} ms  TPOT p90 {res['tpot_p90_ms']:7.1f} ms", flush=True)
-            below = [a for _, a in curve[-4:] if a < ATTAINMENT]
-            if res["slo_attainment"] < 0.5 or len(below) == 4:   # past the knee: the goodput is settled
-                break
-        out["systems"][name] = {"curve": rows, "goodput_per_gpu": goodput(curve)}
+        out["systems"][name] = curve(name, fn, sharegpt, n, rates, args.round, cost)
     v, d = out["systems"]["vllm"]["goodput_per_gpu"], out["systems"]["distserve"]["goodput_per_gpu"]
     out["predicted"] = {"vllm_goodput_per_gpu": v, "distserve_goodput_per_gpu": d,
                         "distserve_over_vllm": d / v if v else None}
+    if args.round >= 4:
+        out["sensitivity"] = sens = sensitivity(sharegpt, n, rates, args.round, out["systems"])
+        print("\nsensitivity (per-GPU goodput, req/s/GPU; ratio DistServe / vLLM):")
+        print(f"{'cost model':<18} {'vLLM':>8} {'DistServe':>10}")
+        for c in COSTS:
+            g = sens["goodput_per_gpu"][c]
+            print(f"{c:<18} {g['vllm']:>8.3f} {g['distserve']:>10.3f}")
+        for pair, ratio in sens["distserve_over_vllm"].items():
+            print(f"  {pair:<52} {ratio:6.2f}x")
+        print(f"  roofline runs equal predictions_round3.json: {sens['roofline_equals_round3']}")
     wall = time.time() - t0
     if args.round <= 2:
         out["sim_wall_s"] = wall       # (rounds 1-2 kept it; from round 3 the file is byte-for-byte reproducible)
