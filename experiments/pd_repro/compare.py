@@ -4,6 +4,7 @@ published figures, write comparison_round<N>.json and print the table. The publi
     python experiments/pd_repro/compare.py --round 1     # predictions.json (round 1, commit 7b49e78)
     python experiments/pd_repro/compare.py --round 2     # predictions_round2.json (commit b7ad40b)
     python experiments/pd_repro/compare.py --round 3     # predictions_round3.json (commit 7edb041)
+    python experiments/pd_repro/compare.py --round 4     # predictions_round4.json (commit 8bcf1df)
 
 The issue's bar: the published ratio (DistServe's per-GPU goodput over vLLM's, OPT-13B chatbot) within 15%.
 """
