@@ -3,7 +3,9 @@ the Mooncake conversation trace, on this machine's 4 CPU workers behind servelab
 
 Setup: workload=trace (the conversation trace, scaled to a CPU as conf/workload/trace.yaml says: 16-character blocks
 for the trace's 512 tokens, answers 1/16 as long and at most 32 tokens), its first --requests requests at its own
-timestamps x --time-scale (1: the trace's own clock, 3.4 requests a second); the tiny CPU model on 4 workers
+timestamps played --time-scale times as fast (default 0.25: 0.85 requests a second, below what the P/D cells' prefill
+side serves here; at 1, the trace's own clock of 3.4 a second, the prefill workers fell behind and the P/D cells
+measured a backlog, not a design); the tiny CPU model on 4 workers
 (engine.device=cpu, engine.kv_budget_mb=6 each: room for the longest of these prompts, 3,770 characters). Cells:
 
 - P:D: 4 mixed workers (the baseline), 2:2 and 3:1 prefill:decode (cluster.roles; decode workers with
@@ -19,8 +21,8 @@ both per second of the run. One set of workers per P:D ratio; within it, one rou
 cache is flushed, repeats interleaved (experiments/router_ablation/loop.py). The machine is 2 shared cores with other
 work on them: absolute figures are this machine's, and only large gaps mean anything.
 
-    python experiments/pd_study/real.py [--requests 120] [--time-scale 1] [--ratios mixed 2:2 3:1] [--quick]
-        # results-real.json, table-real.md, plots/goodput-real.png (37 min here: experiments/README.md)
+    python experiments/pd_study/real.py [--requests 120] [--time-scale 0.25] [--ratios mixed 2:2 3:1] [--quick]
+        # results-real.json, table-real.md, plots/goodput-real.png (32 min here at --time-scale 0.25)
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def paired(results: dict, records: list) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--time-scale", type=float, default=1.0, help="the trace's clock x this (1: its own)")
+    ap.add_argument("--time-scale", type=float, default=0.25,
+                    help="replay speed of the trace's clock (1: its own, 3.4 requests a second)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--ratios", nargs="+", default=list(DEFAULT_RATIOS), choices=list(RATIOS))
     ap.add_argument("--quick", action="store_true", help="12 requests, round_robin only (a smoke run)")

@@ -56,6 +56,7 @@ class Disaggregation:
         self.abandoned: set[str] = set()         # aborted while receiving: slots kept until the prefill answers
         self.sending: dict[str, Req] = {}
         self.bootstrapping: dict[str, Req] = {}  # prefill, SGLang's order: waiting for the room's destination
+        self.prefilling: dict[str, Req] = {}     # prefill: in the scheduler's queues, its KV not held yet
         self._allocated: list[Destination] = []
 
     # -- both roles ---------------------------------------------------------------------------------------------
@@ -64,6 +65,7 @@ class Disaggregation:
         if self.role is Role.prefill:
             req.params = dataclasses.replace(req.params, max_new_tokens=1)
             self.s.add(req)
+            self.prefilling[req.rid] = req
             return
         self.waiting_slots.append(req)              # (the scheduler checked it could ever fit)
 
@@ -87,10 +89,14 @@ class Disaggregation:
         req = self.bootstrapping.pop(rid, None)
         if req is not None:
             self.s.add(req)
+            self.prefilling[rid] = req
 
     def hold(self, req: Req) -> bool:
         """A request just finished (scheduler.process): keep a paired request's KV for the connector (True)."""
-        if self.role is not Role.prefill or req.pairing is None or req.finish_reason == "abort":
+        if self.role is not Role.prefill or req.pairing is None:
+            return False
+        self.prefilling.pop(req.rid, None)
+        if req.finish_reason == "abort":
             return False
         self.sending[req.rid] = req
         return True
@@ -199,6 +205,7 @@ class Disaggregation:
         if req is not None:                     # a parked prefill holds nothing
             req.finish_reason = "abort"
             return True
+        self.prefilling.pop(rid, None)          # (the scheduler drops it; the connector already freed its room)
         return rid in self.sending              # a held prefill: the connector releases it
 
     def _free(self, req: Req) -> None:

@@ -19,8 +19,10 @@ tcp fallback) and the ranks exchange where their pools live. Rank 0 holds the co
 
 What a rank must do about it reaches every rank as a command in the step's exchange (`KVBootstrapped`, `KVDone`,
 `KVFailed`), so the ranks free and admit in lockstep. Faults: a room unanswered for `disaggregation_timeout_s` fails
-on either side; a client that leaves sends the other side a *cancel*; a decode request's slots are freed only once
-the prefill side can no longer write them (it answered, or the timeout passed). Several DP groups (DP attention): on
+on either side; a client that leaves sends the other side a *cancel*; a prefill request that leaves or fails before
+its KV is sent (parked, queued or mid-prefill) ends its room at once: the room's want is answered *failed* now, or
+when it comes; a decode request's slots are freed only once the prefill side can no longer write them (it answered,
+or the timeout passed). Several DP groups (DP attention): on
 the decode side a group's leader reports its allocations to rank 0 (KVAllocated, in the exchange) and the KV goes to
 that group's ranks; on the prefill side they are not built yet (refused).
 """
@@ -167,6 +169,7 @@ class KVConnector:
         self.bound: set[int] = set()                       # rooms whose want let their request in (SGLang's order)
         self.inflight: dict[str, int] = {}                 # rid -> room, with the sender thread
         self.cancelled: dict[int, float] = {}              # rooms the decode side gave up (when)
+        self.dropped: dict[int, tuple[float, str]] = {}    # rooms this side failed before their want came (when, why)
         self.closing: set[str] = set()                     # rids with a command on its way to every rank
         self.jobs: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
@@ -231,6 +234,9 @@ class KVConnector:
             elif rid in self.disagg.sending and rid not in self.closing:
                 self.held.pop(rid, None)
                 self._fail_prefill(rid, self.disagg.sending[rid].pairing.room, "the prefill request was aborted")
+            elif rid in self.disagg.prefilling:  # in the scheduler (its Abort drops it): the room ends now, so the
+                self._fail_room(self.disagg.prefilling[rid].pairing.room,   # decode side frees its slots at once
+                                "the prefill request was aborted before its prefill finished")
         elif rid in self.asked:
             room, bootstrap, _ = self.asked[rid]
             self.push.send(bootstrap, {"op": "cancel", "room": room, "notify": self.address})
@@ -249,6 +255,10 @@ class KVConnector:
     def _on_prefill_msg(self, msg: dict, now: float) -> None:
         room = msg["room"]
         if msg["op"] == "want":
+            if (dropped := self.dropped.pop(room, None)) is not None:   # its request failed or left here already
+                self.push.send(msg["notify"], {"op": "failed", "room": room,
+                                               "error": f"the prefill side gave up room {room}: {dropped[1]}"})
+                return
             self.wants[room] = (msg, now)
         elif msg["op"] == "cancel":       # answered unless the sender thread has the room (it answers then)
             self.wants.pop(room, None)
@@ -289,6 +299,9 @@ class KVConnector:
         for room, since in list(self.cancelled.items()):
             if now - since > self.timeout_s and room not in self.inflight.values():
                 del self.cancelled[room]
+        for room, (since, _) in list(self.dropped.items()):
+            if now - since > self.timeout_s:       # its want, if any, has timed out on the decode side by now
+                del self.dropped[room]
         for room, (want, since) in list(self.wants.items()):
             if now - since > self.timeout_s:     # no request of that room came here, or (bound) its prefill stalled
                 del self.wants[room]
@@ -337,12 +350,19 @@ class KVConnector:
         self.commands.append(cmd)
 
     def _fail_prefill(self, rid: str, room: int, why: str) -> None:
-        self.stats_["kv_transfer_failures"] += 1
         self._command(KVFailed(rid, why))
+        self._fail_room(room, why)
+
+    def _fail_room(self, room: int, why: str) -> None:
+        """This side gave up the room: answer its want now, or any that comes later (the decode side then frees
+        its slots at once, not at its timeout)."""
+        self.stats_["kv_transfer_failures"] += 1
         self.bound.discard(room)
         if room in self.wants:
             want, _ = self.wants.pop(room)
             self.push.send(want["notify"], {"op": "failed", "room": room, "error": why})
+        else:
+            self.dropped[room] = (time.monotonic(), why)
 
     def _send_loop(self) -> None:
         """The sender thread: write each job's KV into every decode rank's pool, then answer the decode side."""

@@ -27,6 +27,7 @@ def test_a_size_that_does_not_fit_the_model_fails_before_any_rank_starts(tmp_pat
         assert_no_rank_left([])
 
 
+@pytest.mark.long  # processes for ~5-10 s: CI's second command (README's default run is near 5 min)
 def test_a_port_in_use_is_one_message(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

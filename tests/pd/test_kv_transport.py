@@ -51,3 +51,25 @@ def test_backend_names():
     assert {"auto", "tcp", "mooncake"} <= set(transport_names())
     with pytest.raises(ValueError, match="is not one of auto, "):
         resolve_backend("nixl")
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_fragmented_pools_many_writes_land(name):
+    """A request's KV into a fragmented decode pool: one write per layer per slot (nothing coalesces), 3 x 1,000,
+    more than Mooncake's TCP transport queues for one peer (its 0.3.13 default refused such a batch whole)."""
+    src_t, dst_t = open_transport(name, "127.0.0.1"), open_transport(name, "127.0.0.1")
+    try:
+        layers, n, width = 3, 1000, 16
+        src = torch.randn(layers, n, width)
+        dst = torch.zeros(layers, 2 * n, width)
+        src_t.register(src.data_ptr(), src.numel() * 4)
+        dst_t.register(dst.data_ptr(), dst.numel() * 4)
+        row = width * 4
+        ops = [(src.data_ptr() + (layer * n + s) * row, dst.data_ptr() + (layer * 2 * n + 2 * s) * row, row)
+               for layer in range(layers) for s in range(n)]           # every other destination slot
+        assert len(coalesce(ops)) == layers * n
+        src_t.write(dst_t.endpoint, ops)
+        assert torch.equal(dst[:, ::2], src) and not dst[:, 1::2].any()
+    finally:
+        src_t.close()
+        dst_t.close()

@@ -44,8 +44,8 @@ def settled(url: str, timeout: float = 15.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         i = info(url)
-        idle = i["running_requests"] + i["queued_requests"] + i["kv_waiting_slots"] + i["kv_receiving"] + \
-            i["kv_sending"] == 0
+        idle = sum(i[k] for k in ("running_requests", "queued_requests", "kv_waiting_slots", "kv_receiving",
+                                  "kv_sending", "kv_bootstrapping")) == 0
         if idle:
             try:
                 post(url + "/flush_cache", {})

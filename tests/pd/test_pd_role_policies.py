@@ -108,3 +108,27 @@ def test_sglang_router_gets_the_role_policies_as_its_pd_flags():
     assert args[args.index("--policy") + 1] == "cache_aware"        # (cache_aware_v2: sglang-router's own defaults)
     assert args[args.index("--decode-policy") + 1] == "round_robin" and "--prefill-policy" not in args
     assert "--decode-policy" not in sglang_router_args(policy_cfg, service, ["http://w:1"], 1, 2)   # no P/D: no roles
+
+
+def test_the_routers_pd_switch_follows_roles_without_scanning_the_workers():
+    """pd.py's per-request check (any prefill or decode worker?) reads the role policies, not every worker: it must
+    agree with the scan through roles learnt, a worker gone back to mixed, removed and added again."""
+    from framework.serving.router.pd import has_pd_workers
+    cls = ROUTING.get("round_robin")
+    core = RouterCore(cls(cls.Config(), seed=3), clock=lambda: 0.0)
+    core.set_role_policies(role_policies(core.policy))
+
+    def scan():
+        return any(w.role in (PREFILL, DECODE) for w in core.workers.values())
+
+    steps = [lambda: core.add_worker(P[0], healthy=True), lambda: core.add_worker(D[0], healthy=True),
+             lambda: core.set_role(P[0], "mixed"), lambda: core.set_role(D[0], DECODE),
+             lambda: core.remove_worker(D[0]), lambda: core.add_worker(D[0], healthy=True),
+             lambda: core.set_role(P[0], PREFILL), lambda: core.set_role(P[0], None), lambda: core.remove_worker(P[0]),
+             lambda: core.remove_worker(D[0])]
+    seen = []
+    for step in steps:
+        step()
+        assert has_pd_workers(core) == scan()
+        seen.append(scan())
+    assert True in seen and seen[-1] is False and seen[2] is False

@@ -228,6 +228,7 @@ async def test_engine_rejection_is_a_400(worker):
         assert r.status == 400  # the stream had not started, so it is still a plain 4xx
 
 
+@pytest.mark.long  # processes for ~5-10 s: CI's second command (README's default run is near 5 min)
 async def test_engine_crash_is_a_500_or_an_error_event(doomed_worker):
     engine, http = doomed_worker
     body = {"prompt": "crash", "max_tokens": 400, "stream": True, **GREEDY}

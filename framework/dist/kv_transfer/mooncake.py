@@ -9,6 +9,20 @@ import os
 
 from framework.dist.kv_transfer.transport import Transport, TransferError, coalesce
 
+# Mooncake's TCP transport queues at most this many requests per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER, 1024 by
+# default in 0.3.13) and refuses the rest of a batch once its short admission queue is full too ("TCP lane
+# queue-full rejection"): a batch of more than ~2048 writes fails as a whole. A request's KV is one write per layer per
+# run of consecutive slots, so a fragmented decode pool (a busy one) crosses that with a few thousand tokens.
+DEFAULT_QUEUED_PER_PEER = 1024
+
+
+def batch_limit() -> int:
+    """The most writes one batch may carry: the per-peer queue Mooncake is configured with."""
+    try:
+        return max(1, int(os.environ.get("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", DEFAULT_QUEUED_PER_PEER)))
+    except ValueError:
+        return DEFAULT_QUEUED_PER_PEER
+
 
 @functools.cache
 def load_error() -> str | None:
@@ -33,6 +47,7 @@ class MooncakeTransport(Transport):
             raise TransferError(f"Mooncake's transfer engine did not start on {host}")
         self._endpoint = f"{host}:{self.engine.get_rpc_port()}"
         self._registered: list[tuple[int, int]] = []
+        self._batch = batch_limit()
 
     @property
     def endpoint(self) -> str:
@@ -45,12 +60,11 @@ class MooncakeTransport(Transport):
 
     def write(self, peer: str, ops: list[tuple[int, int, int]]) -> None:
         ops = coalesce(ops)
-        if not ops:
-            return
-        srcs, dsts, lens = map(list, zip(*ops))
-        if self.engine.batch_transfer_sync_write(peer, srcs, dsts, lens) != 0:
-            raise TransferError(f"Mooncake: a write of {sum(lens)} bytes to {peer} failed (peer gone or region "
-                                f"not registered there)")
+        for i in range(0, len(ops), self._batch):         # batches its per-peer queue takes whole
+            srcs, dsts, lens = map(list, zip(*ops[i:i + self._batch]))
+            if self.engine.batch_transfer_sync_write(peer, srcs, dsts, lens) != 0:
+                raise TransferError(f"Mooncake: a batch of {len(lens)} writes ({sum(lens)} bytes) to {peer} failed "
+                                    f"(peer gone, or a region not registered there)")
 
     def close(self) -> None:
         for addr, _ in self._registered:

@@ -58,6 +58,13 @@ def paired_body(body: dict, prefill: WorkerState, room: int) -> bytes:
                        "bootstrap_port": prefill.bootstrap_port, "bootstrap_room": room}).encode()
 
 
+def has_pd_workers(core) -> bool:
+    """Whether any worker serves prefill or decode, asked per request: its role's policy holds exactly the workers
+    of that role (core.set_role moves a worker there, remove_worker takes it out), so two dict looks, not a scan of
+    every worker."""
+    return any(core.policy_for(role).loads for role in (PREFILL, DECODE) if role in core.role_policies)
+
+
 class PairRouting:
     """The router's P/D side; ``router`` is the Router (service.py), whose attempt, hold and deadlines it reuses."""
 
@@ -71,7 +78,7 @@ class PairRouting:
 
     @property
     def active(self) -> bool:
-        return any(w.role in (PREFILL, DECODE) for w in self.r.workers.values())
+        return has_pd_workers(self.r.core)
 
     async def discover(self) -> None:
         """Ask every healthy worker whose role is not known yet."""
