@@ -62,7 +62,9 @@ def has_pd_workers(core) -> bool:
     """Whether any worker serves prefill or decode, asked per request: its role's policy holds exactly the workers
     of that role (core.set_role moves a worker there, remove_worker takes it out), so two dict looks, not a scan of
     every worker."""
-    return any(core.policy_for(role).loads for role in (PREFILL, DECODE) if role in core.role_policies)
+    roles = core.role_policies
+    prefill, decode = roles.get(PREFILL), roles.get(DECODE)
+    return bool(prefill is not None and prefill.loads or decode is not None and decode.loads)
 
 
 class PairRouting:
