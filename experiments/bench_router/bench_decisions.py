@@ -25,7 +25,9 @@ reach the policy as a worker's would: a request's blocks are stored when it ends
 end, and the least recently used leaves are evicted past the cache's size. cache_aware runs once more in that same loop
 (``cache_aware_fed``: the caches' upkeep between decisions cools the CPU caches a decision reads; it ignores the
 events), and the last table puts each exact-view policy's p50 / p99 beside cache_aware's, both ways, with the ratios
-(issue 25: within 2x), the p50 ratio also taken repeat by repeat (the same moment of a noisy machine).
+(issue 25: within 2x), the p50 ratio also taken repeat by repeat (the same moment of a noisy machine). A last pass
+(``--opcodes N``, untimed) counts the Python opcodes of each of the first N decisions of those policies and of
+cache_aware in their loop: the interpreter's work per decision, which other jobs on the machine do not blur.
 
 Eviction: the tree built by the run (~1.8 M characters) is evicted down to half of the mean per-worker size, off the
 request path, as ``maintain`` does every ``eviction_interval_secs``.
@@ -41,6 +43,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -127,7 +130,7 @@ def build_policy(key: str, seed: int):
 
 
 def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, seed: int,
-                   cache_tokens: int) -> tuple[object, dict, list[str]]:
+                   cache_tokens: int, count_opcodes: bool = False) -> tuple[object, dict, list[str]]:
     """One pass through a policy on the exact view, each worker a real RadixCache of ``cache_tokens`` slots whose KV
     events (the emitter) reach the policy as the worker's would: a request's blocks are stored when it ends, before
     the router hears of its end; the least recently used leaves are evicted past the cache's size (BlockRemoved)."""
@@ -144,10 +147,18 @@ def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, 
     matched = total = 0
     clock = time.perf_counter_ns
     cpu, cpu_ns = 0.0, []
+    opcodes, tracer = [], _opcode_tracer()
     for text in requests:
+        if count_opcodes:  # a separate pass: tracing makes the timings meaningless
+            tracer.count = 0
+            sys.settrace(tracer)
+            worker = policy.select(text)
+            sys.settrace(None)
+            opcodes.append(tracer.count)
         c0 = time.thread_time_ns()
         t0 = clock()
-        worker = policy.select(text)
+        if not count_opcodes:
+            worker = policy.select(text)
         times_ns.append(clock() - t0)
         cpu_ns.append(time.thread_time_ns() - c0)
         cpu += cpu_ns[-1] / 1e9
@@ -167,7 +178,22 @@ def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, 
                 cache.evict(over)
             policy.on_request_done(done, decision)
             policy.maintain()
+    if count_opcodes:
+        return policy, {"decision_opcodes_p50": statistics.median(opcodes),
+                        "decision_opcodes_mean": statistics.fmean(opcodes)}, picks
     return policy, summary(times_ns, cpu, matched, total, reasons, cpu_ns), picks
+
+
+def _opcode_tracer():
+    """A ``sys.settrace`` function counting the Python opcodes run under it (``.count``): the interpreter's work per
+    decision, the same on a quiet and a loaded machine (what it does not count: work inside C calls)."""
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            trace.count += 1
+        return trace
+    trace.count = 0
+    return trace
 
 
 def run_plain(requests: list[str], workers: int, in_flight: int, seed: int) -> tuple[dict, list[str]]:
@@ -257,6 +283,8 @@ def main() -> None:
     ap.add_argument("--cache-tokens", type=int, default=200_000,
                     help="each worker's cache for the exact-view policies (evicted LRU past it)")
     ap.add_argument("--exact-view", nargs="*", default=list(EXACT_VIEW), help="exact-view policies to time")
+    ap.add_argument("--opcodes", type=int, default=2000,
+                    help="count the Python opcodes of this many decisions per exact-view policy (0: skip)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
@@ -310,6 +338,7 @@ def main() -> None:
           f"chars); pass with nothing to evict: {evict['eviction_idle_pass_ms']:.3f} ms")
     print(f"cache_aware median decision = {rr_ratio:.1f}x round_robin's")
     versus = exact_view_table(rows, runs, args.exact_view)
+    versus.update(opcode_table(requests[:args.opcodes], args) if args.opcodes and args.exact_view else {})
 
     results = {
         "requests": len(requests), "conversations": args.conversations, "turns": args.turns,
@@ -354,6 +383,21 @@ def exact_view_table(rows: dict, runs: dict, keys: list[str]) -> dict:
             cells.append(f"{ratios['p50_ratio']:>6.2f} {per_repeat:>9.2f} {ratios['p99_ratio']:>6.2f}")
         print(f"{key:<15} {r['decision_median_us']:>8.2f} {r['decision_p99_us']:>8.2f} {r['estimated_hit_rate']:>9.3f} "
               f"| {'':>15} {cells[0]} | {'':>19} {cells[1]} {_cpu(r)}")
+    return out
+
+
+def opcode_table(requests: list[str], args) -> dict:
+    """Python opcodes per decision (p50, mean) of each exact-view policy and of cache_aware in their loop, over the
+    first ``--opcodes`` requests: the interpreter's share of a decision, which a loaded machine does not blur."""
+    out = {}
+    print(f"\nPython opcodes per decision (first {len(requests)} requests): policy, p50, mean, p50 x cache_aware's")
+    for key in (FED, *args.exact_view):
+        _, row, _ = run_exact_view("cache_aware" if key == FED else key, requests, args.workers, args.in_flight,
+                                   args.seed, args.cache_tokens, count_opcodes=True)
+        out.update({f"{key}_{k}": v for k, v in row.items()})
+        base = out[f"{FED}_decision_opcodes_p50"]
+        print(f"{key:<15} {row['decision_opcodes_p50']:>7.0f} {row['decision_opcodes_mean']:>8.1f} "
+              f"{row['decision_opcodes_p50'] / base:>6.2f}")
     return out
 
 

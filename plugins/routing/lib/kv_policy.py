@@ -69,7 +69,9 @@ class PromptKeys:
     compares the prompts filed there with itself, newest first, until one is a prefix of it (a ``bytes`` test in C,
     on the prompt's last block first, which tells most others apart without reading them). Any remembered prefix
     gives the same keys: the lookup decides only how many blocks are hashed. Prompts of tokens >= 256 are hashed
-    whole. The list ``keys`` returns may be the memo's own (a continuation extends it): read it before the next call."""
+    whole. The list ``keys`` returns may be the memo's own (a continuation extends it): read it before the next call.
+    Beside each remembered prompt, the policy may leave its match per worker (``note``): the next turn's ``hints``,
+    where each worker's search starts (its answer then is most often its answer now)."""
 
     def __init__(self, keys: BlockKeys, size: int = 256, per_anchor: int = 64, min_blocks: int = 16):
         if min_blocks < 1:
@@ -81,13 +83,16 @@ class PromptKeys:
         self._order: deque[tuple[int, bytes]] = deque()  # the anchor of each remembered prompt, oldest first
         self._count = 0
         self.continued = 0  # blocks the last ``keys`` took from the prompt it continues (a hint for ``KvView.match``)
+        self.hints: dict[str, int] | None = None  # the match ``note``d for the prompt the last ``keys`` continued
+        self._hints: dict[bytes, dict[str, int]] = {}  # remembered prompt -> its match per worker (``note``)
+        self._last: bytes | None = None  # the last ``keys``' prompt, when remembered
 
     def __len__(self) -> int:
         return self._count
 
     def keys(self, tokens) -> list[int]:
         b = self.b
-        self.continued = 0
+        self.continued, self.hints, self._last = 0, None, None
         if len(tokens) < self.min_blocks * b:
             return self.chain(tokens)
         try:
@@ -112,10 +117,10 @@ class PromptKeys:
         if best_keys is None:
             keys = self.chain(raw)
         elif len(best) == len(raw):
-            self.continued = len(best_keys)
+            self.continued, self.hints, self._last = len(best_keys), self._hints.get(best), best
             return best_keys
         else:
-            self.continued = len(best_keys)
+            self.continued, self.hints = len(best_keys), self._hints.pop(best, None)
             # continued: this prompt takes its place (a prompt is continued once, as a rule), and its list, extended in
             # place: a copy would touch every key of the prompt, not only the new ones
             keys = best_keys
@@ -126,38 +131,50 @@ class PromptKeys:
             self._count -= 1
             if not filed:
                 del by_anchor[anchor]
-        self._remember((top, raw[(top - 1) * b:top * b]), raw, keys)
+        if self._remember((top, raw[(top - 1) * b:top * b]), raw, keys):
+            self._last = raw
         return keys
 
-    def _remember(self, anchor: tuple[int, bytes], raw: bytes, keys: list[int]) -> None:
+    def note(self, matched: dict[str, int]) -> None:
+        """Leave the last ``keys``' match per worker with its prompt, for the turn that continues it (``hints``)."""
+        if self._last is not None:
+            self._hints[self._last] = matched
+
+    def _remember(self, anchor: tuple[int, bytes], raw: bytes, keys: list[int]) -> bool:
+        """File the prompt; False if the memo's bound dropped it at once (a memo of one prompt and a stale anchor)."""
         filed = self._by_anchor.get(anchor)
         if filed is None:
             filed = self._by_anchor[anchor] = deque()
         elif len(filed) >= self.per_anchor:
-            filed.popleft()
+            self._hints.pop(filed.popleft()[0], None)
             self._count -= 1
-        filed.append((raw, raw[-self.b:], keys))
+        entry = (raw, raw[-self.b:], keys)
+        filed.append(entry)
         self._order.append(anchor)
         self._count += 1
         while self._count > self.size:  # the oldest prompt of the oldest anchor goes (entries may be gone)
             old = self._order.popleft()
             filed = self._by_anchor.get(old)
             if filed:
-                filed.popleft()
+                self._hints.pop(filed.popleft()[0], None)
                 self._count -= 1
                 if not filed:
                     del self._by_anchor[old]
         if len(self._order) > 4 * self.size:  # drop the stale names of prompts already gone
             self._order = deque(a for a, q in self._by_anchor.items() for _ in q)
+        filed = self._by_anchor.get(anchor)
+        return bool(filed) and filed[-1] is entry
 
 
 class RequestBlocks:
     """A request's tokens and block keys, computed once per decision; ``continued``: how many of them are those of a
-    recent prompt it continues (the worker that prompt went to likely holds that many: ``KvView.match``'s hint)."""
-    __slots__ = ("tokens", "keys", "continued")
+    recent prompt it continues (the worker that prompt went to likely holds that many: ``KvView.match``'s hint);
+    ``hints``: that prompt's match per worker, when noted (``PromptKeys.note``)."""
+    __slots__ = ("tokens", "keys", "continued", "hints")
 
-    def __init__(self, tokens: Sequence[int], keys: list[int], continued: int = 0):
-        self.tokens, self.keys, self.continued = tokens, keys, continued
+    def __init__(self, tokens: Sequence[int], keys: list[int], continued: int = 0,
+                 hints: dict[str, int] | None = None):
+        self.tokens, self.keys, self.continued, self.hints = tokens, keys, continued, hints
 
 
 class KvViewPolicy(RoutingPolicy):
@@ -203,8 +220,16 @@ class KvViewPolicy(RoutingPolicy):
 
     def blocks(self, request: RequestView) -> RequestBlocks:
         tokens = request.token_ids if request.token_ids is not None else request.text.encode("utf-8")
-        keys = self.prompts.keys(tokens)
-        return RequestBlocks(tokens, keys, self.prompts.continued)
+        prompts = self.prompts
+        keys = prompts.keys(tokens)
+        return RequestBlocks(tokens, keys, prompts.continued, prompts.hints)
+
+    def match(self, req: RequestBlocks, candidates: list[str]) -> dict[str, int]:
+        """Per candidate, the leading blocks of the request it holds (``KvView.match``, hinted by the prompt it
+        continues), noted for the request that will continue it."""
+        matched = self.view.match(req.keys, candidates, req.continued, req.hints)
+        self.prompts.note(matched)
+        return matched
 
     def estimate(self, matched_blocks: int, n_tokens: int) -> int:
         """Prompt tokens a worker holding ``matched_blocks`` leading blocks serves from cache: SGLang and vLLM compute
@@ -218,15 +243,17 @@ class KvViewPolicy(RoutingPolicy):
         prefix prefilled. Its memo (``Credit``: the credited ``keys`` and the rest) keeps the estimate without the
         in-flight credits too (``accuracy``); ``keys`` are ``credit``'s, from ``matched_blocks`` on."""
         n = len(req.tokens)
-        stored = self.view.confirmed_prefix(worker, req.keys, matched_blocks)
+        view = self.view
+        stored = view.confirmed_prefix(worker, req.keys, matched_blocks)
         if prefill_tokens:
             self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + prefill_tokens
         hold, hold_until = (), 0.0
         if self.cfg.hold_s > 0 and stored < matched_blocks:  # the rest is some request's prefill in flight there
             hold, hold_until = tuple(req.keys[:matched_blocks]), self.clock() + self.cfg.hold_s
-        memo = Credit(keys, prefill_tokens, blocks, self.estimate(stored, n), first_block, self.view.removals, hold,
-                      hold_until, req.keys[matched_blocks - 1] if matched_blocks else ROOT_HASH, matched_blocks)
-        return RoutingDecision(worker, self.estimate(matched_blocks, n), n, reason, memo=memo)
+        b, top = self.cfg.block_size, max(n - 1, 0)  # ``estimate``, inlined (a call each shows in a decision's time)
+        memo = Credit(keys, prefill_tokens, blocks, min(stored * b, top), first_block, view.removals, hold, hold_until,
+                      req.keys[matched_blocks - 1] if matched_blocks else ROOT_HASH, matched_blocks)
+        return RoutingDecision(worker, min(matched_blocks * b, top), n, reason, "", 0.0, memo)
 
     def hold_s(self, decision: RoutingDecision) -> float:
         """While the prefix this request was routed for is only being prefilled on its worker (credited to requests in
@@ -267,7 +294,8 @@ class KvViewPolicy(RoutingPolicy):
         self.prefill_tokens.pop(worker, None)
 
     def state_sizes(self) -> dict[str, int]:
-        return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts)}
+        return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts),
+                "prompt_hints": len(self.prompts._hints)}
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         if decision.memo.prefill_tokens:

@@ -51,6 +51,14 @@ from typing import Sequence
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
 from framework.kv_events.hashing import ROOT_HASH, BlockKeys
 
+try:
+    from _collections import _count_elements  # CPython's C loop behind Counter.update, without its Python-level checks
+except ImportError:  # another Python: the same loop in Python
+    def _count_elements(counts, keys):
+        get = counts.get
+        for key in keys:
+            counts[key] = get(key, 0) + 1
+
 
 class KvView:
     def __init__(self, block_size: int, confirm_s: float = 2.0):
@@ -76,6 +84,8 @@ class KvView:
         self._conf_gaps: dict[str, dict[int, int]] = {}
         # worker -> (the parent key of an in-flight chain's first block, its depth) -> chains in flight there
         self._starts: dict[str, dict[tuple[int, int], int]] = {}
+        self._start_parents: dict[str, dict[int, int]] = {}  # worker -> those parents' keys -> chains: a match skips
+        # the chains' check while the worker holds every one of them (a C-level subset test; the usual case)
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -181,6 +191,7 @@ class KvView:
         self.forget(worker, capacity=True)
         self._held.pop(worker, None)
         self._starts.pop(worker, None)
+        self._start_parents.pop(worker, None)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
@@ -198,7 +209,8 @@ class KvView:
                 "view_recent": sum(map(len, self._recent.values())), "view_deadlines": len(self._deadlines),
                 "view_removed_at": sum(map(len, self._removed_at.values())), "view_parents": len(self._parent),
                 "view_child_counts": sum(map(len, self._conf_children.values())),
-                "view_chains": sum(map(len, self._starts.values()))}
+                "view_chains": sum(map(len, self._starts.values())),
+                "view_chain_parents": sum(map(len, self._start_parents.values()))}
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
@@ -209,34 +221,56 @@ class KvView:
         return key in self._held.get(worker, ())
 
     # -- requests ----------------------------------------------------------------------------------------------------
-    def match(self, keys: Sequence[int], candidates: list[str], hint: int | None = None) -> dict[str, int]:
+    def match(self, keys: Sequence[int], candidates: list[str], hint: int | None = None,
+              hints: dict[str, int] | None = None) -> dict[str, int]:
         """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent). ``hint``: a likely
-        answer (the length of the prompt the request continues), tried first; then each candidate's answer is the
-        next one's hint (a shared prefix). Hints cost probes, never change an answer."""
-        all_held, all_gaps, all_starts = self._held, self._conf_gaps, self._starts
+        answer (the length of the prompt the request continues), tried first; then ``hints``' own guess for the
+        candidate (its answer for that prompt), then the previous candidate's answer (a shared prefix). Hints cost
+        probes, never change an answer."""
+        all_held, all_gaps, all_starts, all_parents = self._held, self._conf_gaps, self._starts, self._start_parents
+        n = len(keys)
         matched, last = {}, None
         for w in candidates:
             held = all_held.get(w)
             if not held:
                 matched[w] = last = 0
                 continue
-            lo, hi = 0, len(keys)  # it holds the first lo blocks, not the first hi + 1
-            gaps, starts = all_gaps.get(w), all_starts.get(w)
-            if gaps:
-                hi = _below_gaps(keys, gaps.items(), held, hi)
-            if starts:
-                hi = _below_gaps(keys, starts, held, hi)
-            for guess in (last, hint):  # at most 2 probes each, and each narrows the search
-                if guess is None or not lo <= guess <= hi:
-                    continue
-                if guess and keys[guess - 1] not in held:
-                    hi = guess - 1
+            lo, hi = 0, n  # it holds the first lo blocks, not the first hi + 1
+            gaps = all_gaps.get(w)
+            if gaps:  # the first gap on the path bounds the search (inlined: a call per candidate shows)
+                for key, depth in gaps.items():
+                    if depth < hi and keys[depth] == key and key not in held:
+                        hi = depth
+            starts = all_starts.get(w)
+            if starts and not held.keys() >= all_parents[w].keys():  # some chain's parent is missing: a gap?
+                for key, depth in starts:
+                    if depth < hi and keys[depth] == key and key not in held:
+                        hi = depth
+            # the guesses (hint, the candidate's own, the previous candidate's), written out: at most 2 probes each,
+            # and each narrows the search
+            if hint is not None and hint <= hi:
+                if hint and keys[hint - 1] not in held:
+                    hi = hint - 1
                 else:
-                    lo = guess
-                    if guess < hi and keys[guess] not in held:
-                        hi = guess
-                if lo == hi:
-                    break
+                    lo = hint
+                    if hint < hi and keys[hint] not in held:
+                        hi = hint
+            if lo < hi and hints:
+                guess = hints.get(w)
+                if guess is not None and lo <= guess <= hi:
+                    if guess and keys[guess - 1] not in held:
+                        hi = guess - 1
+                    else:
+                        lo = guess
+                        if guess < hi and keys[guess] not in held:
+                            hi = guess
+            if lo < hi and last is not None and lo <= last <= hi:
+                if last and keys[last - 1] not in held:
+                    hi = last - 1
+                else:
+                    lo = last
+                    if last < hi and keys[last] not in held:
+                        hi = last
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
                 if keys[mid - 1] in held:
@@ -269,13 +303,20 @@ class KvView:
         in flight on ``worker``: one count each (a C-level update), and the chain's start, where it can open a gap."""
         if not keys:
             return
-        self._held_by(worker).update(keys)
+        held = self._held.get(worker)
+        if held is None:
+            held = self._held[worker] = Counter()
+        _count_elements(held, keys)  # Counter.update's C core, without its Python-level checks
         if depth:
             starts = self._starts.get(worker)
             if starts is None:
                 starts = self._starts[worker] = {}
             start = (parent, depth - 1)
             starts[start] = starts.get(start, 0) + 1
+            parents = self._start_parents.get(worker)
+            if parents is None:
+                parents = self._start_parents[worker] = {}
+            parents[parent] = parents.get(parent, 0) + 1
 
     def debit(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
         """A request credited with these blocks (``credit``'s arguments) failed there."""
@@ -346,7 +387,7 @@ class KvView:
     def _end_chain(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
         if not keys or not depth:
             return
-        starts = self._starts[worker]
+        starts, parents = self._starts[worker], self._start_parents[worker]
         start = (parent, depth - 1)
         if starts[start] == 1:
             del starts[start]
@@ -354,6 +395,9 @@ class KvView:
                 del self._starts[worker]
         else:
             starts[start] -= 1
+        self._take(parents, parent)
+        if not parents:
+            del self._start_parents[worker]
 
     def _unref(self, key: int) -> None:
         """One worker fewer holds ``key`` stored or recent."""
