@@ -14,6 +14,7 @@ def run(tmp_path, *overrides, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.long  # run.py end to end (~10-25 s): CI's second command; README's run is near 5 min
 def test_bench_writes_results_and_offline_wandb(tmp_path):
     r = run(tmp_path, "workload.num_conversations=4", "workload.turns=2", "logger.mode=offline", "router.port=0")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
-from framework.kv_events.hashing import ROOT_HASH, BlockKeys, chain_hashes
+from framework.kv_events.events import AllBlocksCleared
+from framework.kv_events.hashing import ROOT_HASH, BlockKeys
 from plugins.routing.lib.kv_policy import PromptKeys
 from plugins.routing.lib.kv_view import KvView
+
+from kv_view_ops import play, walked
 
 B = 2
 WORKERS = "ab"
@@ -21,13 +23,6 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "store", "store_tail", "remov
                                           "credit", "end", "fail", "expire", "forget", "drop"]),
                          st.sampled_from(WORKERS), st.integers(0, 3), st.integers(0, 24), st.integers(0, 11)),
                min_size=5, max_size=50)
-
-
-def walked(view: KvView, keys: list[int], worker: str) -> int:
-    n = 0
-    while n < len(keys) and view.holds(worker, keys[n]):
-        n += 1
-    return n
 
 
 def walked_confirmed(view: KvView, keys: list[int], worker: str, upto: int) -> int:
@@ -80,28 +75,7 @@ def test_the_index_answers_what_the_walk_answers(sequence, probes):
     in_flight = []  # (worker, credited keys, removals at the decision)
     for op, w, which, cut, k in sequence:
         text = probes[which][:cut]
-        hashes = chain_hashes(list(text), B)
-        if op in ("store", "store_tail") and hashes:
-            first = min(k, len(hashes) - 1) if op == "store_tail" else 0  # a tail: chained on its parent's hash
-            view.apply(w, BlockStored(tuple(hashes[first:]), hashes[first - 1] if first else None,
-                                      tuple(text[first * B:len(hashes) * B]), B))
-        elif op == "remove" and hashes:  # any block, a middle one included (a cache that is not prefix-closed)
-            view.apply(w, BlockRemoved((hashes[k % len(hashes)],)))
-        elif op == "clear":
-            view.apply(w, AllBlocksCleared())
-        elif op == "credit":
-            keys = view.keys.chain(text)
-            held = view.match(keys, [w])[w]
-            parent = keys[held - 1] if held else ROOT_HASH
-            view.credit(w, keys[held:], parent, held)
-            in_flight.append((w, keys[held:], parent, held, view.removals))
-        elif op in ("end", "fail") and in_flight:
-            worker, keys, parent, depth, since = in_flight.pop(k % len(in_flight))
-            if op == "end":
-                view.retire(worker, keys, parent, depth, now, since)
-            else:
-                view.debit(worker, keys, parent, depth)
-        elif op == "expire":
+        if op == "expire":
             now += 0.6
             view.expire(now)
         elif op == "forget":
@@ -110,6 +84,8 @@ def test_the_index_answers_what_the_walk_answers(sequence, probes):
             view.forget(w, capacity=True)
             view.drop_credits(w)
             in_flight = [f for f in in_flight if f[0] != w]
+        else:
+            play(view, op, w, text, k, in_flight, now)
         check(view, probes + [text], in_flight)
     for worker, keys, parent, depth, since in in_flight:  # every request ends, every credit lapses: only events' left
         view.retire(worker, keys, parent, depth, now, since)

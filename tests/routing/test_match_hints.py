@@ -17,10 +17,10 @@ from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage
 from framework.engine.radix_cache import RadixCache
 from framework.kv_events.emitter import CacheEventEmitter
-from framework.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
-from framework.kv_events.hashing import ROOT_HASH, chain_hashes
 from plugins.routing.lib.kv_policy import PromptKeys
 from plugins.routing.lib.kv_view import KvView
+
+from kv_view_ops import play, walked
 
 B = 2
 WORKERS = ["a", "b", "c"]
@@ -31,13 +31,6 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "store", "remove", "clear", "
 guesses = st.one_of(st.none(), st.integers(0, 12))
 
 
-def walked(view: KvView, keys: list[int], worker: str) -> int:
-    n = 0
-    while n < len(keys) and view.holds(worker, keys[n]):
-        n += 1
-    return n
-
-
 @settings(max_examples=80, deadline=None)
 @given(ops, st.lists(texts, min_size=4, max_size=4), guesses, st.dictionaries(st.sampled_from(WORKERS), guesses))
 def test_any_hints_give_the_walk_answer(sequence, probes, hint, hints):
@@ -45,25 +38,7 @@ def test_any_hints_give_the_walk_answer(sequence, probes, hint, hints):
     in_flight = []
     for op, w, which, cut, k in sequence:
         text = probes[which][:cut]
-        hashes = chain_hashes(list(text), B)
-        if op == "store" and hashes:
-            view.apply(w, BlockStored(tuple(hashes), None, tuple(text[:len(hashes) * B]), B))
-        elif op == "remove" and hashes:  # a middle block too: closure breaks, the gaps bound the search
-            view.apply(w, BlockRemoved((hashes[k % len(hashes)],)))
-        elif op == "clear":
-            view.apply(w, AllBlocksCleared())
-        elif op == "credit":
-            keys = view.keys.chain(text)
-            held = view.match(keys, [w])[w]
-            parent = keys[held - 1] if held else ROOT_HASH
-            view.credit(w, keys[held:], parent, held)
-            in_flight.append((w, keys[held:], parent, held, view.removals))
-        elif op in ("end", "fail") and in_flight:
-            worker, keys, parent, depth, since = in_flight.pop(k % len(in_flight))
-            if op == "end":
-                view.retire(worker, keys, parent, depth, 0.0, since)
-            else:
-                view.debit(worker, keys, parent, depth)
+        play(view, op, w, text, k, in_flight, 0.0)
         for w2 in WORKERS:  # the chains' parents the subset test reads: counted from the chains
             parents = {}
             for parent, _ in view._starts.get(w2, {}):

@@ -246,31 +246,15 @@ class KvView:
                 for key, depth in starts:
                     if depth < hi and keys[depth] == key and key not in held:
                         hi = depth
-            # the guesses (hint, the candidate's own, the previous candidate's), written out: at most 2 probes each,
-            # and each narrows the search
-            if hint is not None and hint <= hi:
-                if hint and keys[hint - 1] not in held:
-                    hi = hint - 1
-                else:
-                    lo = hint
-                    if hint < hi and keys[hint] not in held:
-                        hi = hint
-            if lo < hi and hints:
-                guess = hints.get(w)
-                if guess is not None and lo <= guess <= hi:
+            # the guesses (hint, the candidate's own, the previous candidate's): at most 2 probes each, each narrows
+            for guess in (hint, hints.get(w) if hints else None, last):
+                if guess is not None and lo <= guess <= hi and lo < hi:
                     if guess and keys[guess - 1] not in held:
                         hi = guess - 1
                     else:
                         lo = guess
                         if guess < hi and keys[guess] not in held:
                             hi = guess
-            if lo < hi and last is not None and lo <= last <= hi:
-                if last and keys[last - 1] not in held:
-                    hi = last - 1
-                else:
-                    lo = last
-                    if last < hi and keys[last] not in held:
-                        hi = last
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
                 if keys[mid - 1] in held:
