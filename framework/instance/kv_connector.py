@@ -19,7 +19,8 @@ tcp fallback) and the ranks exchange where their pools live. Rank 0 holds the co
 
 What a rank must do about it reaches every rank as a command in the step's exchange (`KVBootstrapped`, `KVDone`,
 `KVFailed`), so the ranks free and admit in lockstep. Faults: a room unanswered for `disaggregation_timeout_s` fails
-on either side; a client that leaves sends the other side a *cancel*; a prefill request that leaves or fails before
+on either side (a prefill request that comes after its room's want timed out fails at once: the decode half
+is gone); a client that leaves sends the other side a *cancel*; a prefill request that leaves or fails before
 its KV is sent (parked, queued or mid-prefill) ends its room at once: the room's want is answered *failed* now, or
 when it comes; a decode request's slots are freed only once the prefill side can no longer write them (it answered,
 or the timeout passed). Several DP groups (DP attention): on
@@ -169,6 +170,7 @@ class KVConnector:
         self.bound: set[int] = set()                       # rooms whose want let their request in (SGLang's order)
         self.inflight: dict[str, int] = {}                 # rid -> room, with the sender thread
         self.cancelled: dict[int, float] = {}              # rooms the decode side gave up (when)
+        self.expired: dict[int, float] = {}                # rooms whose want timed out before their request came
         self.dropped: dict[int, tuple[float, str]] = {}    # rooms this side failed before their want came (when, why)
         self.closing: set[str] = set()                     # rids with a command on its way to every rank
         self.jobs: queue.Queue = queue.Queue()
@@ -259,6 +261,7 @@ class KVConnector:
                 self.push.send(msg["notify"], {"op": "failed", "room": room,
                                                "error": f"the prefill side gave up room {room}: {dropped[1]}"})
                 return
+            self.expired.pop(room, None)
             self.wants[room] = (msg, now)
         elif msg["op"] == "cancel":       # answered unless the sender thread has the room (it answers then)
             self.wants.pop(room, None)
@@ -277,8 +280,8 @@ class KVConnector:
         for rid, req in self.disagg.sending.items():
             if rid in self.held or rid in self.inflight or rid in self.closing:
                 continue
-            if self.cancelled.pop(req.pairing.room, None) is not None:
-                self._command(KVFailed(rid, "the decode side cancelled the room"))
+            if (why := self._room_gone(req.pairing.room)) is not None:
+                self._command(KVFailed(rid, why))
             else:
                 self.held[rid] = (req.pairing.room, now)
         for rid, (room, since) in list(self.held.items()):
@@ -299,6 +302,9 @@ class KVConnector:
         for room, since in list(self.cancelled.items()):
             if now - since > self.timeout_s and room not in self.inflight.values():
                 del self.cancelled[room]
+        for room, since in list(self.expired.items()):
+            if now - since > self.timeout_s:       # a request later still than this parks until its own timeout
+                del self.expired[room]
         for room, (since, _) in list(self.dropped.items()):
             if now - since > self.timeout_s:       # its want, if any, has timed out on the decode side by now
                 del self.dropped[room]
@@ -308,6 +314,8 @@ class KVConnector:
                 why = (f"the prefill instance did not prefill room {room} within {self.timeout_s:g}s of its "
                        f"destination" if room in self.bound else
                        f"the prefill instance got no request for room {room} within {self.timeout_s:g}s")
+                if room not in self.bound:     # its request may still come: it has nowhere to go, so fail it then
+                    self.expired[room] = now
                 self.bound.discard(room)
                 self.push.send(want["notify"], {"op": "failed", "room": room, "error": why})
         while True:
@@ -327,14 +335,15 @@ class KVConnector:
 
     def _admit_parked(self, now: float) -> None:
         """SGLang's order: let in each parked request whose room's want has come (its want's clock restarts: the
-        prefill runs now); fail one whose room was cancelled or that waited past the timeout."""
+        prefill runs now); fail one whose room was cancelled or whose want timed out before it came (at once), or that
+        waited past the timeout."""
         self.parked = {rid: t for rid, t in self.parked.items() if rid in self.disagg.bootstrapping}
         for rid, req in self.disagg.bootstrapping.items():
             if rid in self.closing:
                 continue
             room, since = req.pairing.room, self.parked.setdefault(rid, now)
-            if self.cancelled.pop(room, None) is not None:
-                self._command(KVFailed(rid, "the decode side cancelled the room"))
+            if (why := self._room_gone(room)) is not None:
+                self._command(KVFailed(rid, why))
             elif room in self.wants:
                 self.wants[room] = (self.wants[room][0], now)
                 self.bound.add(room)
@@ -344,6 +353,16 @@ class KVConnector:
                                               f"engine.disaggregation_timeout_s={self.timeout_s:g}s (it waited for "
                                               f"its destination before prefilling, holding no KV: "
                                               f"engine.disaggregation_order=sglang)")
+
+    def _room_gone(self, room: int) -> str | None:
+        """Why a request of this room has no destination any more (the decode side cancelled it, or its want timed
+        out here before the request came and the decode side failed it then), or None."""
+        if self.cancelled.pop(room, None) is not None:
+            return "the decode side cancelled the room"
+        if self.expired.pop(room, None) is not None:
+            return (f"the decode side's want for room {room} timed out (engine.disaggregation_timeout_s="
+                    f"{self.timeout_s:g}s) before this prefill request came: it has no destination")
+        return None
 
     def _command(self, cmd) -> None:
         self.closing.add(cmd.rid)

@@ -76,3 +76,40 @@ def test_a_prefill_aborted_before_its_prefill_ends_frees_the_decode_slots_at_onc
     finally:
         prefill.close()
         decode.close()
+
+
+
+@pytest.mark.parametrize("order", ["sglang", "distserve"])
+def test_a_prefill_half_that_comes_after_its_rooms_want_timed_out_fails_at_once(order):
+    """The decode instance asked for a room's KV and then died (it can send no cancel). The room's want times out on
+    the prefill side. The prefill half that comes after that has no destination: it fails at once, not after parking
+    (SGLang's order) or holding its KV (DistServe's) for a timeout of its own."""
+    timeout_s = 1.5
+    cfg = base_cfg()
+    engine = {"disaggregation_transfer_backend": "tcp", "disaggregation_timeout_s": timeout_s,
+              "disaggregation_order": order}
+    pre_spec = spec(cfg, "prefill", **engine)
+    prefill, decode = open_engine(pre_spec), open_engine(spec(cfg, "decode", **engine))
+    try:
+        start_p = counters(prefill)
+
+        async def scenario():
+            pairing = pairing_for(pre_spec)
+            dec = asyncio.create_task(collect(decode, "a late prefill half", LONG, pairing))
+            await wait_async(lambda: counters(decode)["kv_receiving"] == 1, what="the decode half's want sent")
+            await asyncio.sleep(0.2)
+            decode.close()                                   # dies waiting: no cancel reaches the prefill side
+            await asyncio.gather(dec, return_exceptions=True)
+            await asyncio.sleep(timeout_s + 0.5)             # the want times out on the prefill side
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(RuntimeError, match="timed out .* before this prefill request came"):
+                await asyncio.wait_for(collect(prefill, "a late prefill half", LONG, pairing), timeout_s + FAST_S)
+            late = loop.time() - t0
+            assert late < timeout_s / 2, f"the late prefill half took {late:.2f} s to fail (timeout {timeout_s} s)"
+            await wait_async(lambda: counters(prefill) == start_p, timeout=FAST_S, what="the prefill side at its start")
+
+        asyncio.run(scenario())
+    finally:
+        prefill.close()
+        decode.close()
