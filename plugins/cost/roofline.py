@@ -251,10 +251,10 @@ class RooflineCost(CostModel):
             # ranks wait for each other at every layer: the slowest batch sets each part's pace
             attn, head = (a if a > attn else attn), (h if h > head else head)
             kernels = max(kernels, ka * m.num_layers + kh)
-        dense_ffn, moe_ffn, kf = self._ffn(t_max, total)
-        ffn = dense_ffn + moe_ffn
         decode = all(b.mode != "extend" for b in step.batches)
         mode = deepep.mode_for(self.dispatch, decode) if self.deepep else ""
+        dense_ffn, moe_ffn, kf = self._ffn(t_max, total, mode)
+        ffn = dense_ffn + moe_ffn
         plan = self.moe_cls.overlap_plan(self.moe_cfg, t_max, decode) if step.collectives is None else None
         if step.collectives is None:
             comm, kc = self._declared_comm(tuple(sum(b.new_tokens) for b in step.batches),
@@ -362,7 +362,7 @@ class RooflineCost(CostModel):
             else:
                 t_in = t if lay.groups > 1 else -(-t // lay.size)
                 t_routed = round(total * t / t_max)
-            gate, routed, add, shared = self._moe_parts(t_in, t_routed)
+            gate, routed, add, shared = self._moe_parts(t_in, t_routed, mode)
             if mode:
                 dispatch, comb = self._deepep_s(mode, t)
             else:                                         # the backend's own collectives, split at the dispatch
@@ -375,9 +375,9 @@ class RooflineCost(CostModel):
             kernels += self.moe_layers * (ka + gate[1] + routed[1] + add[1] + shared[1])
         return overlapped_s((layers[0], layers[1]), self.moe_layers, delta), kernels
 
-    def _ffn(self, t_max: int, total: int) -> tuple[float, float, int]:
+    def _ffn(self, t_max: int, total: int, mode: str = "") -> tuple[float, float, int]:
         """(dense FFN seconds, MoE seconds, kernels) of a step whose largest batch has `t_max` tokens, `total` in
-        all."""
+        all; `mode`: the DeepEP kernels the step runs, if any."""
         lay, m = self.lay, self.m
         gathered = lay.groups * t_max                     # padded to the largest batch (SGLang v0.4's all-gather)
         if self.cfg.dense_dp and lay.groups > 1:          # each rank its own tokens, the whole dense FFN
@@ -387,7 +387,7 @@ class RooflineCost(CostModel):
         if lay.moe_tokens == "all":
             moe, km = self._moe(gathered, gathered)
         else:                                             # each rank passes its own tokens; its experts get theirs
-            moe, km = self._moe(t_max if lay.groups > 1 else -(-t_max // lay.size), total)
+            moe, km = self._moe(t_max if lay.groups > 1 else -(-t_max // lay.size), total, mode)
         n_dense = m.first_k_dense_replace
         return n_dense * dense, self.moe_layers * moe, n_dense * kd + self.moe_layers * km
 
@@ -492,25 +492,38 @@ class RooflineCost(CostModel):
     def _dense(self, t: int) -> tuple[float, int]:
         return self._mlp(t, self.m.intermediate_size / self.lay.size)
 
-    def _moe(self, t_in: int, t_routed: int) -> tuple[float, int]:
+    def _moe(self, t_in: int, t_routed: int, mode: str = "") -> tuple[float, int]:
         """One MoE layer on a rank whose backend takes `t_in` tokens and whose experts serve `t_routed` tokens' picks
         (the same unless an all-to-all backend brings each rank the tokens routed to its experts)."""
-        parts = self._moe_parts(t_in, t_routed)
+        parts = self._moe_parts(t_in, t_routed, mode)
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
-    def _moe_parts(self, t_in: int, t_routed: int) -> tuple:
+    def _moe_parts(self, t_in: int, t_routed: int, mode: str = "") -> tuple:
         """(gate, routed experts, weighted sum, shared experts) as (seconds, kernels) each. The busiest rank's
-        experts run `imbalance` times the mean's pairs, over its slots (replicas included)."""
+        experts run `imbalance` times the mean's pairs, over its slots (replicas included). Under DeepEP's kernels
+        (`mode`) with FP8 dispatch the rows arrive in FP8 and the first expert GEMM quantizes nothing: the normal
+        kernels' sender quantizes its own `t_in` tokens before the dispatch (SGLang's dispatch_a), the low-latency
+        kernel casts inside the dispatch and reduces the weighted sum inside the combine (in DeepEP's measured
+        times, so not priced again here). The normal kernels' received rows are permuted into DeepGEMM's contiguous
+        layout first (SGLang's ep_scatter; priced as reading and writing the assigned rows as they travel)."""
         m, lay, rf = self.m, self.lay, self.rf
         e, k = m.n_routed_experts, m.num_experts_per_tok
+        fp8_wire = bool(mode) and self.cfg.deepep_dispatch_fp8 and self._fp8_quant
         gate = _total(self._gemm(t_in, e, m.hidden_size, quantized=False),
-                      rf.memop("act", t_in * e * 4))                        # logits, then the fp32 top-k
+                      rf.memop("act", t_in * e * 4),                        # logits, then the fp32 top-k
+                      rf.memop("act", t_in * m.hidden_size * (self.act + 1))
+                      if fp8_wire and mode == "deepep_normal" else 0.0)    # the sender's quantization
         assigned = t_routed * k / lay.expert_split * self.imbalance
         touched = expected_touched(e, k, t_routed) / lay.expert_split * self.slots_per_expert
         inter = m.moe_intermediate_size / lay.inter_split
-        routed = (self._mlp(assigned / touched, inter, batch=touched, assigned=assigned, tokens_in=t_routed)
+        routed = (self._mlp(assigned / touched, inter, batch=touched, assigned=assigned,
+                            tokens_in=0 if fp8_wire else t_routed)
                   if touched else (0.0, 0))
-        combine = _total(rf.memop("add", (assigned + t_in) * m.hidden_size * self.act))       # weighted sum
+        if mode == "deepep_normal" and touched:          # ep_scatter: the received rows into DeepGEMM's contiguous
+            wire = deepep.row_bytes(m.hidden_size, self.cfg.deepep_dispatch_fp8, self.act)    # layout (read, write)
+            routed = (routed[0] + rf.memop("act", 2 * assigned * wire), routed[1] + 1)
+        combine = (0.0, 0) if mode == "deepep_low_latency" else \
+            _total(rf.memop("add", (assigned + t_in) * m.hidden_size * self.act))          # weighted sum
         shared = (0.0, 0)
         if m.n_shared_experts:
             sliced = lay.size if lay.moe_partial else 1

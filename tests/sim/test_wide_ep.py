@@ -24,6 +24,11 @@ def base():
 def decode_step(*overrides: str, batch: int = 256) -> dict:
     """`overrides`: "moe.<field>=v", "moe.eplb.<field>=v" or "sim.cost.<field>=v" (values as Python literals or
     strings)."""
+    return decode_model(*overrides).step_breakdown(Step((decode_shape(batch, batch * 2000),) * 16, graph=True))
+
+
+def decode_model(*overrides: str):
+    """The cost model of the decode experiment at EP16 with `overrides` (as decode_step)."""
     cfg = base()
     moe, eplb, cost = {}, {}, {}
     for o in overrides:
@@ -36,8 +41,7 @@ def decode_step(*overrides: str, batch: int = 256) -> dict:
         {"moe": moe, "moe.eplb": eplb, "sim.cost": cost}[key.rpartition(".")[0]][key.rpartition(".")[2]] = value
     moe_cfg = replace(cfg.moe, eplb=replace(cfg.moe.eplb, **eplb), **moe)
     inst = InstanceShape(cfg.model, cfg.hardware, cfg.parallel.name, 16, cfg.moe.name, cfg.parallel, moe_cfg)
-    model = COST.build(cfg.sim.cost.name, replace(cfg.sim.cost, **cost), inst)
-    return model.step_breakdown(Step((decode_shape(batch, batch * 2000),) * 16, graph=True))
+    return COST.build(cfg.sim.cost.name, replace(cfg.sim.cost, **cost), inst)
 
 
 def test_low_latency_tables_reproduce_deepep_latencies():
@@ -56,6 +60,18 @@ def test_low_latency_replays_graphs_normal_does_not():
     assert deepep.mode_for("deepep_auto", decode=False) == "deepep_normal"
     with pytest.raises(ValueError, match="cannot run under DP attention"):
         decode_step("moe.dispatch=deepep_auto")
+
+
+def test_deepep_rows_arrive_in_fp8_so_no_receiver_quantizes_the_groups_tokens():
+    # SGLang 2025's token_dispatcher.py: the normal sender quantizes its own tokens, the low-latency kernel casts
+    # inside DeepEP and sums the weighted outputs in its combine; v0.4's all-gather EP quantizes every token
+    model, group = decode_model(), 16 * 256
+    v04, low, normal = (model._moe_parts(256, group, mode) for mode in ("", "deepep_low_latency", "deepep_normal"))
+    hidden = model.m.hidden_size
+    assert v04[1][0] - low[1][0] == pytest.approx(model.rf.memop("act", group * hidden * 3))
+    assert low[2] == (0.0, 0) and v04[2][0] > 0
+    assert normal[0][0] == pytest.approx(low[0][0] + model.rf.memop("act", 256 * hidden * 3))
+    assert normal[1][0] > low[1][0]                 # ep_scatter: the received rows into the contiguous layout
 
 
 def test_dense_dp_drops_the_dense_layers_gather():
