@@ -12,9 +12,11 @@ SGLang PR #1970 (experiments/sim_repro/comparison_round1.json).
 
     python experiments/wide_ep/compare.py             # round 1: predictions.json -> comparison.json
     python experiments/wide_ep/compare.py --round 2   # round 2: predictions_round2.json -> comparison_round2.json
+    python experiments/wide_ep/compare.py --round 3   # round 3: predictions_round3.json -> comparison_round3.json
 
 Round 2 is the same table against the prediction with the blog's published expert distribution replayed
-(predict.py --round 2); its EPLB ratios rest on no free knob.
+(predict.py --round 2); its EPLB ratios rest on no free knob. Round 3 is round 2's inputs with one sourced change to
+the cost model (DeepEP's rows arrive in FP8: predictions_round3.md).
 """
 from __future__ import annotations
 
@@ -41,10 +43,10 @@ PUBLISHED = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Issue 21: the published wide-EP figures beside a prediction")
-    ap.add_argument("--round", type=int, choices=(1, 2), default=1, dest="round_")
+    ap.add_argument("--round", type=int, choices=(1, 2, 3), default=1, dest="round_")
     round_ = ap.parse_args().round_
-    source, target = {1: ("predictions.json", "comparison.json"),
-                      2: ("predictions_round2.json", "comparison_round2.json")}[round_]
+    source, target = ("predictions.json", "comparison.json") if round_ == 1 else \
+        (f"predictions_round{round_}.json", f"comparison_round{round_}.json")
     pred = json.loads((HERE / source).read_text())["cells"]
     rows = []
     for cell, published, what, kind in PUBLISHED:
@@ -64,7 +66,7 @@ def main() -> None:
     eplb = {k: v["value"] for k, v in pred.items() if k.startswith("eplb_") and "_s" in k}
     if eplb:                                # round 1 only: round 2 has no free exponent
         print("EPLB ratio across the free zipf exponent:", {k: round(v, 2) for k, v in eplb.items()})
-    out = {"target": TARGET, "rows": rows} if round_ == 1 else {"round": 2, "predictions": source, "target": TARGET,
+    out = {"target": TARGET, "rows": rows} if round_ == 1 else {"round": round_, "predictions": source, "target": TARGET,
                                                                  "rows": rows}
     (HERE / target).write_text(json.dumps(out, indent=1) + "\n")
 
