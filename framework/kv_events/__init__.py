@@ -10,5 +10,6 @@
 - ``relay``: a DP group's events batched per step, stamped with its ``data_parallel_rank``, on their way out of its
   rank (to rank 0's DP controller, or to the worker process that publishes every group's on its one stream);
 - ``worker``: a worker process's publisher wired to its instance's caches;
-- ``union``: several DP groups' events as one worker's, for a router that sees the worker whole.
+- ``union``: several DP groups' events as one worker's, for a router that sees the worker whole;
+- ``ranks``: where each DP rank of a vLLM or SGLang worker publishes (its own stream, the port offset by the rank).
 """

@@ -12,7 +12,12 @@ What the workers tell reaches the right candidate:
 - KV events as whole `KVEventBatch`es: each batch's `data_parallel_rank` (vLLM's field) names its group; a batch
   without one is rank 0's (vLLM's publisher leaves it out for a single rank);
 - a bare KV event (a one-group worker's): rank 0;
+- a `RankReset` (one rank's stream of a worker that publishes per rank lost batches it cannot replay, or restarted):
+  that group's view only;
 - a `LoadReport` (the instance's sum): split evenly over its groups, the first groups one more when it does not divide.
+
+P/D (sglang's PD router with `--dp-aware` as fixed in sgl-project/sglang#26245): each role's policy is wrapped as well
+(framework/routing/pairs.py `role_policies`), sharing what the router learnt of each worker's dp_size (`learnt`).
 """
 from __future__ import annotations
 
@@ -23,6 +28,12 @@ from framework.kv_events.events import KVEventBatch
 
 DP_RANK_HEADER = "X-Data-Parallel-Rank"   # how the HTTP router names the chosen group (the worker reads it as the
                                           # body's data_parallel_rank, which sglang-router sends: no re-encoding)
+
+
+class RankReset(NamedTuple):
+    """A worker event: what the policy knew of DP group `rank`'s cache is void (`cause`: a contract reset cause)."""
+    rank: int
+    cause: str
 
 
 class DPChoice(NamedTuple):
@@ -47,9 +58,12 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 class DPAware(RoutingPolicy):
-    def __init__(self, inner: RoutingPolicy, dp_size: Callable[[str], int]):
-        """`dp_size(url)`: how many DP groups worker `url` has (asked when it is added)."""
+    def __init__(self, inner: RoutingPolicy, dp_size: Callable[[str], int], learnt: dict[str, int] | None = None):
+        """`dp_size(url)`: how many DP groups worker `url` has (asked when it is added, unless `set_dp_size` said it
+        before: `learnt`, which the role policies of a P/D router share, so a worker moving into its role's policy
+        keeps its groups)."""
         self.inner, self._dp_size = inner, dp_size
+        self.learnt = {} if learnt is None else learnt
         self.Config, self.Reasons = inner.Config, inner.Reasons
         self.subscriptions, self.keeps_estimate = inner.subscriptions, inner.keeps_estimate
         self.sizes: dict[str, int] = {}          # worker -> its DP groups
@@ -74,7 +88,7 @@ class DPAware(RoutingPolicy):
 
     # -- workers -----------------------------------------------------------------------------------------------------
     def _worker_added(self, worker: str) -> None:
-        n = self._known.pop(worker, None) or self._dp_size(worker)
+        n = self._known.pop(worker, None) or self.learnt.get(worker) or self._dp_size(worker)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"router.dp_aware=true: worker {worker} must have dp_size >= 1, got {n!r}")
         self.sizes[worker] = n
@@ -90,6 +104,7 @@ class DPAware(RoutingPolicy):
         """Worker `worker` turned out to have `n` DP groups (the HTTP router learns it from its /server_info): its
         candidates change; the old ones' requests in flight end without reaching the wrapped policy."""
         self._require_known(worker)
+        self.learnt[worker] = n
         if n == self.sizes[worker]:
             return
         self._worker_removed(worker)
@@ -135,6 +150,9 @@ class DPAware(RoutingPolicy):
                 raise ValueError(f"worker {worker} sent KV events of DP rank {rank}; it has ranks 0..{n - 1}")
             for e in event.events:
                 self.inner.on_worker_event(dp_target(worker, rank), e)
+        elif isinstance(event, RankReset):
+            if 0 <= event.rank < n:
+                self.inner.reset_worker(dp_target(worker, event.rank), event.cause)
         elif isinstance(event, LoadReport):
             for t, *parts in zip(self.targets(worker), *(_split(v, n) for v in event)):
                 self.inner.on_worker_event(t, LoadReport(*parts))

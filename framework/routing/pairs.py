@@ -32,6 +32,7 @@ from typing import NamedTuple, Sequence
 from framework.contracts.routing import RequestView, RoutingDecision
 from framework.core.registry import ROUTING
 from framework.routing.core import Attempt, RouterCore
+from framework.routing.dp_aware import DPAware
 from framework.routing.workers import CLOSED, WorkerState
 
 ALWAYS, DECODE_FIRST, CONDITIONAL = "always", "decode_first", "conditional"
@@ -97,18 +98,26 @@ def _select_as(policy, role: str, request, urls: list[str]) -> str:
         policy.role = None
 
 
-def role_policies(policy, prefill: str | None = None, decode: str | None = None) -> dict:
+def role_policies(policy, prefill: str | None = None, decode: str | None = None, dp_aware: bool = False) -> dict:
     """A fresh policy instance per role (sglang-router keeps one per role): ``prefill``/``decode`` name a routing
-    policy, None the router's own (``policy``'s kind and settings); a named one runs with its default settings."""
+    policy, None the router's own (``policy``'s kind and settings); a named one runs with its default settings.
+    ``dp_aware`` (the HTTP router's ``router.dp_aware``, when ``policy`` is its DPAware wrapper): each role's policy
+    is wrapped too, so a pair names a DP group on each side (sglang's PD router with ``--dp-aware``, sgl-project/sglang
+    #26245); the wrappers share what the router learnt of each worker's dp_size."""
+    outer = policy
     policy = getattr(policy, "inner", policy)   # router.dp_aware's wrapper (dp_aware.py): the roles get what it wraps
 
     def build(name):
         if name is None or name == getattr(policy.cfg, "name", None):
-            return type(policy)(copy.deepcopy(policy.cfg), policy.seed)
-        if name not in ROUTING.keys():
+            built = type(policy)(copy.deepcopy(policy.cfg), policy.seed)
+        elif name not in ROUTING.keys():
             raise ValueError(f"router.prefill_policy/decode_policy={name!r} is not a routing policy; the choices: "
                              f"{', '.join(sorted(ROUTING.keys()))}")
-        return ROUTING.get(name)(ROUTING.get(name).Config(), policy.seed)
+        else:
+            built = ROUTING.get(name)(ROUTING.get(name).Config(), policy.seed)
+        if dp_aware and isinstance(outer, DPAware):
+            return DPAware(built, outer._dp_size, outer.learnt)
+        return built
     return {PREFILL: build(prefill), DECODE: build(decode)}
 
 
@@ -130,7 +139,7 @@ def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Se
             try:
                 d = _select_as(d_policy, DECODE, request, [w.url for w in decode_pool])
             except BaseException:
-                p_policy.on_request_done(p)    # no pair: the prefill half is not sent
+                p_policy.on_request_done(p, pd, ok=False)    # no pair: the prefill half is not sent
                 raise
             dd = d_policy.last_decision
         dt = (time.perf_counter() - t0) / 2

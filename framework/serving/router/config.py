@@ -48,6 +48,7 @@ class RouterServiceConfig:
     # where a worker's KV events are when it does not say (vLLM: --kv-events-config publishes on tcp://*:5557); 0: none
     kv_events_port: int = 0
     kv_events_replay_port: int = 0
+    kv_events_dp_size: int = 0              # its DP ranks, each on port + rank, when /get_server_info does not say
     load_poll_interval_s: float = 0.5       # GET /get_load on every worker this often (a policy that follows loads)
     # sgl-router's --dp-aware (framework/routing/dp_aware.py): the policy picks a (worker, DP group), sent as the pin
     dp_aware: bool = False
@@ -83,7 +84,7 @@ class RouterServiceConfig:
                     "drain_timeout_secs", "maintain_interval_secs", "client_max_size", "load_poll_interval_s")
         problems += [f"router.{n} must be > 0, got {getattr(self, n)}" for n in positive if getattr(self, n) <= 0]
         non_negative = ("max_retries", "retry_backoff_base_s", "retry_backoff_max_s", "breaker_cooldown_secs",
-                        "kv_events_port", "kv_events_replay_port")
+                        "kv_events_port", "kv_events_replay_port", "kv_events_dp_size")
         problems += [f"router.{n} must be >= 0, got {getattr(self, n)}" for n in non_negative if getattr(self, n) < 0]
         if self.max_concurrent_requests == 0 or self.max_concurrent_requests < -1:
             problems.append(f"router.max_concurrent_requests must be -1 (no limit) or >= 1, got "

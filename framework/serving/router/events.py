@@ -4,18 +4,22 @@ request's usage. This module owns the I/O; what arrives goes to the router core 
 its own events alike.
 
 - KV events (a policy subscribed to ``KV_EVENTS``): one ``KvEventSubscriber`` (framework/kv_events/subscriber.py) per
-  worker, started once the worker passes a health check. The endpoint is what the worker advertises in
+  stream of a worker, started once the worker passes a health check. The endpoint is what the worker advertises in
   ``/get_server_info`` (``kv_events.endpoint`` and ``kv_events.replay_endpoint``: servelab's workers), else
   ``tcp://<worker host>:<router.kv_events_port>`` (vLLM's convention: ``--kv-events-config`` publishes on
   ``tcp://*:5557``; its replay socket on ``router.kv_events_replay_port`` when one is set). A router that joins late
   replays from the worker's last cache clear (``kv_events.cleared_seq``; else from 0). A resync (lost batches, a
   restarted worker) drops the policy's view of that worker (``reset_worker`` with the subscriber's cause:
-  ``RESTARTED`` when the sequence went back, ``EVENTS_LOST`` otherwise). A worker of several DP groups publishes
-  every group's events on its one stream, each batch stamped with the group's ``data_parallel_rank``: under
-  ``router.dp_aware`` each batch goes whole to the candidate ``url@rank`` it names (the worker's ``dp_size`` is read
-  from the same ``/get_server_info`` before the first batch, so a replay finds every group's candidate); otherwise
-  the groups' events go to the worker as one view that holds a block while any group does
-  (framework/kv_events/union.py).
+  ``RESTARTED`` when the sequence went back, ``EVENTS_LOST`` otherwise). A servelab worker of several DP groups
+  publishes every group's events on its one stream, each batch stamped with the group's ``data_parallel_rank``.
+  A vLLM or SGLang worker of several DP ranks publishes each rank on its own stream instead, the port (and the replay
+  port) offset by the rank (framework/kv_events/ranks.py): its ranks are ``/get_server_info``'s ``dp_size`` when it
+  says it (SGLang: under DP attention only), else ``router.kv_events_dp_size`` (vLLM says nothing there), else 1;
+  rank r's batches are rank r's whatever they name, and a gap or a restart on one rank's stream replays or resets
+  that rank alone. Either way, under ``router.dp_aware`` each batch goes whole to the candidate ``url@rank`` it names
+  (the worker's ``dp_size`` is read from the same ``/get_server_info`` before the first batch, so a replay finds
+  every group's candidate); otherwise the groups' events go to the worker as one view that holds a block while any
+  group does (framework/kv_events/union.py; one rank's reset drops the blocks only it held).
 - Load reports (``LOAD``): ``GET /get_load`` (SGLang's: one object per DP rank with ``num_reqs``,
   ``num_waiting_reqs``, ``num_tokens``) on every healthy worker every ``router.load_poll_interval_s``.
 - Usage (``USAGE``): the prompt, cached and output tokens the worker reported for a request, read from its JSON
@@ -32,10 +36,13 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from framework.contracts.routing import KV_EVENTS, LOAD, RESTARTED, LoadReport, RequestUsage
+from framework.core.errors import UserError
+from framework.kv_events.events import AllBlocksCleared, KVEventBatch
+from framework.kv_events.ranks import RankStream, rank_streams, stamped
 from framework.kv_events.subscriber import KvEventSubscriber
 from framework.kv_events.union import GroupUnion
 from framework.routing.core import Attempt, RouterCore
-from framework.routing.dp_aware import DPAware
+from framework.routing.dp_aware import DPAware, RankReset, dp_target
 from framework.routing.workers import WorkerState
 from framework.serving.router.config import RouterServiceConfig
 from framework.serving.router.health import run_every
@@ -76,7 +83,9 @@ class WorkerEvents:
         self.core, self.cfg, self.session, self.on_release = core, cfg, session, on_release
         subs = core.policy.subscriptions
         self.kv, self.load = KV_EVENTS in subs, LOAD in subs  # (USAGE: the core's wants_usage, read by the service)
+        # stream name (the worker's URL; url@rank for a worker that publishes per rank) -> its subscriber and task
         self.subscribers: dict[str, tuple[KvEventSubscriber, asyncio.Task]] = {}
+        self.streams: dict[str, list[str]] = {}   # worker -> the names of its streams
         self.unions: dict[str, GroupUnion] = {}   # worker -> its DP groups' blocks (router.dp_aware off)
         self.problems: dict[str, str] = {}  # worker -> the last event its policy refused (logged once)
         self._pending: set[str] = set()
@@ -89,27 +98,31 @@ class WorkerEvents:
         return []
 
     async def close(self) -> None:
-        for url in list(self.subscribers):
+        for url in list(self.streams):
             await self.stop(url)
 
     # -- KV events ---------------------------------------------------------------------------------------------------
     def worker_up(self, url: str) -> None:
         """A health check passed: subscribe to its KV events if not yet (in a task: it asks the worker first)."""
-        if self.kv and url not in self.subscribers and url not in self._pending:
+        if self.kv and url not in self.streams and url not in self._pending:
             self._pending.add(url)
             asyncio.create_task(self._subscribe(url))
 
     async def stop(self, url: str) -> None:
-        entry = self.subscribers.pop(url, None)
+        entries = [self.subscribers.pop(name) for name in self.streams.pop(url, ()) if name in self.subscribers]
         self.unions.pop(url, None)
-        if entry is not None:
-            entry[1].cancel()
-            await asyncio.gather(entry[1], return_exceptions=True)
+        for _, task in entries:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
 
     async def _subscribe(self, url: str) -> None:
         try:
-            endpoint, replay, start, dp_size = await self._endpoints(url)
-            if endpoint is None:
+            try:
+                streams, start, dp_size = await self._streams(url)
+            except UserError as e:       # e.g. a rank's port past 65535
+                log.error("worker %s: %s; the policy sees nothing of its cache", url, e)
+                return
+            if not streams:
                 log.warning("worker %s advertises no KV events and router.kv_events_port is not set: the policy "
                             "sees nothing of its cache", url)
                 return
@@ -118,30 +131,47 @@ class WorkerEvents:
                 return
             if dp_size and isinstance(policy := self.core.policy_of(url), DPAware) and self.core.is_current(w):
                 policy.set_dp_size(url, dp_size)     # its candidates before its groups' events (pd.py asks again)
-            sub = KvEventSubscriber(endpoint, replay, lambda batch: self._deliver(w, batch),
-                                    lambda why, cause=RESTARTED: self._resync(w, cause), name=url, start_seq=start)
-            self.subscribers[url] = (sub, asyncio.create_task(sub.run()))
+            self.streams[url] = []
+            for s in streams:
+                name = url if s.rank is None else dp_target(url, s.rank)
+                sub = KvEventSubscriber(s.endpoint, s.replay_endpoint, self._on_batch(w, s.rank),
+                                        self._on_resync(w, s.rank), name=name, start_seq=start)
+                self.subscribers[name] = (sub, asyncio.create_task(sub.run()))
+                self.streams[url].append(name)
         finally:
             self._pending.discard(url)
 
-    async def _endpoints(self, url: str) -> tuple[str | None, str | None, int, int | None]:
-        """(event endpoint, replay endpoint, the first batch the view needs, its DP groups if it says) of a
-        worker."""
+    def _on_batch(self, w: WorkerState, rank: int | None) -> Callable[[KVEventBatch], None]:
+        return lambda batch: self._deliver(w, stamped(batch, rank))
+
+    def _on_resync(self, w: WorkerState, rank: int | None) -> Callable[[str, str], None]:
+        def resync(why: str, cause: str = RESTARTED) -> None:
+            self._resync(w, cause, rank)
+        return resync
+
+    async def _streams(self, url: str) -> tuple[list[RankStream], int, int | None]:
+        """(the worker's event streams, the first batch a view needs, its DP groups if it says)."""
         cfg = self.cfg
         try:
             async with self.session().get(url + "/get_server_info", timeout=self._info_timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError):
             info = {}
-        kv = info.get("kv_events") if isinstance(info, dict) else None
-        dp_size = info.get("dp_size") if isinstance(info, dict) and isinstance(info.get("dp_size"), int) else None
-        if isinstance(kv, dict) and kv.get("endpoint"):
-            return kv["endpoint"], kv.get("replay_endpoint"), int(kv.get("cleared_seq", 0)), dp_size
-        if cfg.kv_events_port:
-            host = urlsplit(url).hostname
-            replay = f"tcp://{host}:{cfg.kv_events_replay_port}" if cfg.kv_events_replay_port else None
-            return f"tcp://{host}:{cfg.kv_events_port}", replay, 0, dp_size
-        return None, None, 0, dp_size
+        info = info if isinstance(info, dict) else {}
+        kv = info.get("kv_events")
+        dp_size = info.get("dp_size") if isinstance(info.get("dp_size"), int) and info["dp_size"] >= 1 else None
+        if isinstance(kv, dict) and kv.get("endpoint"):   # servelab's: every group on one stream
+            return [RankStream(None, kv["endpoint"], kv.get("replay_endpoint"))], int(kv.get("cleared_seq", 0)), \
+                dp_size
+        if not cfg.kv_events_port:
+            return [], 0, dp_size
+        # SGLang publishes per attn_dp_rank, which is 0 on every scheduler without DP attention
+        ranks = dp_size if dp_size and info.get("enable_dp_attention", True) is not False else None
+        ranks = ranks or cfg.kv_events_dp_size or 1
+        host = urlsplit(url).hostname
+        replay = f"tcp://{host}:{cfg.kv_events_replay_port}" if cfg.kv_events_replay_port else None
+        return rank_streams(f"tcp://{host}:{cfg.kv_events_port}", replay, ranks), 0, dp_size or \
+            (ranks if ranks > 1 else None)
 
     def _deliver(self, w: WorkerState, batch) -> None:
         if self.core.is_current(w):
@@ -162,20 +192,33 @@ class WorkerEvents:
             log.error("KV events from %s: %s", url, e)
         self.problems[url] = str(e)
 
-    def _resync(self, w: WorkerState, cause: str) -> None:
-        """The view of ``w`` is void (``cause``: the subscriber's: RESTARTED or EVENTS_LOST); the requests held for
-        it that the policy lets go now are sent."""
-        if self.core.is_current(w):
+    def _resync(self, w: WorkerState, cause: str, rank: int | None = None) -> None:
+        """The view of ``w`` is void (``cause``: the subscriber's: RESTARTED or EVENTS_LOST), or of its DP rank
+        ``rank`` only (a worker that publishes per rank); the requests held for it that the policy lets go now are
+        sent."""
+        if not self.core.is_current(w):
+            return
+        if rank is None:
             if w.url in self.unions:
                 self.unions[w.url].reset()
             released = self.core.reset_worker(w.url, cause)
-            if released:
-                self.on_release(released)
+        elif isinstance(self.core.policy_of(w.url), DPAware):
+            released = self.core.worker_events(w.url, [RankReset(rank, cause)], self._refused)
+        else:   # the worker seen whole: the blocks only that rank held leave its view
+            cleared = KVEventBatch(0.0, (AllBlocksCleared(),), rank)
+            released = self.core.worker_events(
+                w.url, self.unions.setdefault(w.url, GroupUnion()).events(cleared), self._refused)
+        if released:
+            self.on_release(released)
 
     def stats(self) -> dict:
-        return {url: {"endpoint": sub.endpoint, "last_seq": sub.last_seq, **sub.stats,
-                      **({"problem": self.problems[url]} if url in self.problems else {})}
-                for url, (sub, _) in self.subscribers.items()}
+        out = {}
+        for url, names in self.streams.items():
+            for name in names:
+                sub = self.subscribers[name][0]
+                out[name] = {"endpoint": sub.endpoint, "last_seq": sub.last_seq, **sub.stats,
+                             **({"problem": self.problems[url]} if url in self.problems else {})}
+        return out
 
     # -- load reports ------------------------------------------------------------------------------------------------
     async def poll_loads(self) -> None:

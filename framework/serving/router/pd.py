@@ -15,6 +15,16 @@ A retriable failure of the decode answer (connection error, 408, 429, 5xx, a sil
 retried on a new pair after the router's backoff, at most ``router.max_retries`` times; servelab's difference: the
 new pair prefers workers not tried yet. Unlike sglang-router, which counts the decode answer against both workers'
 breakers, each half counts its own answer. A batch (a list of prompts) is refused with a 400.
+
+``router.dp_aware`` (as sglang's PD router with ``--dp-aware`` since sgl-project/sglang#26245; 0.3.2's sends each
+half to the ``url@rank`` string as its URL and fails): each role's policy picks a DP group of its worker too
+(framework/routing/pairs.py ``role_policies``; dp_size from the same ``/server_info``), and the pair's bodies name
+them: the prefill half's ``data_parallel_rank`` is its group, the decode half's is its own and
+``disagg_prefill_dp_rank`` the prefill's (where the KV comes from). servelab's addition: the room is drawn so that
+``bootstrap_room % prefill dp_size`` is the prefill group, so a prefill worker that still places paired requests by
+SGLang's ``follow_bootstrap_room`` (and a decode worker that guesses the prefill group the same way) agrees with the
+router. A decode worker that prefills locally gets its group in the ``X-Data-Parallel-Rank`` header, as in the
+single-role path.
 """
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from framework.routing.core import FAIL, OK
-from framework.routing.dp_aware import DPAware
+from framework.routing.dp_aware import DPAware, dp_rank_of
 from framework.routing.pairs import DECODE, PREFILL, dispatch_pair, role_policies
 from framework.routing.workers import WorkerState
 from framework.serving.http.errors import ApiError
@@ -52,10 +62,25 @@ def role_of(info: dict) -> tuple[str, int | None, bool]:
     return role, port if role == PREFILL else None, bool(info.get("disaggregation_local_prefill"))
 
 
-def paired_body(body: dict, prefill: WorkerState, room: int) -> bytes:
-    """The body both halves get: the client's with SGLang's bootstrap fields."""
-    return json.dumps({**body, "bootstrap_host": urlsplit(prefill.url).hostname,
-                       "bootstrap_port": prefill.bootstrap_port, "bootstrap_room": room}).encode()
+def paired_body(body: dict, prefill: WorkerState, room: int, dp_rank: int | None = None,
+                prefill_dp_rank: int | None = None) -> bytes:
+    """The body a half gets: the client's with SGLang's bootstrap fields; router.dp_aware: with the DP group chosen
+    on that half (``data_parallel_rank``) and, for the decode half, the prefill's (``disagg_prefill_dp_rank``)."""
+    fields = {"bootstrap_host": urlsplit(prefill.url).hostname, "bootstrap_port": prefill.bootstrap_port,
+              "bootstrap_room": room}
+    if dp_rank is not None:
+        fields["data_parallel_rank"] = dp_rank
+    if prefill_dp_rank is not None:
+        fields["disagg_prefill_dp_rank"] = prefill_dp_rank
+    return json.dumps({**body, **fields}).encode()
+
+
+def aligned_room(room: int, rank: int | None, dp_size: int) -> int:
+    """``room`` with its remainder mod ``dp_size`` replaced by ``rank`` (SGLang's follow_bootstrap_room places a
+    paired request on group ``bootstrap_room % dp_size``); unchanged without a rank. A 63-bit room stays < 2**64."""
+    if rank is None or dp_size <= 1:
+        return room
+    return room - room % dp_size + rank
 
 
 def has_pd_workers(core) -> bool:
@@ -76,7 +101,7 @@ class PairRouting:
         self._prefills: set[asyncio.Task] = set()  # prefill answers being read (not waited for)
         c = router.cfg   # a policy instance per role, as sglang-router keeps (workers move in as their roles are known)
         router.core.set_role_policies(role_policies(router.core.policy, getattr(c, "prefill_policy", None),
-                                                    getattr(c, "decode_policy", None)))
+                                                    getattr(c, "decode_policy", None), bool(c.dp_aware)))
 
     @property
     def active(self) -> bool:
@@ -100,10 +125,16 @@ class PairRouting:
                 role, w.bootstrap_port, w.local_prefill = role_of(info)
                 if self.r.core.is_current(w):
                     self.r.core.set_role(w.url, role)   # into its role's policy
-                    if isinstance(policy := self.r.core.policy_of(w.url), DPAware):   # router.dp_aware: a
-                        policy.set_dp_size(w.url, int(info.get("dp_size") or 1))       # candidate per DP group
+                    dp_size = info.get("dp_size")    # router.dp_aware: a candidate per DP group, when it says
+                    if isinstance(policy := self.r.core.policy_of(w.url), DPAware) and isinstance(dp_size, int):
+                        policy.set_dp_size(w.url, max(1, dp_size))   # (else router.kv_events_dp_size's, if set)
             except ValueError as e:
                 w.last_health_error = f"{w.url}/server_info: {e}"
+
+    def _dp_size(self, w: WorkerState) -> int:
+        """Worker ``w``'s DP groups as its role's policy counts them (1 when the router does not address groups)."""
+        policy = self.r.core.policy_of(w.url)
+        return policy.sizes.get(w.url, 1) if isinstance(policy, DPAware) else 1
 
     async def close(self) -> None:
         for t in list(self._prefills):
@@ -166,10 +197,14 @@ class PairRouting:
                     raise
             if pair.prefill is not None:
                 tried_prefill.append(pair.prefill.worker)
-                call.raw = paired_body(body, pair.prefill.worker, secrets.randbits(63))
+                p_rank, d_rank = dp_rank_of(pair.prefill.decision), dp_rank_of(pair.decode.decision)
+                room = aligned_room(secrets.randbits(63), p_rank, self._dp_size(pair.prefill.worker))
+                p_raw = paired_body(body, pair.prefill.worker, room, p_rank)
+                call.raw = p_raw if p_rank is None and d_rank is None else \
+                    paired_body(body, pair.prefill.worker, room, d_rank, p_rank)   # router.dp_aware
                 call.head = forwarded_head(req, len(call.raw))
-                task = asyncio.create_task(self._prefill(call.route, call.head, call.raw, pair.prefill,
-                                                         r._deadline(call)[0]))
+                task = asyncio.create_task(self._prefill(call.route, forwarded_head(req, len(p_raw)), p_raw,
+                                                         pair.prefill, r._deadline(call)[0]))
                 self._prefills.add(task)
                 task.add_done_callback(self._prefills.discard)
             else:
