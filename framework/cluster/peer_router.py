@@ -150,6 +150,12 @@ class SglangRouter:
                                   f"(sglang-router=={PINNED})")
         if version != PINNED:
             log.warning("sglang-router %s is installed; the config mapping was checked against %s", version, PINNED)
+        if pd is not None and service.dp_aware and version == PINNED:
+            raise PeerRouterError(f"router.impl=sglang with prefill/decode workers and router.dp_aware=true: "
+                                  f"sglang-router {PINNED}'s P/D mode sends each half to 'url@rank' as if it were a "
+                                  f"URL, so every request fails (tests/serving/test_router_dp_ranks_pd.py; fixed "
+                                  f"upstream in sgl-project/sglang#26245). Use router.impl=servelab, or "
+                                  f"router.dp_aware=false")
         host = "127.0.0.1" if service.host in ("", "0.0.0.0") else service.host
         prometheus_port = free_ports(service.host, 1)[0]
         self.url, self.metrics_url = f"http://{host}:{service.port}", f"http://{host}:{prometheus_port}/metrics"

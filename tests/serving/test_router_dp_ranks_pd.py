@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from framework.cluster.peer_router import installed_version, sglang_router_args
+from framework.cluster.peer_router import PINNED, PeerRouterError, SglangRouter, installed_version, sglang_router_args
 from framework.config import compose
 from framework.core.ports import free_ports
 from framework.core.registry import ROUTING
@@ -183,3 +183,10 @@ async def test_sglang_router_0_3_2_in_pd_mode_with_dp_aware_sends_to_url_at_rank
         proc.wait(timeout=10)
         await prefill.close()
         await decode.close()
+
+
+@pytest.mark.skipif(installed_version() != PINNED, reason=f"sglang-router {PINNED} is not installed ('.[peers]')")
+def test_router_impl_sglang_refuses_pd_with_dp_aware_naming_the_bug():
+    policy_cfg, service = split_router_config(compose(["router=round_robin", "router.dp_aware=true"]).router)
+    with pytest.raises(PeerRouterError, match="every request fails .* router.impl=servelab"):
+        SglangRouter(policy_cfg, service, [], 5.0, pd=([("http://127.0.0.1:1", 2)], ["http://127.0.0.1:3"]))
