@@ -38,6 +38,7 @@ from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
+from framework.core.host_probe import probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
@@ -108,6 +109,12 @@ def _decode(face: SyncFace, rng: random.Random, b: int, c: int) -> float:
     return (times[-1] - times[0]) / (len(times) - 1)
 
 
+def stamp(before: dict, after: dict) -> dict:
+    """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp."""
+    return {**before, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
+            "probe_s_before_after": [before["probe_s"], after["probe_s"]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -119,6 +126,7 @@ def main() -> None:
     torch.set_num_threads(1)
     grid, repeats = (QUICK, 1) if args.quick else (GRID, args.repeats)
     t0 = time.perf_counter()
+    before = probe()          # the host as profiled, stamped on the profile (sim_fidelity checks it against its own)
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
     for name in args.configs:
@@ -128,7 +136,7 @@ def main() -> None:
               f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
               flush=True)
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_1m": os.getloadavg()[0],
+           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe()),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
            "profiles": profiles}

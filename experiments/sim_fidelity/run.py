@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
+from framework.core.host_probe import mismatch, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
@@ -219,6 +220,23 @@ def range_table(cells: list[dict], load: dict) -> str:
     return "\n".join(lines)
 
 
+def host_check() -> dict:
+    """The calibration profile's host stamp against this host now: simulated seconds compare with real ones only
+    when they match (the profile prices steps in its host's seconds)."""
+    from plugins.cost.calibrated import DEFAULT_PATH
+    stamp = json.loads((ROOT / DEFAULT_PATH).read_text()).get("host_probe")
+    now = probe()
+    problems = mismatch(stamp, now)
+    for p in problems:
+        print(f"WARNING: the calibration profile ({DEFAULT_PATH}) may not describe this host: {p}", flush=True)
+    return {"profile": stamp, "now": now, "problems": problems}
+
+
+def host_line(host: dict) -> str:
+    return ("calibration profile's host: matches this host (CPU model, cores, probe within 25%)" if not host["problems"]
+            else "calibration profile's host: " + "; ".join(host["problems"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny workloads: the smoke test")
@@ -234,6 +252,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     t0 = time.time()
+    host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
@@ -253,7 +272,7 @@ def main() -> None:
     keep = [k for k, _ in FIGURES] + list(EXTRA) + ["requests_completed", "duration_s", "steps", "retractions",
                                                     "sim_wall_s"]
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
-           "repeats": args.repeats, "load_average": load,
+           "repeats": args.repeats, "load_average": load, "profile_host_check": host,
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
@@ -263,7 +282,7 @@ def main() -> None:
                       "real": {k: c["real"].get(k) for k in keep}, "sim": {k: c["sim"].get(k) for k in keep}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    (args.out / "table.md").write_text(range_table(cells, load) + "\n")
+    (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n")
     print(f"results: {args.out / 'results.json'}  table: {args.out / 'table.md'}  plot: {args.out / 'sim_vs_real.png'}"
           f"  ({out['wall_s']:.0f} s)")
 

@@ -1,0 +1,22 @@
+"""The calibration profile's host stamp (framework/core/host_probe.py): a probe of this host, and what makes a
+stamped profile not describe it."""
+from __future__ import annotations
+
+from framework.core.host_probe import TOLERANCE, mismatch, probe
+
+
+def test_a_probe_times_this_host_and_matches_itself():
+    now = probe(repeats=1)
+    assert now["probe_s"] > 0 and now["cpu_count"] >= 1 and now["cpu_model"]
+    assert mismatch(now, now) == []
+
+
+def test_another_speed_another_cpu_or_no_stamp_each_named():
+    now = {"cpu_model": "AMD EPYC", "cpu_count": 2, "probe_s": 0.030}
+    assert mismatch({**now, "probe_s": 0.030 / (1 + TOLERANCE / 2)}, now) == []          # inside the tolerance
+    slower, = mismatch({**now, "probe_s": 0.010}, now)                                    # the host got 3x slower
+    assert "3.00x" in slower
+    assert any("CPU model" in p for p in mismatch({**now, "cpu_model": "Intel Xeon"}, now))
+    assert any("4 cores" in p for p in mismatch(now, {**now, "cpu_count": 4}))
+    no_stamp, = mismatch(None, now)
+    assert "experiments/calibrate/run.py" in no_stamp
