@@ -25,9 +25,12 @@ reach the policy as a worker's would: a request's blocks are stored when it ends
 end, and the least recently used leaves are evicted past the cache's size. cache_aware runs once more in that same loop
 (``cache_aware_fed``: the caches' upkeep between decisions cools the CPU caches a decision reads; it ignores the
 events), and the last table puts each exact-view policy's p50 / p99 beside cache_aware's, both ways, with the ratios
-(issue 25: within 2x), the p50 ratio also taken repeat by repeat (the same moment of a noisy machine). A last pass
+(issue 25: within 2x), the p50 ratio also taken repeat by repeat (the same moment of a noisy machine). The HTTP router
+times ``select`` only (framework/routing/core.py ``dispatch``), for every policy alike; a policy's bookkeeping at a
+request's end (``on_request_done``: the exact view retires the request's credited blocks) is outside that timer, so
+the next table times it too: release p50 and select + release p50 per request, beside cache_aware_fed's. A last pass
 (``--opcodes N``, untimed) counts the Python opcodes of each of the first N decisions of those policies and of
-cache_aware in their loop: the interpreter's work per decision, which other jobs on the machine do not blur.
+cache_aware in their loop: the interpreter's work per decision (and per release), which other jobs on the machine do not blur.
 
 Eviction: the tree built by the run (~1.8 M characters) is evicted down to half of the mean per-worker size, off the
 request path, as ``maintain`` does every ``eviction_interval_secs``.
@@ -147,7 +150,8 @@ def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, 
     matched = total = 0
     clock = time.perf_counter_ns
     cpu, cpu_ns = 0.0, []
-    opcodes, tracer = [], _opcode_tracer()
+    release_ns = [None] * len(requests)  # each request's ``on_request_done``, timed alone (the policy's release work)
+    opcodes, release_opcodes, tracer = [], [], _opcode_tracer()
     for text in requests:
         if count_opcodes:  # a separate pass: tracing makes the timings meaningless
             tracer.count = 0
@@ -167,21 +171,58 @@ def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, 
         matched += d.matched_chars
         total += d.request_chars
         picks.append(worker)
-        pending.append((worker, d, text))
+        pending.append((worker, d, text, len(times_ns) - 1))
         if len(pending) > in_flight:
-            done, decision, done_text = pending.popleft()
+            done, decision, done_text, index = pending.popleft()
             tokens = list(done_text.encode())
             cache = caches[done]
             cache.insert(tokens, torch.arange(len(tokens), dtype=torch.int32))  # its events reach the policy
             over = cache.total_size() - cache_tokens
             if over > 0:
                 cache.evict(over)
+            if count_opcodes:
+                tracer.count = 0
+                sys.settrace(tracer)
+            t0 = clock()
             policy.on_request_done(done, decision)
+            release_ns[index] = clock() - t0
+            if count_opcodes:
+                sys.settrace(None)
+                release_opcodes.append(tracer.count)
             policy.maintain()
     if count_opcodes:
         return policy, {"decision_opcodes_p50": statistics.median(opcodes),
-                        "decision_opcodes_mean": statistics.fmean(opcodes)}, picks
-    return policy, summary(times_ns, cpu, matched, total, reasons, cpu_ns), picks
+                        "decision_opcodes_mean": statistics.fmean(opcodes),
+                        "release_opcodes_p50": statistics.median(release_opcodes or [0]),
+                        "release_opcodes_mean": statistics.fmean(release_opcodes or [0])}, picks
+    return policy, {**summary(times_ns, cpu, matched, total, reasons, cpu_ns), **release_summary(times_ns, release_ns)}, \
+        picks
+
+
+def release_summary(times_ns: list[int], release_ns: list[int | None]) -> dict:
+    """The release's p50 (``on_request_done``: the policy's bookkeeping at a request's end, which the HTTP router's
+    decision timer does not cover) and the p50 of select + release per request, over the requests released."""
+    released = [(t, r) for t, r in zip(times_ns, release_ns) if r is not None]
+    if not released:
+        return {}
+    return {"release_median_us": statistics.median(r for _, r in released) / 1000,
+            "release_mean_us": statistics.fmean(r for _, r in released) / 1000,
+            "select_plus_release_median_us": statistics.median(t + r for t, r in released) / 1000}
+
+
+def release_table(rows: dict, keys: list[str]) -> dict:
+    """Each exact-view policy's release p50 and select + release p50 beside cache_aware_fed's: the whole of what a
+    policy does on a request's path (the HTTP router times the select only, for every policy alike)."""
+    if not keys or "release_median_us" not in rows[FED]:  # nothing released (fewer requests than kept in flight)
+        return {}
+    fed, out = rows[FED], {}
+    print(f"\n{'policy':<15} {'release p50 us':>15} {'select+release p50 us':>22} {'x cache_aware_fed':>18}")
+    for key in (FED, *keys):
+        r = rows[key]
+        ratio = r["select_plus_release_median_us"] / fed["select_plus_release_median_us"]
+        out[f"{key}_select_plus_release_over_{FED}_p50_ratio"] = ratio
+        print(f"{key:<15} {r['release_median_us']:>15.2f} {r['select_plus_release_median_us']:>22.2f} {ratio:>18.2f}")
+    return out
 
 
 def _opcode_tracer():
@@ -338,6 +379,7 @@ def main() -> None:
           f"chars); pass with nothing to evict: {evict['eviction_idle_pass_ms']:.3f} ms")
     print(f"cache_aware median decision = {rr_ratio:.1f}x round_robin's")
     versus = exact_view_table(rows, runs, args.exact_view)
+    versus.update(release_table(rows, args.exact_view))
     versus.update(opcode_table(requests[:args.opcodes], args) if args.opcodes and args.exact_view else {})
 
     results = {
@@ -390,14 +432,16 @@ def opcode_table(requests: list[str], args) -> dict:
     """Python opcodes per decision (p50, mean) of each exact-view policy and of cache_aware in their loop, over the
     first ``--opcodes`` requests: the interpreter's share of a decision, which a loaded machine does not blur."""
     out = {}
-    print(f"\nPython opcodes per decision (first {len(requests)} requests): policy, p50, mean, p50 x cache_aware's")
+    print(f"\nPython opcodes per decision (first {len(requests)} requests): policy, p50, mean, p50 x cache_aware's; "
+          f"and per release (on_request_done) p50, mean")
     for key in (FED, *args.exact_view):
         _, row, _ = run_exact_view("cache_aware" if key == FED else key, requests, args.workers, args.in_flight,
                                    args.seed, args.cache_tokens, count_opcodes=True)
         out.update({f"{key}_{k}": v for k, v in row.items()})
         base = out[f"{FED}_decision_opcodes_p50"]
         print(f"{key:<15} {row['decision_opcodes_p50']:>7.0f} {row['decision_opcodes_mean']:>8.1f} "
-              f"{row['decision_opcodes_p50'] / base:>6.2f}")
+              f"{row['decision_opcodes_p50'] / base:>6.2f} | {row['release_opcodes_p50']:>6.0f} "
+              f"{row['release_opcodes_mean']:>7.1f}")
     return out
 
 

@@ -149,10 +149,13 @@ class PrecisePrefixRouting(KvViewPolicy):
             if cfg.load_factor:
                 cap = math.ceil(cfg.load_factor * (sum(counts) + 1) / len(candidates))
                 candidates = [w for w in candidates if loads[w] < cap]
-            best = max(map(matched.__getitem__, candidates))
+            blocks = list(map(matched.__getitem__, candidates))
+            best = max(blocks)
             if n and min(best * cfg.block_size, n - 1) / n > cfg.cache_threshold:  # the estimate's rate
-                tied = [w for w in candidates if matched[w] == best]
-                worker = tied[0] if len(tied) == 1 else min(tied, key=loads.__getitem__)
+                if blocks.count(best) == 1:  # (C-level: no tie, the usual case)
+                    worker = candidates[blocks.index(best)]
+                else:  # ties: the least loaded, then the first added
+                    worker = min((w for w in candidates if matched[w] == best), key=loads.__getitem__)
                 reason = "cache_hit"
                 if cfg.spill_factor and keys:
                     worker, reason = self._spill(worker, keys[0], matched, candidates)

@@ -53,7 +53,9 @@ def check(view: KvView, probes: list[bytes], in_flight: list) -> None:
         for worker, keys, parent, depth, _ in in_flight:
             if worker == w and keys and depth:
                 starts[parent, depth - 1] = starts.get((parent, depth - 1), 0) + 1
-        assert view._starts.get(w, {}) == starts
+        assert {(parent, depth): n for parent, (depth, n) in view._starts.get(w, {}).items()} == starts
+        held = view._held.get(w, {})  # the chains' parents the worker lacks, kept as its counts change: from scratch
+        assert view._missing.get(w, set()) == {parent for parent, _ in starts if parent not in held}
     for parent, depth in view._parent.values():  # a block's depth: its parent's + 1
         assert parent in view._parent and view._parent[parent][1] == depth - 1 or parent not in view._parent
     assert view._refs == confirmed and set(view._parent) == set(confirmed)

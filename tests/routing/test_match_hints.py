@@ -39,11 +39,14 @@ def test_any_hints_give_the_walk_answer(sequence, probes, hint, hints):
     for op, w, which, cut, k in sequence:
         text = probes[which][:cut]
         play(view, op, w, text, k, in_flight, 0.0)
-        for w2 in WORKERS:  # the chains' parents the subset test reads: counted from the chains
+        for w2 in WORKERS:  # the chains' parents with their depths, and those the worker lacks: counted from scratch
             parents = {}
-            for parent, _ in view._starts.get(w2, {}):
-                parents[parent] = parents.get(parent, 0) + view._starts[w2][parent, _]
-            assert view._start_parents.get(w2, {}) == parents
+            for worker, keys, parent, depth, _ in in_flight:
+                if worker == w2 and keys and depth:
+                    parents[parent] = [depth - 1, parents.get(parent, [0, 0])[1] + 1]
+            assert view._starts.get(w2, {}) == parents
+            held = view._held.get(w2, {})
+            assert view._missing.get(w2, set()) == {p for p in parents if p not in held}
         for probe in probes + [text]:
             keys = view.keys.chain(probe)
             plain = view.match(keys, WORKERS)

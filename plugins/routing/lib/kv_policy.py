@@ -46,7 +46,7 @@ class KvViewConfig(RoutingConfig):
 
 class Credit(NamedTuple):
     """A decision's memo: what the request added to its worker's account until it ends."""
-    keys: tuple[int, ...]    # blocks credited to the worker
+    keys: Sequence[int]      # blocks credited to the worker (a slice of the request's keys)
     prefill_tokens: int = 0  # tokens it has to prefill there (KvViewPolicy.prefill_tokens)
     blocks: int = 0          # blocks it occupies there (kv_cost)
     confirmed_tokens: int = 0  # the estimate without the credits of requests in flight
@@ -236,7 +236,7 @@ class KvViewPolicy(RoutingPolicy):
         at least the last prompt token."""
         return min(matched_blocks * self.cfg.block_size, max(n_tokens - 1, 0))
 
-    def decision(self, worker: str, req: RequestBlocks, matched_blocks: int, reason: str, keys: tuple[int, ...],
+    def decision(self, worker: str, req: RequestBlocks, matched_blocks: int, reason: str, keys: Sequence[int],
                  prefill_tokens: int = 0, blocks: int = 0, first_block: int | None = None) -> RoutingDecision:
         """The decision, with its estimate (``matched_chars``): the prompt tokens ``worker`` will serve from cache by
         the view -- stored, recently ended and in flight: a request queued behind another with its prefix finds that
@@ -270,11 +270,12 @@ class KvViewPolicy(RoutingPolicy):
             return 0.0  # nothing there is bringing it any more (the request prefilling it failed): wait for nothing
         return left
 
-    def credit(self, worker: str, req: RequestBlocks, held: int) -> tuple[int, ...]:
-        """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them."""
+    def credit(self, worker: str, req: RequestBlocks, held: int) -> Sequence[int]:
+        """Credit ``worker`` with the request's blocks past the ``held`` it holds; returns them (a copy: the memo's
+        list may grow in place)."""
         if not self.cfg.pending_credit:
             return ()
-        keys = tuple(req.keys[held:])
+        keys = req.keys[held:]
         self.view.credit(worker, keys, req.keys[held - 1] if held else ROOT_HASH, held)
         return keys
 

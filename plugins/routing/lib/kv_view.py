@@ -36,9 +36,10 @@ match stays exact at ~log2(blocks) probes plus one per candidate gap. The gaps o
 are kept as they change (``_conf_gaps``: from each such block's parent and depth, ``_parent``, and the number of such
 children of each block, ``_conf_children``), off the request path: events and ends. A request in flight adds a chain
 (its blocks past those its worker held, each the parent of the next), which can open a gap only at its first block's
-parent: the view keeps those parents (``_starts``), and a match checks both sets of candidates against the worker's
-counts. So a decision credits its blocks in one C-level count update (``Counter.update``), with no per-block index
-work; the stored-or-recent index also answers ``confirmed_prefix``.
+parent: the view keeps those parents with their depth (``_starts``: a key names one path, so one depth) and, as the
+worker's counts change, the ones it lacks (``_missing``: empty as a rule), and a match checks the gaps and those
+against the path. So a decision credits its blocks in one C-level count update (``Counter.update``) and one entry for
+its chain, with no per-block index work; the stored-or-recent index also answers ``confirmed_prefix``.
 
 Per worker, ``_held[worker]`` counts each block's stored, in-flight and recent credits together (one dictionary per
 worker, probed once per step of a search).
@@ -82,10 +83,11 @@ class KvView:
         self._refs: dict[int, int] = {}
         self._conf_children: dict[str, dict[int, int]] = {}
         self._conf_gaps: dict[str, dict[int, int]] = {}
-        # worker -> (the parent key of an in-flight chain's first block, its depth) -> chains in flight there
-        self._starts: dict[str, dict[tuple[int, int], int]] = {}
-        self._start_parents: dict[str, dict[int, int]] = {}  # worker -> those parents' keys -> chains: a match skips
-        # the chains' check while the worker holds every one of them (a C-level subset test; the usual case)
+        # worker -> the parent key of an in-flight chain's first block -> [its depth, chains in flight there], and
+        # those parents the worker does not hold now (kept as its counts change): a match reads only these, none as a
+        # rule (a subset test of every parent against the counts at each decision probed ~16 cold entries a worker)
+        self._starts: dict[str, dict[int, list[int]]] = {}
+        self._missing: dict[str, set[int]] = {}
         self.stats = {"stored": 0, "removed": 0, "cleared": 0, "orphans": 0, "unknown_removed": 0, "confirmed": 0,
                       "lapsed": 0}
 
@@ -127,6 +129,7 @@ class KvView:
         held = self._held_by(worker)
         removed_at = self._removed_at.get(worker)
         new = 0
+        missing = self._missing.get(worker)
         for h, key in zip(e.block_hashes, self.keys.chain(e.token_ids, parent)):
             above, parent, depth = parent, key, depth + 1
             if h in ext:
@@ -134,6 +137,8 @@ class KvView:
             ext[h] = key
             new += 1
             held[key] += 1
+            if missing and key in missing:  # a chain's parent is back
+                missing.discard(key)
             n = stored.get(key, 0)
             stored[key] = n + 1
             if not n and not (recent and key in recent):
@@ -191,7 +196,7 @@ class KvView:
         self.forget(worker, capacity=True)
         self._held.pop(worker, None)
         self._starts.pop(worker, None)
-        self._start_parents.pop(worker, None)
+        self._missing.pop(worker, None)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._by_events.get(worker, ()))
@@ -210,7 +215,7 @@ class KvView:
                 "view_removed_at": sum(map(len, self._removed_at.values())), "view_parents": len(self._parent),
                 "view_child_counts": sum(map(len, self._conf_children.values())),
                 "view_chains": sum(map(len, self._starts.values())),
-                "view_chain_parents": sum(map(len, self._start_parents.values()))}
+                "view_chain_gaps": sum(map(len, self._missing.values()))}
 
     def capacity_blocks(self, worker: str) -> int:
         """The most blocks ``worker``'s events showed it holding at once: its cache's size, once it has filled."""
@@ -227,7 +232,7 @@ class KvView:
         answer (the length of the prompt the request continues), tried first; then ``hints``' own guess for the
         candidate (its answer for that prompt), then the previous candidate's answer (a shared prefix). Hints cost
         probes, never change an answer."""
-        all_held, all_gaps, all_starts, all_parents = self._held, self._conf_gaps, self._starts, self._start_parents
+        all_held, all_gaps, all_starts, all_missing = self._held, self._conf_gaps, self._starts, self._missing
         n = len(keys)
         matched, last = {}, None
         for w in candidates:
@@ -241,14 +246,16 @@ class KvView:
                 for key, depth in gaps.items():
                     if depth < hi and keys[depth] == key and key not in held:
                         hi = depth
-            starts = all_starts.get(w)
-            if starts and not held.keys() >= all_parents[w].keys():  # some chain's parent is missing: a gap?
-                for key, depth in starts:
-                    if depth < hi and keys[depth] == key and key not in held:
+            missing = all_missing.get(w)
+            if missing:  # some chain's parent is missing from the worker: a gap on the path?
+                starts = all_starts[w]
+                for key in missing:
+                    depth = starts[key][0]
+                    if depth < hi and keys[depth] == key:
                         hi = depth
             # the guesses (hint, the candidate's own, the previous candidate's): at most 2 probes each, each narrows
             for guess in (hint, hints.get(w) if hints else None, last):
-                if guess is not None and lo <= guess <= hi and lo < hi:
+                if lo < hi and guess is not None and lo <= guess <= hi:  # (settled first: the usual case after one)
                     if guess and keys[guess - 1] not in held:
                         hi = guess - 1
                     else:
@@ -291,16 +298,20 @@ class KvView:
         if held is None:
             held = self._held[worker] = Counter()
         _count_elements(held, keys)  # Counter.update's C core, without its Python-level checks
+        missing = self._missing.get(worker)
+        if missing:  # (rare) a missing parent of another chain may be among the blocks credited now
+            missing.difference_update([key for key in missing if key in held])
         if depth:
             starts = self._starts.get(worker)
             if starts is None:
                 starts = self._starts[worker] = {}
-            start = (parent, depth - 1)
-            starts[start] = starts.get(start, 0) + 1
-            parents = self._start_parents.get(worker)
-            if parents is None:
-                parents = self._start_parents[worker] = {}
-            parents[parent] = parents.get(parent, 0) + 1
+            start = starts.get(parent)
+            if start is None:
+                starts[parent] = [depth - 1, 1]
+                if parent not in held:  # (the match found it held, as a rule)
+                    self._missing.setdefault(worker, set()).add(parent)
+            else:
+                start[1] += 1
 
     def debit(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
         """A request credited with these blocks (``credit``'s arguments) failed there."""
@@ -313,6 +324,12 @@ class KvView:
         each credit stays (recent) until the worker's event for the block arrives or ``confirm_s`` passes; one already
         stored goes now, and so does one stored and removed again since the decision (gone, not late)."""
         stored = self._by_events.get(worker, {})
+        if keys and all(map(stored.__contains__, keys)):  # the usual end: its events came first (a C-level test)
+            held = self._held[worker]
+            for key in keys:  # stored and credited: counted twice at least, so never down to 0 here
+                held[key] -= 1
+            self._end_chain(worker, keys, parent, depth)
+            return
         recent = self._recent.setdefault(worker, {})
         removed_at = self._removed_at.get(worker, {})
         deadline = now + self.confirm_s
@@ -367,21 +384,26 @@ class KvView:
             held[key] = n
         else:
             del held[key]
+            starts = self._starts.get(worker)
+            if starts and key in starts:  # a chain in flight there now lacks its parent
+                self._missing.setdefault(worker, set()).add(key)
 
     def _end_chain(self, worker: str, keys: Sequence[int], parent: int, depth: int) -> None:
         if not keys or not depth:
             return
-        starts, parents = self._starts[worker], self._start_parents[worker]
-        start = (parent, depth - 1)
-        if starts[start] == 1:
-            del starts[start]
+        starts = self._starts[worker]
+        start = starts[parent]
+        if start[1] == 1:
+            del starts[parent]
             if not starts:
                 del self._starts[worker]
+            missing = self._missing.get(worker)
+            if missing is not None:
+                missing.discard(parent)
+                if not missing:
+                    del self._missing[worker]
         else:
-            starts[start] -= 1
-        self._take(parents, parent)
-        if not parents:
-            del self._start_parents[worker]
+            start[1] -= 1
 
     def _unref(self, key: int) -> None:
         """One worker fewer holds ``key`` stored or recent."""
