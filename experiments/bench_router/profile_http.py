@@ -119,7 +119,7 @@ def perf_profile(role: str, requests: int, concurrency: int, data: str) -> dict:
     from framework.core.ports import free_ports
     from bench_http import wait_up
 
-    stub_ports, port = free_ports("127.0.0.1", 2), free_ports("127.0.0.1", 2)[0]
+    *stub_ports, port = free_ports("127.0.0.1", 3)     # one call: the three are distinct
     procs = [subprocess.Popen([sys.executable, BENCH, "--role", "stubs", "--ports", ",".join(map(str, stub_ports))])]
     client = [sys.executable, BENCH, "--role", "client", "--ports", str(port), "--concurrency", str(concurrency)]
     try:

@@ -38,7 +38,7 @@ from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
-from framework.core.host_probe import probe  # noqa: E402
+from framework.core.host_probe import mismatch, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
@@ -110,7 +110,10 @@ def _decode(face: SyncFace, rng: random.Random, b: int, c: int) -> float:
 
 
 def stamp(before: dict, after: dict) -> dict:
-    """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp."""
+    """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp (a host whose
+    speed moved during the profile is said: the profile then mixes two speeds)."""
+    for problem in mismatch(before, after):
+        print(f"WARNING: the host changed during profiling (probe after vs before): {problem}", flush=True)
     return {**before, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
             "probe_s_before_after": [before["probe_s"], after["probe_s"]]}
 

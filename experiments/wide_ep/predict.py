@@ -175,6 +175,16 @@ WHAT = {"eplb_prefill": "x throughput, EPLB on / off, prefill EP32, 16,384 tok/d
         "output tok/s per node", "prefill_4k_ep32_uniform_tok_s_per_node": "input tok/s per node, uniform loads"}
 
 
+def cell_rows(cells: dict, before: dict) -> list[str]:
+    """A table row per cell: this round's prediction, the previous round's (`before`) and what the cell is."""
+    rows = []
+    for k, v in cells.items():
+        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
+                               if k.startswith("decode_256_") else "")
+        rows.append(f"| {k} | {v['value']:,.3f} | {before[k]['value']:,.3f} | {what} |")
+    return rows
+
+
 def round2_md(out: dict) -> str:
     lines = ["# Issue 21, wide EP: round 2 prediction (pre-registered)", "",
              "Written by `python experiments/wide_ep/predict.py --round 2` before any comparison; it holds no "
@@ -185,11 +195,7 @@ def round2_md(out: dict) -> str:
              "expert s mod 256 (SGLang's trivial expert location), so experts 0-31 have two replicas each.", "",
              f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round2.json.", "",
              "| cell | round 2 predicted | round 1 predicted (zipf 1.0) | what |", "|---|---:|---:|---|"]
-    round1 = json.loads((HERE / "predictions.json").read_text())["cells"]
-    for k, v in out["cells"].items():
-        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
-                               if k.startswith("decode_256_") else "")
-        lines.append(f"| {k} | {v['value']:,.3f} | {round1[k]['value']:,.3f} | {what} |")
+    lines += cell_rows(out["cells"], json.loads((HERE / "predictions.json").read_text())["cells"])
     lines += ["", "Balancedness of the replayed loads alone (mean / max rank load, mean over the 58 MoE layers):", "",
               "| phase, ranks | experts in blocks | EPLB, 288 slots |", "|---|---:|---:|"]
     for k, row in out["load_checks"].items():
@@ -231,11 +237,7 @@ def round3_md(out: dict) -> str:
              "(physical expert s holds logical s mod 256, SGLang expert_location.py init_trivial).", "",
              f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round3.json.", "",
              "| cell | round 3 predicted | round 2 predicted | what |", "|---|---:|---:|---|"]
-    round2 = json.loads((HERE / "predictions_round2.json").read_text())["cells"]
-    for k, v in out["cells"].items():
-        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
-                               if k.startswith("decode_256_") else "")
-        lines.append(f"| {k} | {v['value']:,.3f} | {round2[k]['value']:,.3f} | {what} |")
+    lines += cell_rows(out["cells"], json.loads((HERE / "predictions_round2.json").read_text())["cells"])
     return "\n".join(lines) + "\n"
 
 

@@ -170,7 +170,7 @@ class KVConnector:
         self.bound: set[int] = set()                       # rooms whose want let their request in (SGLang's order)
         self.inflight: dict[str, int] = {}                 # rid -> room, with the sender thread
         self.cancelled: dict[int, float] = {}              # rooms the decode side gave up (when)
-        self.expired: dict[int, float] = {}                # rooms whose want timed out before their request came
+        self.expired: dict[int, tuple[float, str, bool]] = {}  # rooms whose want timed out (when, why, bound then)
         self.dropped: dict[int, tuple[float, str]] = {}    # rooms this side failed before their want came (when, why)
         self.closing: set[str] = set()                     # rids with a command on its way to every rank
         self.jobs: queue.Queue = queue.Queue()
@@ -302,9 +302,12 @@ class KVConnector:
         for room, since in list(self.cancelled.items()):
             if now - since > self.timeout_s and room not in self.inflight.values():
                 del self.cancelled[room]
-        for room, since in list(self.expired.items()):
-            if now - since > self.timeout_s:       # a request later still than this parks until its own timeout
-                del self.expired[room]
+        if self.expired:
+            live = {r.pairing.room for r in self.disagg.prefilling.values()}
+            for room, (since, _, bound) in list(self.expired.items()):
+                # unbound: a request later still than this parks until its own timeout; bound: until its request ends
+                if (now - since > self.timeout_s) if not bound else room not in live:
+                    del self.expired[room]
         for room, (since, _) in list(self.dropped.items()):
             if now - since > self.timeout_s:       # its want, if any, has timed out on the decode side by now
                 del self.dropped[room]
@@ -314,8 +317,9 @@ class KVConnector:
                 why = (f"the prefill instance did not prefill room {room} within {self.timeout_s:g}s of its "
                        f"destination" if room in self.bound else
                        f"the prefill instance got no request for room {room} within {self.timeout_s:g}s")
-                if room not in self.bound:     # its request may still come: it has nowhere to go, so fail it then
-                    self.expired[room] = now
+                # its request may still come (unbound) or is prefilling (bound): it has nowhere to go, so it fails
+                # when it reaches this side's queue or finishes its prefill, not after holding its KV for a timeout
+                self.expired[room] = (now, why, room in self.bound)
                 self.bound.discard(room)
                 self.push.send(want["notify"], {"op": "failed", "room": room, "error": why})
         while True:
@@ -356,12 +360,13 @@ class KVConnector:
 
     def _room_gone(self, room: int) -> str | None:
         """Why a request of this room has no destination any more (the decode side cancelled it, or its want timed
-        out here before the request came and the decode side failed it then), or None."""
+        out here, before the request came or while it prefilled, and the decode side was failed then), or None."""
         if self.cancelled.pop(room, None) is not None:
             return "the decode side cancelled the room"
-        if self.expired.pop(room, None) is not None:
+        if (expired := self.expired.pop(room, None)) is not None:
+            when = "while this request prefilled" if expired[2] else "before this prefill request came"
             return (f"the decode side's want for room {room} timed out (engine.disaggregation_timeout_s="
-                    f"{self.timeout_s:g}s) before this prefill request came: it has no destination")
+                    f"{self.timeout_s:g}s) {when}: {expired[1]}; it has no destination")
         return None
 
     def _command(self, cmd) -> None:

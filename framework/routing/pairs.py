@@ -157,5 +157,9 @@ def dispatch_pair(core: RouterCore, request: str | RequestView, prefill_pool: Se
     else:
         return PairPlan(None, decode, "local_prefill")
     t0 = time.perf_counter()
-    p = _select_as(p_policy, PREFILL, request, prefill_urls)
+    try:
+        p = _select_as(p_policy, PREFILL, request, prefill_urls)
+    except BaseException:
+        core.release(decode)                           # no pair: the decode half is not sent
+        raise
     return PairPlan(_attempt(core, p, p_policy.last_decision, time.perf_counter() - t0, False), decode, why)

@@ -113,3 +113,43 @@ def test_a_prefill_half_that_comes_after_its_rooms_want_timed_out_fails_at_once(
     finally:
         prefill.close()
         decode.close()
+
+
+def test_a_prefill_that_outlives_its_rooms_want_fails_when_it_ends():
+    """SGLang's order: the want came and let the prefill half in (its room bound), then the decode instance died (no
+    cancel comes) and the prefill stalled past the want's timeout. When the prefill ends, its KV has no destination:
+    it fails then, not after holding this pool's KV for a timeout of its own. (With the decode side alive, its own
+    timeout's cancel ends the room first.)"""
+    timeout_s = 1.5
+    cfg = base_cfg()
+    engine = {"disaggregation_transfer_backend": "tcp", "disaggregation_timeout_s": timeout_s,
+              "disaggregation_order": "sglang"}
+    pre_spec = spec(cfg, "prefill", **engine)
+    prefill, decode = open_engine(pre_spec), open_engine(spec(cfg, "decode", **engine))
+    disagg = prefill.local_engine.scheduler.disagg
+    try:
+        start_p = counters(prefill)
+        gate = gate_steps(prefill)
+
+        async def scenario():
+            pairing = pairing_for(pre_spec)
+            pre = asyncio.create_task(collect(prefill, "a stalled prefill " * 3, LONG, pairing))
+            dec = asyncio.create_task(collect(decode, "a stalled prefill " * 3, LONG, pairing))
+            await wait_async(lambda: len(disagg.prefilling) == 1, what="the prefill half admitted (its room bound)")
+            decode.close()                                   # dies waiting: no cancel reaches the prefill side
+            await asyncio.gather(dec, return_exceptions=True)
+            await asyncio.sleep(timeout_s + 0.5)             # the bound want times out on the prefill side
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            gate.set()                                       # the prefill runs now, past its room's want
+            with pytest.raises(RuntimeError, match="timed out .* while this request prefilled"):
+                await asyncio.wait_for(pre, timeout_s + FAST_S)
+            late = loop.time() - t0
+            assert late < timeout_s / 2, f"the stalled prefill took {late:.2f} s to fail (timeout {timeout_s} s)"
+            await wait_async(lambda: counters(prefill) == start_p and not disagg.prefilling, timeout=FAST_S,
+                             what="the prefill side back at its start")
+
+        asyncio.run(scenario())
+    finally:
+        prefill.close()
+        decode.close()

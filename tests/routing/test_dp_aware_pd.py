@@ -74,3 +74,12 @@ def test_a_pair_without_a_decode_side_releases_the_prefill_groups_count():
     with pytest.raises(ValueError):
         dispatch_pair(core, "x", [core.workers[P]], [core.workers[P]])   # no decode worker in the decode pool
     assert not any(pp.loads.values()) and not any(pp.inner.loads.values())
+
+
+def test_a_pair_without_a_prefill_side_releases_the_decode_groups_count():
+    """decode_first picks the decode half first: a prefill select that fails leaves no decode half counted."""
+    core = _pd_core("round_robin", {P: 2, D: 3})
+    dp = core.role_policies[DECODE]
+    with pytest.raises(ValueError):
+        dispatch_pair(core, "x", [core.workers[D]], [core.workers[D]], DECODE_FIRST)   # no prefill worker in its pool
+    assert not any(dp.loads.values()) and not any(dp.inner.loads.values())

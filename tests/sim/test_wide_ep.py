@@ -67,10 +67,10 @@ def test_deepep_rows_arrive_in_fp8_so_no_receiver_quantizes_the_groups_tokens():
     # inside DeepEP and sums the weighted outputs in its combine; v0.4's all-gather EP quantizes every token
     model, group = decode_model(), 16 * 256
     v04, low, normal = (model._moe_parts(256, group, mode) for mode in ("", "deepep_low_latency", "deepep_normal"))
-    hidden = model.m.hidden_size
-    assert v04[1][0] - low[1][0] == pytest.approx(model.rf.memop("act", group * hidden * 3))
+    hidden, quant = model.m.hidden_size, model.act + 1          # a quantization reads act bytes, writes 1
+    assert v04[1][0] - low[1][0] == pytest.approx(model.rf.memop("act", group * hidden * quant))
     assert low[2] == (0.0, 0) and v04[2][0] > 0
-    assert normal[0][0] == pytest.approx(low[0][0] + model.rf.memop("act", 256 * hidden * 3))
+    assert normal[0][0] == pytest.approx(low[0][0] + model.rf.memop("act", 256 * hidden * quant))
     assert normal[1][0] > low[1][0]                 # ep_scatter: the received rows into the contiguous layout
 
 
