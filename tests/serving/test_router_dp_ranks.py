@@ -220,3 +220,36 @@ async def test_sglang_without_dp_attention_publishes_on_one_port():
     finally:
         await server.cleanup()
         await worker.close()
+
+
+async def test_a_worker_that_does_not_answer_server_info_at_first_is_asked_again():
+    """A /get_server_info that gets no answer (here: timed out) settles nothing: the next passed health check asks
+    again, and the worker's dp_size then opens a stream per rank (before, the router settled on one stream)."""
+    slow = {"left": 1}
+
+    async def health(request):
+        return web.json_response({"status": "ok"})
+
+    async def server_info(request):
+        if slow["left"]:
+            slow["left"] -= 1
+            await asyncio.sleep(2.0)                          # past the router's timeout for it
+        return web.json_response({"dp_size": 2, "enable_dp_attention": True})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/get_server_info", server_info)
+    cls = ROUTING.get("precise_prefix")
+    worker = await serve(app)
+    port = free_port_block("127.0.0.1", 2)
+    server = await start_router(cls(cls.Config(block_size=B)), [url_of(worker)], RouterServiceConfig(
+        health_check_interval_secs=0.05, health_check_timeout_secs=0.1, kv_events_port=port), port=0)
+    try:
+        await wait_until(lambda: len(server.router.events.subscribers) == 2, timeout=5.0,
+                         what="a subscriber per rank once /get_server_info answers")
+        assert slow["left"] == 0
+        assert sorted(s["endpoint"] for s in server.router.events.stats().values()) == [
+            f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"]
+    finally:
+        await server.cleanup()
+        await worker.close()

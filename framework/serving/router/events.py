@@ -45,7 +45,7 @@ from framework.routing.core import Attempt, RouterCore
 from framework.routing.dp_aware import DPAware, RankReset, dp_target
 from framework.routing.workers import WorkerState
 from framework.serving.router.config import RouterServiceConfig
-from framework.serving.router.health import run_every
+from framework.serving.router.health import describe_error, run_every
 
 log = logging.getLogger("framework.serving.router.service")
 USAGE_TAIL = 8192  # bytes of a stream kept to read its last event's usage
@@ -72,6 +72,10 @@ def parse_usage(body: bytes) -> RequestUsage | None:
             return RequestUsage(usage["prompt_tokens"], details.get("cached_tokens", 0),
                                 usage.get("completion_tokens", 0))
     return None
+
+
+class _NoAnswer(Exception):
+    """The worker did not answer ``/get_server_info`` (unreachable, timed out): nothing is settled about its streams."""
 
 
 class WorkerEvents:
@@ -122,6 +126,10 @@ class WorkerEvents:
             except UserError as e:       # e.g. a rank's port past 65535
                 log.error("worker %s: %s; the policy sees nothing of its cache", url, e)
                 return
+            except _NoAnswer as e:       # asked again at its next passed health check (worker_up)
+                log.info("worker %s: no answer to /get_server_info (%s); its KV events are looked up again at its "
+                         "next health check", url, e)
+                return
             if not streams:
                 log.warning("worker %s advertises no KV events and router.kv_events_port is not set: the policy "
                             "sees nothing of its cache", url)
@@ -155,7 +163,9 @@ class WorkerEvents:
         try:
             async with self.session().get(url + "/get_server_info", timeout=self._info_timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        except (aiohttp.ClientError, TimeoutError) as e:   # no answer (not "no such endpoint", as vLLM's 404)
+            raise _NoAnswer(describe_error(e)) from None
+        except ValueError:
             info = {}
         info = info if isinstance(info, dict) else {}
         kv = info.get("kv_events")
