@@ -92,7 +92,7 @@ class WorkerEvents:
         self.streams: dict[str, list[str]] = {}   # worker -> the names of its streams
         self.unions: dict[str, GroupUnion] = {}   # worker -> its DP groups' blocks (router.dp_aware off)
         self.problems: dict[str, str] = {}  # worker -> the last event its policy refused (logged once)
-        self._pending: set[str] = set()
+        self._pending: dict[str, asyncio.Task] = {}   # url -> its subscription, while it asks the worker
         self._info_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs * 5)
         self._poll_timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_secs)
 
@@ -102,6 +102,10 @@ class WorkerEvents:
         return []
 
     async def close(self) -> None:
+        pending = list(self._pending.values())     # still asking a worker: it would start subscribers after this
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         for url in list(self.streams):
             await self.stop(url)
 
@@ -109,8 +113,7 @@ class WorkerEvents:
     def worker_up(self, url: str) -> None:
         """A health check passed: subscribe to its KV events if not yet (in a task: it asks the worker first)."""
         if self.kv and url not in self.streams and url not in self._pending:
-            self._pending.add(url)
-            asyncio.create_task(self._subscribe(url))
+            self._pending[url] = asyncio.create_task(self._subscribe(url))
 
     async def stop(self, url: str) -> None:
         entries = [self.subscribers.pop(name) for name in self.streams.pop(url, ()) if name in self.subscribers]
@@ -147,7 +150,7 @@ class WorkerEvents:
                 self.subscribers[name] = (sub, asyncio.create_task(sub.run()))
                 self.streams[url].append(name)
         finally:
-            self._pending.discard(url)
+            self._pending.pop(url, None)
 
     def _on_batch(self, w: WorkerState, rank: int | None) -> Callable[[KVEventBatch], None]:
         return lambda batch: self._deliver(w, stamped(batch, rank))
