@@ -9,6 +9,7 @@ the fastest form (a bytes slice per block for tokens below 256, as the byte toke
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from typing import Sequence
 
@@ -44,6 +45,7 @@ class BlockKeys:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        self._blocks = struct.Struct(f"{block_size}s").iter_unpack  # bytes -> its blocks, each a bytes (1-tuples)
 
     def chain(self, tokens: Sequence[int], parent: int = ROOT_HASH) -> list[int]:
         """Keys of every full block of ``tokens`` (bytes, or a sequence of ints), chained on ``parent``."""
@@ -53,8 +55,11 @@ class BlockKeys:
                 tokens = bytes(tokens)
             except ValueError:
                 return self._chain_ints(tokens, parent)
+        if len(tokens) % b:
+            tokens = tokens[:len(tokens) - len(tokens) % b]  # full blocks only
         h = parent
-        return [h := hash((h, tokens[i:i + b])) for i in range(0, len(tokens) - b + 1, b)]  # a third fewer opcodes
+        # the blocks cut in C (struct), not a slice each in Python: about half the time per block
+        return [h := hash((h, block)) for (block,) in self._blocks(tokens)]
 
     def _chain_ints(self, tokens: Sequence[int], parent: int) -> list[int]:
         b, h, out = self.block_size, parent, []

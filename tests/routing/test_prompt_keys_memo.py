@@ -37,7 +37,7 @@ def test_memoised_keys_are_the_keys_of_a_hash_from_scratch(sequence, size, per_a
         assert 0 <= memo.continued <= len(got)
         assert len(memo) <= size
     for filed in memo._by_anchor.values():  # lists extended in place still belong to their own prompts
-        for prompt, tail, remembered in filed:
+        for prompt, tail, remembered, _ in filed:
             assert remembered == keys.chain(prompt) and prompt.endswith(tail)
 
 

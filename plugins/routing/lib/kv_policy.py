@@ -79,16 +79,20 @@ class PromptKeys:
         self.chain, self.b = keys.chain, keys.block_size
         self.size, self.per_anchor, self.min_blocks = size, per_anchor, min_blocks
         self._lowest = 1 << (min_blocks.bit_length() - 1)  # the smallest anchor depth a remembered prompt has
-        self._by_anchor: dict[tuple[int, bytes], deque[tuple[bytes, bytes, list[int]]]] = {}  # -> recent prompts
+        # -> recent prompts, each [prompt, its last block, its keys, its match per worker (``note``) or None]
+        self._by_anchor: dict[tuple[int, bytes], deque[list]] = {}
         self._order: deque[tuple[int, bytes]] = deque()  # the anchor of each remembered prompt, oldest first
         self._count = 0
         self.continued = 0  # blocks the last ``keys`` took from the prompt it continues (a hint for ``KvView.match``)
         self.hints: dict[str, int] | None = None  # the match ``note``d for the prompt the last ``keys`` continued
-        self._hints: dict[bytes, dict[str, int]] = {}  # remembered prompt -> its match per worker (``note``)
-        self._last: bytes | None = None  # the last ``keys``' prompt, when remembered
+        self._last: list | None = None  # the last ``keys``' prompt's entry, when remembered
 
     def __len__(self) -> int:
         return self._count
+
+    def noted(self) -> int:
+        """Remembered prompts with a match noted (``note``)."""
+        return sum(entry[3] is not None for filed in self._by_anchor.values() for entry in filed)
 
     def keys(self, tokens) -> list[int]:
         b = self.b
@@ -109,7 +113,7 @@ class PromptKeys:
             filed = by_anchor.get(anchor)
             if filed:
                 for entry in reversed(filed):  # the newest it continues (usually the turn before it)
-                    prev, tail, keys = entry
+                    prev, tail, keys, _ = entry
                     if startswith(tail, len(prev) - b) and startswith(prev):
                         best, best_keys, found = prev, keys, (anchor, entry)
                         break
@@ -117,38 +121,39 @@ class PromptKeys:
         if best_keys is None:
             keys = self.chain(raw)
         elif len(best) == len(raw):
-            self.continued, self.hints, self._last = len(best_keys), self._hints.get(best), best
+            entry = found[1]
+            self.continued, self.hints, self._last = len(best_keys), entry[3], entry
             return best_keys
         else:
-            self.continued, self.hints = len(best_keys), self._hints.pop(best, None)
+            anchor, entry = found
+            self.continued, self.hints = len(best_keys), entry[3]
             # continued: this prompt takes its place (a prompt is continued once, as a rule), and its list, extended in
             # place: a copy would touch every key of the prompt, not only the new ones
             keys = best_keys
             keys += self.chain(raw[len(best):], best_keys[-1])
-            anchor, entry = found
             filed = by_anchor[anchor]
             filed.remove(entry)
             self._count -= 1
             if not filed:
                 del by_anchor[anchor]
-        if self._remember((top, raw[(top - 1) * b:top * b]), raw, keys):
-            self._last = raw
+        self._last = self._remember((top, raw[(top - 1) * b:top * b]), raw, keys)
         return keys
 
     def note(self, matched: dict[str, int]) -> None:
         """Leave the last ``keys``' match per worker with its prompt, for the turn that continues it (``hints``)."""
         if self._last is not None:
-            self._hints[self._last] = matched
+            self._last[3] = matched  # kept in the prompt's entry: no dictionary keyed by a whole prompt to hash
 
-    def _remember(self, anchor: tuple[int, bytes], raw: bytes, keys: list[int]) -> bool:
-        """File the prompt; False if the memo's bound dropped it at once (a memo of one prompt and a stale anchor)."""
+    def _remember(self, anchor: tuple[int, bytes], raw: bytes, keys: list[int]) -> list | None:
+        """File the prompt; its entry, or None if the memo's bound dropped it at once (a memo of one prompt and a
+        stale anchor)."""
         filed = self._by_anchor.get(anchor)
         if filed is None:
             filed = self._by_anchor[anchor] = deque()
         elif len(filed) >= self.per_anchor:
-            self._hints.pop(filed.popleft()[0], None)
+            filed.popleft()
             self._count -= 1
-        entry = (raw, raw[-self.b:], keys)
+        entry = [raw, raw[-self.b:], keys, None]
         filed.append(entry)
         self._order.append(anchor)
         self._count += 1
@@ -156,14 +161,14 @@ class PromptKeys:
             old = self._order.popleft()
             filed = self._by_anchor.get(old)
             if filed:
-                self._hints.pop(filed.popleft()[0], None)
+                filed.popleft()
                 self._count -= 1
                 if not filed:
                     del self._by_anchor[old]
         if len(self._order) > 4 * self.size:  # drop the stale names of prompts already gone
             self._order = deque(a for a, q in self._by_anchor.items() for _ in q)
         filed = self._by_anchor.get(anchor)
-        return bool(filed) and filed[-1] is entry
+        return entry if filed and filed[-1] is entry else None
 
 
 class RequestBlocks:
@@ -296,7 +301,7 @@ class KvViewPolicy(RoutingPolicy):
 
     def state_sizes(self) -> dict[str, int]:
         return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts),
-                "prompt_hints": len(self.prompts._hints)}
+                "prompt_hints": self.prompts.noted()}
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         if decision.memo.prefill_tokens:

@@ -61,6 +61,9 @@ except ImportError:  # another Python: the same loop in Python
             counts[key] = get(key, 0) + 1
 
 
+_EMPTY: dict = {}  # (read only) a worker with none
+
+
 class KvView:
     def __init__(self, block_size: int, confirm_s: float = 2.0):
         self.block_size, self.confirm_s = block_size, confirm_s
@@ -234,34 +237,55 @@ class KvView:
         probes, never change an answer."""
         all_held, all_gaps, all_starts, all_missing = self._held, self._conf_gaps, self._starts, self._missing
         n = len(keys)
-        matched, last = {}, None
+        matched, last = {}, -1  # -1: no guess (below any search's range)
+        first = keys[0] if n else None
+        hint = -1 if hint is None else hint
+        irregular = all_gaps or all_missing  # some worker has a gap or a chain lacking its parent (none, as a rule)
         for w in candidates:
             held = all_held.get(w)
-            if not held:
+            if not held or first not in held:  # none of it (most candidates, as a rule): one probe, no search
                 matched[w] = last = 0
                 continue
-            lo, hi = 0, n  # it holds the first lo blocks, not the first hi + 1
-            gaps = all_gaps.get(w)
-            if gaps:  # the first gap on the path bounds the search (inlined: a call per candidate shows)
-                for key, depth in gaps.items():
-                    if depth < hi and keys[depth] == key and key not in held:
-                        hi = depth
-            missing = all_missing.get(w)
-            if missing:  # some chain's parent is missing from the worker: a gap on the path?
-                starts = all_starts[w]
-                for key in missing:
-                    depth = starts[key][0]
-                    if depth < hi and keys[depth] == key:
-                        hi = depth
+            lo, hi = 1, n  # it holds the first lo blocks, not the first hi + 1 (no gap is at depth 0: it holds that)
+            if irregular:
+                gaps = all_gaps.get(w)
+                if gaps:  # the first gap on the path bounds the search (inlined: a call per candidate shows)
+                    for key, depth in gaps.items():
+                        if depth < hi and keys[depth] == key and key not in held:
+                            hi = depth
+                missing = all_missing.get(w)
+                if missing:  # some chain's parent is missing from the worker: a gap on the path?
+                    starts = all_starts[w]
+                    for key in missing:
+                        depth = starts[key][0]
+                        if depth < hi and keys[depth] == key:
+                            hi = depth
             # the guesses (hint, the candidate's own, the previous candidate's): at most 2 probes each, each narrows
-            for guess in (hint, hints.get(w) if hints else None, last):
-                if lo < hi and guess is not None and lo <= guess <= hi:  # (settled first: the usual case after one)
-                    if guess and keys[guess - 1] not in held:
-                        hi = guess - 1
-                    else:
-                        lo = guess
-                        if guess < hi and keys[guess] not in held:
-                            hi = guess
+            if lo < hi:
+                own = hints.get(w) if hints else None
+                for guess in (hint, -1 if own is None else own, last):
+                    if lo <= guess <= hi:
+                        if keys[guess - 1] not in held:  # (guess >= lo >= 1)
+                            hi = guess - 1
+                        elif guess < hi:
+                            if keys[guess] in held:
+                                lo = guess + 1
+                            else:
+                                lo = hi = guess
+                        else:
+                            lo = guess
+                        if lo == hi:  # settled: the usual case after one
+                            break
+                else:
+                    if lo > 1:  # a guess was held, and more past it: the worker the prompt it continues went to, which
+                        step = 1  # holds that prompt's answer too, a few blocks: gallop from there, then search
+                        while lo + step <= hi:
+                            if keys[lo + step - 1] in held:
+                                lo += step
+                                step <<= 1
+                            else:
+                                hi = lo + step - 1
+                                break
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
                 if keys[mid - 1] in held:
@@ -273,13 +297,15 @@ class KvView:
 
     def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
         """How many of the first ``upto`` of ``keys`` ``worker`` holds stored or recent (in-flight credits aside)."""
-        stored, recent = self._by_events.get(worker, {}), self._recent.get(worker, {})
+        stored, recent = self._by_events.get(worker, _EMPTY), self._recent.get(worker, _EMPTY)
         lo, hi = 0, upto
         gaps = self._conf_gaps.get(worker)
         if gaps:
             hi = min(hi, _below_gaps(keys, gaps.items(), (), len(keys)))
-        if hi and (keys[hi - 1] in stored or keys[hi - 1] in recent):  # the common case: all of it
-            return hi
+        if hi:  # the common case: all of it
+            key = keys[hi - 1]
+            if key in stored or key in recent:
+                return hi
         while lo < hi:
             mid = (lo + hi + 1) >> 1
             key = keys[mid - 1]
