@@ -58,7 +58,8 @@ def replay(cfg, case: str, trace: dict, engine_cfg=None, move: str | None = None
     return inst
 
 
-@pytest.mark.parametrize("setup", ["dp_attn", pytest.param("dp_attn_tp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("setup", [pytest.param("dp_attn", marks=pytest.mark.long),  # ~11 s: CI's long set
+                                   pytest.param("dp_attn_tp", marks=pytest.mark.slow)])
 def test_the_simulator_logs_the_steps_the_ranks_ran(setup):
     results, traces = on_ranks(setup)
     cfg = config(setup)
@@ -80,6 +81,7 @@ def test_the_simulator_logs_the_steps_the_ranks_ran(setup):
     assert max(e.running for e in every) > 1
 
 
+@pytest.mark.long  # it replays the dp_attn ranks' run above (~11 s): CI's long set
 @pytest.mark.parametrize("change", ["a request on the other DP group", "a smaller largest graph bucket"])
 def test_the_oracle_sees_a_different_decision(change):
     """The comparison is not vacuous: a replay that differs in one request's DP group, or in the graph buckets (the
