@@ -86,6 +86,11 @@ class DPAware(RoutingPolicy):
     def targets(self, url: str) -> list[str]:
         return [dp_target(url, r) for r in range(self.sizes[url])]
 
+    def alongside(self, inner: RoutingPolicy) -> "DPAware":
+        """``inner`` wrapped as this policy is, sharing what it learnt of each worker's dp_size (a P/D router's role
+        policies: a worker moving into its role's policy keeps its groups)."""
+        return DPAware(inner, self._dp_size, self.learnt)
+
     # -- workers -----------------------------------------------------------------------------------------------------
     def _worker_added(self, worker: str) -> None:
         n = self._known.pop(worker, None) or self.learnt.get(worker) or self._dp_size(worker)

@@ -116,7 +116,7 @@ def role_policies(policy, prefill: str | None = None, decode: str | None = None,
         else:
             built = ROUTING.get(name)(ROUTING.get(name).Config(), policy.seed)
         if dp_aware and isinstance(outer, DPAware):
-            return DPAware(built, outer._dp_size, outer.learnt)
+            return outer.alongside(built)
         return built
     return {PREFILL: build(prefill), DECODE: build(decode)}
 

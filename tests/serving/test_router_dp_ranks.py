@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 from aiohttp import web
@@ -93,32 +94,49 @@ class CountingPublisher(ZmqEventPublisher):
         return self.info["last_seq"]
 
 
-def worker_app(info: dict) -> web.Application:
+def worker_app(info: dict, server_info=None) -> web.Application:
+    """A stub worker: its health check and ``/get_server_info`` (``info``, a 404 when empty, or ``server_info``)."""
     async def health(request):
         return web.json_response({"status": "ok"})
 
-    async def server_info(request):
+    async def answer(request):
         return web.json_response(info) if info else web.json_response({"error": "not found"}, status=404)
 
     app = web.Application()
     app.router.add_get("/health", health)
-    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/get_server_info", server_info or answer)
     return app
 
 
-async def router_for(info: dict, dp_aware: bool, ranks: int, pubs: list, **cfg):
+@contextmanager
+def publishing(pubs: list):
+    """The publishers, closed at the end."""
+    try:
+        yield pubs
+    finally:
+        for p in pubs:
+            p.close()
+
+
+@asynccontextmanager
+async def routed(info: dict, dp_aware: bool, ranks: int, ports: list, **cfg):
     """A router (precise_prefix) in front of one stub worker whose ``ranks`` DP ranks publish on the router's
-    ``kv_events_port`` + rank; returns (router server, worker server, policy)."""
+    ``kv_events_port`` + rank (``ports``: it and the replay port); yields (router server, worker server, policy)."""
     cls = ROUTING.get("precise_prefix")
     policy = cls(cls.Config(block_size=B, pending_credit=False))
     worker = await serve(worker_app(info))
-    router_server = await start_router(policy, [url_of(worker)], RouterServiceConfig(
-        health_check_interval_secs=0.05, dp_aware=dp_aware, kv_events_port=pubs[0], kv_events_replay_port=pubs[1],
-        **cfg), port=0)
-    router = router_server.router
-    await wait_until(lambda: len(router.events.subscribers) == ranks, what="a subscriber per DP rank")
-    await asyncio.sleep(0.3)                    # the SUB sockets' subscriptions reach the publishers
-    return router_server, worker, policy
+    try:
+        server = await start_router(policy, [url_of(worker)], RouterServiceConfig(
+            health_check_interval_secs=0.05, dp_aware=dp_aware, kv_events_port=ports[0],
+            kv_events_replay_port=ports[1], **cfg), port=0)
+        try:
+            await wait_until(lambda: len(server.router.events.subscribers) == ranks, what="a subscriber per DP rank")
+            await asyncio.sleep(0.3)                    # the SUB sockets' subscriptions reach the publishers
+            yield server, worker, policy
+        finally:
+            await server.cleanup()
+    finally:
+        await worker.close()
 
 
 def held(policy, worker: str, text: str) -> int:
@@ -139,11 +157,10 @@ async def test_each_ranks_events_land_under_its_url_at_rank_and_a_late_rank_repl
     port, replay_port = free_port_block("127.0.0.1", 3), free_port_block("127.0.0.1", 3)
     pubs = [CountingPublisher(0, port, replay_port), CountingPublisher(1, port, replay_port, stamp=False)]
     # rank 2: nothing bound, nothing sent
-    try:
+    with publishing(pubs):
         pubs[1].stored(TEXTS[1])
-        server, worker, policy = await router_for({"dp_size": 3, "enable_dp_attention": True}, True, 3,
-                                                  [port, replay_port])
-        try:
+        async with routed({"dp_size": 3, "enable_dp_attention": True}, True, 3, [port, replay_port]) as \
+                (server, worker, policy):
             url = url_of(worker)
             pubs[0].stored(TEXTS[0])
             pubs[1].stored(TEXTS[2])
@@ -157,12 +174,6 @@ async def test_each_ranks_events_land_under_its_url_at_rank_and_a_late_rank_repl
             stats = server.router.events.stats()
             assert set(stats) == set(at) and stats[at[1]]["replayed"] == 1 and stats[at[0]].get("replayed", 0) == 0
             assert stats[at[2]]["last_seq"] is None and stats[at[2]]["endpoint"] == f"tcp://127.0.0.1:{port + 2}"
-        finally:
-            await server.cleanup()
-            await worker.close()
-    finally:
-        for p in pubs:
-            p.close()
 
 
 @pytest.mark.parametrize("dp_aware", [True, False])
@@ -173,9 +184,8 @@ async def test_a_rank_whose_batches_are_lost_is_reset_alone(dp_aware):
     port, replay_port = free_port_block("127.0.0.1", 2), free_port_block("127.0.0.1", 2)
     pubs = [CountingPublisher(0, port, replay_port), CountingPublisher(1, port, replay_port, buffer_steps=1)]
     shared, own, lost, after = TEXTS[0], TEXTS[1], TEXTS[2], "delta: after the loss"
-    try:
-        server, worker, policy = await router_for({}, dp_aware, 2, [port, replay_port], kv_events_dp_size=2)
-        try:
+    with publishing(pubs):
+        async with routed({}, dp_aware, 2, [port, replay_port], kv_events_dp_size=2) as (server, worker, policy):
             url = url_of(worker)
             w0, w1 = (f"{url}@0", f"{url}@1") if dp_aware else (url, url)
             resets = []
@@ -197,12 +207,6 @@ async def test_a_rank_whose_batches_are_lost_is_reset_alone(dp_aware):
             stats = server.router.events.stats()
             assert [stats[f"{url}@{r}"].get("resyncs", 0) for r in range(2)] == [0, 1]
             assert resets == ([(w1, EVENTS_LOST)] if dp_aware else [])   # whole: its blocks left the union instead
-        finally:
-            await server.cleanup()
-            await worker.close()
-    finally:
-        for p in pubs:
-            p.close()
 
 
 async def test_sglang_without_dp_attention_publishes_on_one_port():
@@ -227,20 +231,14 @@ async def test_a_worker_that_does_not_answer_server_info_at_first_is_asked_again
     again, and the worker's dp_size then opens a stream per rank (before, the router settled on one stream)."""
     slow = {"left": 1}
 
-    async def health(request):
-        return web.json_response({"status": "ok"})
-
     async def server_info(request):
         if slow["left"]:
             slow["left"] -= 1
             await asyncio.sleep(2.0)                          # past the router's timeout for it
         return web.json_response({"dp_size": 2, "enable_dp_attention": True})
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/get_server_info", server_info)
     cls = ROUTING.get("precise_prefix")
-    worker = await serve(app)
+    worker = await serve(worker_app({}, server_info))
     port = free_port_block("127.0.0.1", 2)
     server = await start_router(cls(cls.Config(block_size=B)), [url_of(worker)], RouterServiceConfig(
         health_check_interval_secs=0.05, health_check_timeout_secs=0.1, kv_events_port=port), port=0)
