@@ -21,6 +21,7 @@ P/D (sglang's PD router with `--dp-aware` as fixed in sgl-project/sglang#26245):
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, NamedTuple
 
 from framework.contracts.routing import LoadReport, RequestUsage, RequestView, RoutingDecision, RoutingPolicy
@@ -64,6 +65,7 @@ class DPAware(RoutingPolicy):
         keeps its groups)."""
         self.inner, self._dp_size = inner, dp_size
         self.learnt = {} if learnt is None else learnt
+        self._sharing = weakref.WeakSet([self])   # the live wrappers sharing `learnt` (alongside adds to it)
         self.Config, self.Reasons = inner.Config, inner.Reasons
         self.subscriptions, self.keeps_estimate = inner.subscriptions, inner.keeps_estimate
         self.sizes: dict[str, int] = {}          # worker -> its DP groups
@@ -89,7 +91,10 @@ class DPAware(RoutingPolicy):
     def alongside(self, inner: RoutingPolicy) -> "DPAware":
         """``inner`` wrapped as this policy is, sharing what it learnt of each worker's dp_size (a P/D router's role
         policies: a worker moving into its role's policy keeps its groups)."""
-        return DPAware(inner, self._dp_size, self.learnt)
+        wrapper = DPAware(inner, self._dp_size, self.learnt)
+        wrapper._sharing = self._sharing
+        self._sharing.add(wrapper)
+        return wrapper
 
     # -- workers -----------------------------------------------------------------------------------------------------
     def _worker_added(self, worker: str) -> None:
@@ -165,7 +170,12 @@ class DPAware(RoutingPolicy):
             self.inner.on_worker_event(dp_target(worker, 0), event)
 
     def maintain(self, now: float | None = None) -> None:
+        """The wrapped policy's periodic work; and `learnt` forgets the workers no sharing wrapper holds any more (a
+        worker removed for good; one re-added later asks for its dp_size again), so it stays as large as the pool."""
         self.inner.maintain(now)
+        gone = [url for url in self.learnt if not any(url in p.sizes for p in self._sharing)]
+        for url in gone:
+            del self.learnt[url]
 
     def state_sizes(self) -> dict[str, int]:
         return self.inner.state_sizes()

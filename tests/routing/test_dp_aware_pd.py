@@ -83,3 +83,20 @@ def test_a_pair_without_a_prefill_side_releases_the_decode_groups_count():
     with pytest.raises(ValueError):
         dispatch_pair(core, "x", [core.workers[D]], [core.workers[D]], DECODE_FIRST)   # no prefill worker in its pool
     assert not any(dp.loads.values()) and not any(dp.inner.loads.values())
+
+
+def test_what_was_learnt_of_a_removed_worker_is_forgotten_once_no_role_holds_it():
+    """A router runs for weeks with workers coming and going: the dp_sizes its DP-aware role policies share keep only
+    the workers some role still holds (a worker moving between roles keeps its groups, a removed one is forgotten)."""
+    core = _pd_core("round_robin", {P: 2, D: 3})
+    learnt = core.policy.learnt
+    core.maintain()
+    assert learnt == {P: 2, D: 3}                        # both held by their role's policy
+    core.set_role(D, None)                               # back to the router's own policy: still held, still known
+    core.maintain()
+    assert learnt == {P: 2, D: 3} and core.policy.sizes[D] == 3
+    core.remove_worker(D)
+    core.maintain()
+    assert learnt == {P: 2}
+    core.add_worker(D, healthy=True)                     # the same URL again: a new worker, asked afresh
+    assert core.policy.sizes[D] == 1
