@@ -87,9 +87,9 @@ class WorkerEvents:
         self.core, self.cfg, self.session, self.on_release = core, cfg, session, on_release
         subs = core.policy.subscriptions
         self.kv, self.load = KV_EVENTS in subs, LOAD in subs  # (USAGE: the core's wants_usage, read by the service)
-        # stream name (the worker's URL; url@rank for a worker that publishes per rank) -> its subscriber and task
-        self.subscribers: dict[str, tuple[KvEventSubscriber, asyncio.Task]] = {}
-        self.streams: dict[str, list[str]] = {}   # worker -> the names of its streams
+        # worker -> its streams: name (the worker's URL; url@rank for a worker that publishes per rank) -> the
+        # stream's subscriber and task
+        self.streams: dict[str, dict[str, tuple[KvEventSubscriber, asyncio.Task]]] = {}
         self.unions: dict[str, GroupUnion] = {}   # worker -> its DP groups' blocks (router.dp_aware off)
         self.problems: dict[str, str] = {}  # worker -> the last event its policy refused (logged once)
         self._pending: dict[str, asyncio.Task] = {}   # url -> its subscription, while it asks the worker
@@ -115,8 +115,13 @@ class WorkerEvents:
         if self.kv and url not in self.streams and url not in self._pending:
             self._pending[url] = asyncio.create_task(self._subscribe(url))
 
+    @property
+    def subscribers(self) -> dict[str, tuple[KvEventSubscriber, asyncio.Task]]:
+        """Every stream's subscriber and task, by stream name."""
+        return {name: entry for streams in self.streams.values() for name, entry in streams.items()}
+
     async def stop(self, url: str) -> None:
-        entries = [self.subscribers.pop(name) for name in self.streams.pop(url, ()) if name in self.subscribers]
+        entries = list(self.streams.pop(url, {}).values())
         self.unions.pop(url, None)
         for _, task in entries:
             task.cancel()
@@ -142,13 +147,12 @@ class WorkerEvents:
                 return
             if dp_size and isinstance(policy := self.core.policy_of(url), DPAware) and self.core.is_current(w):
                 policy.set_dp_size(url, dp_size)     # its candidates before its groups' events (pd.py asks again)
-            self.streams[url] = []
+            subs = self.streams[url] = {}
             for s in streams:
                 name = url if s.rank is None else dp_target(url, s.rank)
                 sub = KvEventSubscriber(s.endpoint, s.replay_endpoint, self._on_batch(w, s.rank),
                                         self._on_resync(w, s.rank), name=name, start_seq=start)
-                self.subscribers[name] = (sub, asyncio.create_task(sub.run()))
-                self.streams[url].append(name)
+                subs[name] = (sub, asyncio.create_task(sub.run()))
         finally:
             self._pending.pop(url, None)
 
@@ -226,9 +230,8 @@ class WorkerEvents:
 
     def stats(self) -> dict:
         out = {}
-        for url, names in self.streams.items():
-            for name in names:
-                sub = self.subscribers[name][0]
+        for url, streams in self.streams.items():
+            for name, (sub, _) in streams.items():
                 out[name] = {"endpoint": sub.endpoint, "last_seq": sub.last_seq, **sub.stats,
                              **({"problem": self.problems[url]} if url in self.problems else {})}
         return out
