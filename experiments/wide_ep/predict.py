@@ -33,6 +33,15 @@ round-2 cell is predicted again. Writes predictions_round3.json and predictions_
     python experiments/wide_ep/predict.py             # round 1, ~30 s
     python experiments/wide_ep/predict.py --round 2   # round 2, ~30 s (its model as of its commit)
     python experiments/wide_ep/predict.py --round 3   # round 3, ~30 s
+    python experiments/wide_ep/predict.py --round 4   # round 4, ~60 s (with each new term alone)
+
+Round 4 (`--round 4`) keeps round 3's inputs and turns on three cost-model switches (default off, so rounds 1-3 come
+out as before), each from a published table or SGLang's own code, none from the predicted figures (ROUND4_TERMS;
+docs/fidelity.md): DeepGEMM's published FP8 GEMM rates as a ceiling (sim.cost.deepgemm_rates), FlashAttention-3's
+published causal forward rates for the prefill attention (sim.cost.fa3_prefill_rates), and FA3's own split count for
+the decode attention's partials (sim.cost.fa3_decode_splits). It also predicts every cell with each term alone on
+round 3 (the sensitivity). Writes predictions_round4.json and predictions_round4.md, byte-identical when re-run at
+the same commit.
 """
 from __future__ import annotations
 
@@ -61,6 +70,7 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_layout.py", "plugins/c
                "conf/experiment/wide_ep_decode.yaml", "data/gpu-profiles/fit/h100.json")
 LOADS = {"prefill": "experiments/wide_ep/loads/sglang_blog_prefill.json",
          "decode": "experiments/wide_ep/loads/sglang_blog_decode.json"}
+ROUND4_FILES = ("plugins/cost/lib/deepgemm.py", "plugins/cost/lib/fa3.py")
 ROUND2_FILES = MODEL_FILES + ("framework/contracts/eplb.py", "framework/contracts/tbo.py",
                               "experiments/wide_ep/digitize_loads.py", *LOADS.values())
 BASE: dict[str, list[str]] = {"prefill": [], "decode": []}   # overrides every cell of a phase starts from
@@ -90,6 +100,28 @@ def ratio(on: dict, off: dict) -> float:
     return on["tok_s_per_node"] / off["tok_s_per_node"]
 
 
+ROUND4_TERMS = {
+    "sim.cost.deepgemm_rates": (
+        "FP8 GEMMs at most at DeepGEMM's published rate for their (N, K) and M: normal GEMMs (q_b, kv_b, o_proj, the "
+        "shared expert), grouped contiguous for the routed experts after DeepEP's normal dispatch (prefill), grouped "
+        "masked after its low-latency dispatch (decode); other shapes keep the fitted rate. Source: "
+        "deepseek-ai/DeepGEMM README.md 'Performance' at 327ec92 (2025-04-09; H800 SXM5, the last published table, "
+        "removed 2025-04-14); SGLang runs them there (lmsys blog 2025-05-05 'DeepGEMM Integration'; sglang issue "
+        "#6017's decode command sets SGL_ENABLE_JIT_DEEPGEMM=1)."),
+    "sim.cost.fa3_prefill_rates": (
+        "prefill attention without a cached prefix (MHA over the expanded keys, qk 192 / v 128, causal) at most at "
+        "FlashAttention-3's published causal BF16 forward rate for its sequence length (587 TFLOPS at 4,096 tokens, "
+        "between head dims 128 and 256; the fitted large-GEMM rate is 752). Source: Dao-AILab/flash-attention "
+        "assets/flash3_fp16_fwd.png (7ef2484, 2024-07-11), panels (d) and (f); SGLang's default attention backend for "
+        "DeepSeek on Hopper in 2025 is fa3 (sglang PR #5580's log, 2025-04-21), which runs this prefill as MHA."),
+    "sim.cost.fa3_decode_splits": (
+        "decode's split-KV partials as FA3's dynamic scheduler splits them (1 split per request from 64 requests of "
+        "2,000 tokens up, 128 heads a rank: no partials, no combine kernel; 4 at 16 requests) instead of v0.4 Triton's "
+        "fixed 8 (mla_decode_kv_splits). Source: Dao-AILab/flash-attention hopper/heuristics.h, "
+        "flash_prepare_scheduler.cu, tile_size.h at 934f6ad (2025-04-17)."),
+}
+
+
 def eplb_cells(round_: int) -> dict[str, dict]:
     """EPLB with vs without (the same 288 slots, placed in order), at the blog's settings."""
     off = ["moe.eplb.rebalance_every=0"]
@@ -109,11 +141,51 @@ def eplb_cells(round_: int) -> dict[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Issue 21's pre-registered wide-EP prediction")
-    ap.add_argument("--round", type=int, choices=(1, 2, 3), default=1, dest="round_")
+    ap.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, dest="round_")
     round_ = ap.parse_args().round_
     if round_ >= 2:
         BASE.update({phase: [f"sim.cost.expert_loads={path}"] for phase, path in LOADS.items()})
     t0 = time.time()
+    sensitivity = {}
+    if round_ == 4:                       # each new term alone on round 3, then all of them (the prediction)
+        round3 = {phase: list(base) for phase, base in BASE.items()}
+        for term in ROUND4_TERMS:
+            BASE.update({phase: base + [f"{term}=true"] for phase, base in round3.items()})
+            sensitivity[term] = {k: v["value"] for k, v in predict_cells(round_).items()}
+        BASE.update({phase: base + [f"{term}=true" for term in ROUND4_TERMS] for phase, base in round3.items()})
+    cells = predict_cells(round_)
+    files = MODEL_FILES if round_ == 1 else ROUND2_FILES + ROUND4_FILES if round_ == 4 else ROUND2_FILES
+    configs = {name: {"sim.cost": vars(c.sim.cost), "moe": vars(c.moe), "parallel": vars(c.parallel)}
+               for name, c in (("prefill", compose(["experiment=wide_ep_prefill"] + BASE["prefill"])),
+                               ("decode", compose(["experiment=wide_ep_decode"] + BASE["decode"])))}
+    if round_ < 4:                        # the round-4 switches did not exist then (and are off)
+        for c in configs.values():
+            c["sim.cost"] = {k: v for k, v in c["sim.cost"].items() if f"sim.cost.{k}" not in ROUND4_TERMS}
+    out = {"experiment": "wide_ep", "git_sha": git_sha(), "wall_s": time.time() - t0,
+           "digest": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16] for f in files},
+           "configs": configs, "cells": cells}
+    if round_ >= 2:
+        out["round"], out["loads"] = round_, LOADS
+        out["load_checks"] = load_checks()
+    if round_ >= 3:                  # byte-identical when re-run at the same commit: no wall time in the file
+        out["change"] = ROUND3_CHANGE if round_ == 3 else ROUND4_TERMS
+        print(f"wall {out.pop('wall_s'):.1f} s")
+    if round_ == 4:
+        out["sensitivity"] = sensitivity
+    name = "predictions.json" if round_ == 1 else f"predictions_round{round_}.json"
+    (HERE / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if round_ == 2:
+        (HERE / "predictions_round2.md").write_text(round2_md(out))
+    if round_ == 3:
+        (HERE / "predictions_round3.md").write_text(round3_md(out))
+    if round_ == 4:
+        (HERE / "predictions_round4.md").write_text(round4_md(out))
+    for k, v in cells.items():
+        print(f"{k:45s} {v['value']:12.3f}")
+
+
+def predict_cells(round_: int) -> dict[str, dict]:
+    """Every cell of a round, on the overrides BASE holds."""
     cells = eplb_cells(round_)
     # two-batch overlap: on vs off at the same tokens per device
     for tokens in (4096, 8192, 16384):
@@ -129,27 +201,7 @@ def main() -> None:
     cells["prefill_4k_ep32_tok_s_per_node"] = {"value": p["tok_s_per_node"], "breakdown": p["breakdown"]}
     cells["prefill_4k_ep32_uniform_tok_s_per_node"] = {"value": pu["tok_s_per_node"]}
     cells["decode_2k_ep72_tok_s_per_node"] = {"value": d["tok_s_per_node"], "breakdown": d["breakdown"]}
-    files = MODEL_FILES if round_ == 1 else ROUND2_FILES
-    out = {"experiment": "wide_ep", "git_sha": git_sha(), "wall_s": time.time() - t0,
-           "digest": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16] for f in files},
-           "configs": {name: {"sim.cost": vars(c.sim.cost), "moe": vars(c.moe), "parallel": vars(c.parallel)}
-                       for name, c in (("prefill", compose(["experiment=wide_ep_prefill"] + BASE["prefill"])),
-                                       ("decode", compose(["experiment=wide_ep_decode"] + BASE["decode"])))},
-           "cells": cells}
-    if round_ >= 2:
-        out["round"], out["loads"] = round_, LOADS
-        out["load_checks"] = load_checks()
-    if round_ == 3:                  # byte-identical when re-run at the same commit: no wall time in the file
-        out["change"] = ROUND3_CHANGE
-        print(f"wall {out.pop('wall_s'):.1f} s")
-    name = "predictions.json" if round_ == 1 else f"predictions_round{round_}.json"
-    (HERE / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    if round_ == 2:
-        (HERE / "predictions_round2.md").write_text(round2_md(out))
-    if round_ == 3:
-        (HERE / "predictions_round3.md").write_text(round3_md(out))
-    for k, v in cells.items():
-        print(f"{k:45s} {v['value']:12.3f}")
+    return cells
 
 
 def load_checks() -> dict:
@@ -238,6 +290,28 @@ def round3_md(out: dict) -> str:
              f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round3.json.", "",
              "| cell | round 3 predicted | round 2 predicted | what |", "|---|---:|---:|---|"]
     lines += cell_rows(out["cells"], json.loads((HERE / "predictions_round2.json").read_text())["cells"])
+    return "\n".join(lines) + "\n"
+
+
+def round4_md(out: dict) -> str:
+    """Round 3 beside round 4 per cell, and each new term alone on round 3 (which term moved which cell)."""
+    before = json.loads((HERE / "predictions_round3.json").read_text())["cells"]
+    terms = list(out["sensitivity"])
+    short = [t.removeprefix("sim.cost.") for t in terms]
+    lines = ["# Issue 21, wide EP: round 4 prediction (pre-registered)", "",
+             "Written by `python experiments/wide_ep/predict.py --round 4` before any comparison; it holds no "
+             "published figure. Inputs as round 3 (the blog's expert distribution replayed; EPLB off: SGLang's trivial "
+             "order of the 288 slots). The change: three cost-model switches, default off (rounds 1-3 reproduce), each "
+             "priced from a published kernel table or SGLang's and FlashAttention-3's own code:", ""]
+    lines += [f"- `{t}`: {src}" for t, src in ROUND4_TERMS.items()]
+    lines += ["", f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round4.json.", "",
+              "| cell | round 3 | round 4 (all three) | " + " | ".join(f"{s} alone" for s in short) + " | what |",
+              "|---|---:|---:|" + "---:|" * len(terms) + "---|"]
+    for k, v in out["cells"].items():
+        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
+                               if k.startswith("decode_256_") else "")
+        alone = " | ".join(f"{out['sensitivity'][t][k]:,.3f}" for t in terms)
+        lines.append(f"| {k} | {before[k]['value']:,.3f} | {v['value']:,.3f} | {alone} | {what} |")
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
 from plugins.cost._host import combine, eager_floor_s, overlapped, scheduler_s
 from plugins.cost._layout import declared_collectives, layout_for, plugin_configs
-from plugins.cost.lib import deepep
+from plugins.cost.lib import deepep, deepgemm, fa3
 from plugins.cost.lib.eplb_moves import EPLBMoves
 from plugins.cost.lib.expert_load import SOURCES, layer_loads, rank_imbalance, rebalance
 from plugins.cost.lib.tbo import decode_layer, overlapped_s, prefill_layer
@@ -97,6 +97,18 @@ class RooflineConfig(CostConfig):
     # EPLB's weight moves in mode=sim (plugins/cost/lib/eplb_moves.py): SGLang's --eplb-rebalance-layers-per-chunk,
     # MoE layers moved per forward pass; 0: its default None, every layer in one stall
     eplb_layers_per_chunk: int = 0
+    # -- published kernel rates of SGLang 2025's kernels (issue 21, round 4; docs/fidelity.md "Cost model terms");
+    # false: the fitted dense-GEMM rates, as rounds 1-3 priced them --------------------------------------------------
+    # FP8 GEMMs at most at DeepGEMM's published rate for their (N, K) and M (plugins/cost/lib/deepgemm.py: README
+    # table, 2025-04-09): normal GEMMs, and the routed experts under DeepEP (contiguous layout after normal dispatch,
+    # masked after low-latency dispatch)
+    deepgemm_rates: bool = False
+    # prefill attention in the normal form (MHA, causal) at most at FlashAttention-3's published causal forward rate
+    # for its sequence length and head dims (plugins/cost/lib/fa3.py), not at the large-GEMM compute rate
+    fa3_prefill_rates: bool = False
+    # decode's split-KV partials: as many splits as FA3's dynamic scheduler picks for the batch (one split: no
+    # partials, no combine kernel; plugins/cost/lib/fa3.py) instead of mla_decode_kv_splits
+    fa3_decode_splits: bool = False
 
 
 DECODE_KERNELS = ("split_kv", "logits")
@@ -407,6 +419,11 @@ class RooflineCost(CostModel):
         if normal:                                        # kv_b expands the latent; causal attention per request
             flops = self._normal_flops * sum(n * (n + 1) for n in b.new_tokens)
             nbytes = t * self._normal_bytes
+            if self.cfg.fa3_prefill_rates:                # each request's FLOPs at FA3's rate for its length
+                peak = self.rf.gemm_flops("bfloat16")
+                flops = sum(self._normal_flops * n * (n + 1)
+                            * max(1.0, peak / (fa3.prefill_tflops(n, self.m.qk_head_dim, self.m.v_head_dim) * 1e12))
+                            for n in b.new_tokens)
         else:                                             # over the latent (decode: read once per head block)
             seen = sum(b.prefix) + t
             if b.mode == "decode" and self._logits_kernel:         # the kernel before PR #2394
@@ -416,8 +433,14 @@ class RooflineCost(CostModel):
             flops = self._absorbed_flops * scored
             reads = self._decode_latent_reads if b.mode == "decode" else 1
             nbytes = seen * self._latent_bytes * reads + t * self._absorbed_bytes
-            if b.mode == "decode" and self._partials_bytes:      # stage 1 writes the partials, stage 2 reads them
-                partials = t * self._partials_bytes
+            per_request = self._partials_bytes
+            if b.mode == "decode" and self.cfg.fa3_decode_splits and not self._logits_kernel:
+                splits = fa3.decode_splits(len(b.new_tokens), self.heads, seen / len(b.new_tokens),
+                                           self.instance.hardware.sm_count, self.m.qk_rope_head_dim,
+                                           self.m.kv_lora_rank)
+                per_request = 0 if splits == 1 else self.heads * splits * (self.m.kv_lora_rank + 1) * 4
+            if b.mode == "decode" and per_request:      # stage 1 writes the partials, stage 2 reads them
+                partials = t * per_request
                 return (proj + self.rf.attention(flops, nbytes + partials)
                         + self.rf.attention(partials / 2, partials), kernels + 2)   # 2 FLOPs per fp32 read
             if b.mode == "extend":
@@ -480,14 +503,16 @@ class RooflineCost(CostModel):
 
     # -- FFN layers ------------------------------------------------------------------------------------------------
     def _mlp(self, t: float, inter: float, batch: float = 1.0, assigned: float | None = None,
-             tokens_in: float | None = None) -> tuple[float, int]:
+             tokens_in: float | None = None, layout: str | None = "normal") -> tuple[float, int]:
         """SiLU-gated MLP: gate_up, act, down. `batch` experts sharing `assigned` (token, expert) rows, gathered from
-        `tokens_in` tokens (the fused MoE quantizes those once for its first GEMM, the assigned rows for its second)."""
+        `tokens_in` tokens (the fused MoE quantizes those once for its first GEMM, the assigned rows for its second).
+        `layout`: DeepGEMM's kernel for its GEMMs (None: not DeepGEMM's)."""
         rows = t if assigned is None else assigned
         eff = self.cfg.fused_moe_fp8_eff if assigned is not None and self.wdtype == "fp8" else 1.0
-        return _total(self._gemm(t, 2 * inter, self.m.hidden_size, batch=batch, eff=eff, quant_rows=tokens_in),
+        return _total(self._gemm(t, 2 * inter, self.m.hidden_size, batch=batch, eff=eff, quant_rows=tokens_in,
+                                 layout=layout),
                       self.rf.memop("act", rows * 3 * inter * self.act),
-                      self._gemm(t, self.m.hidden_size, inter, batch=batch, eff=eff))
+                      self._gemm(t, self.m.hidden_size, inter, batch=batch, eff=eff, layout=layout))
 
     def _dense(self, t: int) -> tuple[float, int]:
         return self._mlp(t, self.m.intermediate_size / self.lay.size)
@@ -516,8 +541,9 @@ class RooflineCost(CostModel):
         assigned = t_routed * k / lay.expert_split * self.imbalance
         touched = expected_touched(e, k, t_routed) / lay.expert_split * self.slots_per_expert
         inter = m.moe_intermediate_size / lay.inter_split
+        layout = {"deepep_normal": "contiguous", "deepep_low_latency": "masked"}.get(mode)   # else fused_moe
         routed = (self._mlp(assigned / touched, inter, batch=touched, assigned=assigned,
-                            tokens_in=0 if fp8_wire else t_routed)
+                            tokens_in=0 if fp8_wire else t_routed, layout=layout)
                   if touched else (0.0, 0))
         if mode == "deepep_normal" and touched:          # ep_scatter: the received rows into DeepGEMM's contiguous
             wire = deepep.row_bytes(m.hidden_size, self.cfg.deepep_dispatch_fp8, self.act)    # layout (read, write)
@@ -546,13 +572,18 @@ class RooflineCost(CostModel):
         return (bandwidth * term.bus_eff, term.latency_us * 1e-6) if term else (bandwidth, latency)
 
     def _gemm(self, t: float, n: float, k: float, batch: float = 1.0, quantized: bool = True,
-              eff: float = 1.0, quant_rows: float | None = None) -> float:
+              eff: float = 1.0, quant_rows: float | None = None, layout: str | None = "normal") -> float:
         """A linear layer; fp8 checkpoints keep the router gate and lm_head in the model's dtype (quantized=False).
         `eff`: the kernel's fraction of the fitted GEMM rates. An fp8 GEMM's input is quantized first
         (`fp8_act_quant`: one elementwise kernel reading `quant_rows` (default t x batch) x k bf16 and writing them
-        in fp8)."""
+        in fp8). Under `deepgemm_rates` an fp8 GEMM of a shape DeepGEMM published takes at least its FLOPs at the
+        published rate (`layout`: normal, contiguous or masked; t: rows per group)."""
         dtype, wbytes = (self.wdtype, self.wbytes) if quantized else (self.m.dtype, self.act)
         time = self.rf.gemm(t, n, k, batch=batch, dtype=dtype, weight_bytes=wbytes, act_bytes=self.act) / eff
+        if self.cfg.deepgemm_rates and layout and quantized and dtype == "fp8" and t > 0:
+            rate = deepgemm.tflops(layout, t, n, k)
+            if rate:
+                time = max(time, 2.0 * batch * t * n * k / (rate * 1e12))
         if quantized and self._fp8_quant and t > 0:
             rows = t * batch if quant_rows is None else quant_rows
             time += self.rf.memop("act", rows * k * (self.act + 1))
