@@ -12,7 +12,7 @@ rate measured at a larger M bounds a smaller M's from above (GEMM rates grow wit
 """
 from __future__ import annotations
 
-from math import log2
+from plugins.cost.lib.tables import log2_interp
 
 NORMAL = {  # dense models: M = tokens
     (2112, 7168): {64: 206, 128: 352, 4096: 1127},     # q_a and kv_a fused
@@ -39,14 +39,4 @@ def tflops(layout: str, m: float, n: float, k: float) -> float | None:
     row = LAYOUTS[layout].get((round(n), round(k)))
     if row is None or m <= 0:
         return None
-    ms = sorted(row)
-    if m <= ms[0]:
-        return float(row[ms[0]])
-    if m >= ms[-1]:
-        return float(row[ms[-1]])
-    hi = next(x for x in ms if x >= m)
-    lo = max(x for x in ms if x <= m)
-    if hi == lo:
-        return float(row[lo])
-    w = (log2(m) - log2(lo)) / (log2(hi) - log2(lo))
-    return row[lo] + w * (row[hi] - row[lo])
+    return log2_interp(row, m)

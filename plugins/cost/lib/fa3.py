@@ -14,7 +14,9 @@ not set. Use fa3 backend by default", sglang PR #5580's DeepSeek-V3 log, 2025-04
 """
 from __future__ import annotations
 
-from math import ceil, log2
+from math import ceil
+
+from plugins.cost.lib.tables import log2_interp
 
 CAUSAL_FWD_TFLOPS = {  # head dim -> {sequence length: TFLOPS}
     128: {512: 292, 1024: 423, 2048: 521, 4096: 579, 8192: 602, 16384: 616},
@@ -25,25 +27,11 @@ L2_BYTES = 50 * 1024 * 1024                # heuristics.h: "we assume that L2 si
 MAX_SPLITS = 128
 
 
-def _by_seqlen(row: dict[int, int], n: float) -> float:
-    lengths = sorted(row)
-    if n <= lengths[0]:
-        return float(row[lengths[0]])
-    if n >= lengths[-1]:
-        return float(row[lengths[-1]])
-    hi = next(x for x in lengths if x >= n)
-    lo = max(x for x in lengths if x <= n)
-    if hi == lo:
-        return float(row[lo])
-    w = (log2(n) - log2(lo)) / (log2(hi) - log2(lo))
-    return row[lo] + w * (row[hi] - row[lo])
-
-
 def prefill_tflops(seqlen: float, qk_head_dim: int, v_head_dim: int) -> float:
     """FA3's published causal forward TFLOPS at this sequence length and (mean) head dimension."""
     dims = sorted(CAUSAL_FWD_TFLOPS)
     d = min(max((qk_head_dim + v_head_dim) / 2, dims[0]), dims[-1])
-    lo, hi = _by_seqlen(CAUSAL_FWD_TFLOPS[dims[0]], seqlen), _by_seqlen(CAUSAL_FWD_TFLOPS[dims[-1]], seqlen)
+    lo, hi = log2_interp(CAUSAL_FWD_TFLOPS[dims[0]], seqlen), log2_interp(CAUSAL_FWD_TFLOPS[dims[-1]], seqlen)
     return lo + (d - dims[0]) / (dims[-1] - dims[0]) * (hi - lo)
 
 
