@@ -68,10 +68,8 @@ class KvCostRouting(KvViewPolicy):
         active = self.active_blocks
         if self.cfg.temperature > 0 and len(candidates) > 1:
             worker = self._sample(cost, candidates)
-        else:
-            least = min(cost.values())
-            tied = [w for w in candidates if cost[w] == least]  # ties: fewer blocks in flight, then the first added
-            worker = tied[0] if len(tied) == 1 else min(tied, key=lambda w: active.get(w, 0))
+        else:  # the lowest cost; ties: fewer blocks in flight, then the first added
+            worker = min(candidates, key=lambda w: (cost[w], active.get(w, 0)))
         m = matched[worker]
         held = self.estimate(m, n)
         blocks = -(-n // self.cfg.block_size)
