@@ -11,7 +11,8 @@ every feature on the path: validation, the policy, stats, request ids, deadlines
 per request here is the user time of bench_http's router less what the sockets cost, and small changes show
 through the noise of a shared machine (median of ``--reps`` runs of process time).
 
-    python experiments/bench_router/bench_path.py [--requests 20000] [--reps 7] [--profile]
+    python experiments/bench_router/bench_path.py [--requests 20000] [--reps 7] [--profile] [--opcodes]
+        [--traffic bench|real]   (real: a client library's 15-header head and a worker's Date, lengths varying)
 """
 from __future__ import annotations
 
@@ -52,7 +53,31 @@ class Kept:
         return default
 
 
-async def run(requests: int, reps: int, profile: bool, opcodes: bool = False) -> dict:
+def traffic_bytes(traffic: str) -> tuple[list[bytes], list[list[bytes]]]:
+    """The requests a client sends and, for each second (every 4,000 requests), the answers a worker gives.
+    ``bench``: bench_http's (one request, one stub answer). ``real``: the OpenAI Python client's head (15 headers)
+    with the prompt's length, so Content-Length, over 64 values, and an SGLang (uvicorn) worker's answer, with a
+    Date that changes each second and a Content-Length over 64 values."""
+    if traffic == "bench":
+        return [request_bytes(1, "/v1/completions", json.dumps(
+            {"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode())], [[ANSWER]]
+    raws = []
+    for k in range(64):
+        body = json.dumps({"model": "stub", "prompt": "x" * (1920 + k), "max_tokens": 16}).encode()
+        raws.append(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:30000\r\nAccept-Encoding: gzip, deflate\r\n"
+                    b"Connection: keep-alive\r\nAccept: application/json\r\nContent-Type: application/json\r\n"
+                    b"User-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang: python\r\n"
+                    b"X-Stainless-Package-Version: 1.54.4\r\nX-Stainless-OS: Linux\r\nX-Stainless-Arch: x64\r\n"
+                    b"X-Stainless-Runtime: CPython\r\nX-Stainless-Runtime-Version: 3.11.7\r\n"
+                    b"Authorization: Bearer sk-bench\r\nX-Stainless-Async: false\r\nx-stainless-retry-count: 0\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    answers = [[b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 07:00:%02d GMT\r\nserver: uvicorn\r\ncontent-length: %d\r\n"
+                b"content-type: application/json\r\n\r\n%s" % (sec, len(STUB_BODY) + k, STUB_BODY + b" " * k)
+                for k in range(64)] for sec in range(60)]
+    return raws, answers
+
+
+async def run(requests: int, reps: int, profile: bool, opcodes: bool = False, traffic: str = "bench") -> dict:
     from framework.core.registry import ROUTING
     from framework.serving.router.config import RouterServiceConfig
     from framework.serving.router.server import Connection
@@ -73,15 +98,17 @@ async def run(requests: int, reps: int, profile: bool, opcodes: bool = False) ->
         up.idle_since = time.monotonic()
         router.pool._idle[origin] = [up]
         ups[origin] = up
-    raw = request_bytes(1, "/v1/completions",
-                        json.dumps({"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode())
+    raws, answers = traffic_bytes(traffic)
+    sent = 0
 
     def one() -> None:
-        client.data_received(raw)
+        nonlocal sent
+        sent += 1
+        client.data_received(raws[sent % len(raws)])
         for up in ups.values():   # the one the request went to answers it
             if up.transport.out:
                 up.transport.out.clear()
-                up.data_received(ANSWER)
+                up.data_received(answers[sent // 4000 % len(answers)][sent * 7 % len(answers[0])])
                 break
         else:
             raise RuntimeError("the request reached no worker")
@@ -98,7 +125,7 @@ async def run(requests: int, reps: int, profile: bool, opcodes: bool = False) ->
         for _ in range(requests):
             one()
         times.append((time.process_time() - t0) / requests * 1e6)
-    result = {"requests": requests, "reps": reps, "us_per_request_median": statistics.median(times),
+    result = {"requests": requests, "reps": reps, "traffic": traffic, "us_per_request_median": statistics.median(times),
               "us_per_request_min": min(times), "us_per_request": times}
     if opcodes:  # deterministic, unlike CPU time on a shared machine: bytecodes and Python calls per request
         counts = {"opcode": 0, "call": 0}
@@ -141,10 +168,13 @@ def main() -> None:
     ap.add_argument("--opcodes", action="store_true",
                     help="then count the bytecodes and Python calls per request (sys.settrace): a measure of the "
                          "Python work that load elsewhere does not move")
+    ap.add_argument("--traffic", choices=["bench", "real"], default="bench",
+                    help="bench: bench_http's identical requests and stub answers; real: a client library's head "
+                         "(15 headers) and a worker's answers (Date, Server), their lengths varying (traffic_bytes)")
     ap.add_argument("--out", default=None, help="a results file to write (JSON)")
     args = ap.parse_args()
     import uvloop
-    r = uvloop.run(run(args.requests, args.reps, args.profile, args.opcodes))
+    r = uvloop.run(run(args.requests, args.reps, args.profile, args.opcodes, args.traffic))
     print(f"router request path in process (no sockets): {r['us_per_request_median']:.1f} us CPU per request "
           f"(median of {args.reps}; min {r['us_per_request_min']:.1f})"
           + (f", {r['python_and_c_calls_per_request']:.0f} calls per request (cProfile)" if args.profile else "")
