@@ -15,7 +15,7 @@ The fastest, not medians: the machine is shared with other work, which stretches
 should be this instance's own cost, and mode=sim models the sharing it knows about (`sim.host_cores`). The profile
 records the load average it ran under.
 
-    python experiments/calibrate/run.py                 # the configs the fidelity runs use (~2-3 min)
+    python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
 
 Writes data/calibration/cpu.json (or --out); plugins/cost/calibrated.py reads it.
@@ -48,7 +48,10 @@ CONFIGS = {   # key -> overrides; what experiments/sim_fidelity runs for real
     "tp2": ["parallel=tp", "parallel.size=2", "moe=triton_fused"],
     "dp_attn2": ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused"],
 }
-GRID = {"new": [8, 32, 128, 512], "prefix": [0, 256, 1024], "batch": [1, 2, 4, 8, 16, 32], "context": [32, 256, 1024]}
+# 256 new tokens and 12 requests: the sizes whose steps fill the fidelity runs (long prefills under round robin, 4-16
+# decoding requests under a KV budget), where a coarser grid left the fit below its own measured points
+GRID = {"new": [8, 32, 128, 256, 512], "prefix": [0, 256, 1024], "batch": [1, 2, 4, 8, 12, 16, 32],
+        "context": [32, 256, 1024]}
 QUICK = {"new": [8, 64], "prefix": [0, 64], "batch": [1, 4], "context": [32, 128]}
 DECODE_TOKENS = 16
 
@@ -121,7 +124,7 @@ def stamp(before: dict, after: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)   # the fastest of 5: fewer points stretched by other work
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
