@@ -107,7 +107,7 @@ class RooflineConfig(CostConfig):
     # for its sequence length and head dims (plugins/cost/lib/fa3.py), not at the large-GEMM compute rate
     fa3_prefill_rates: bool = False
     # decode's split-KV partials: as many splits as FA3's dynamic scheduler picks for the batch (one split: no
-    # partials, no combine kernel; plugins/cost/lib/fa3.py) instead of mla_decode_kv_splits
+    # partials written; plugins/cost/lib/fa3.py) instead of mla_decode_kv_splits
     fa3_decode_splits: bool = False
 
 

@@ -51,3 +51,22 @@ def test_a_conversation_hashes_only_its_new_blocks():
         text += b"turn %d: some words. " % turn
         got = memo.keys(text)
         assert got == keys.chain(text) and memo.continued == before  # the turn before, whole
+
+
+def test_a_continued_prompt_is_the_newest_of_the_memo():
+    """The memo's bounds drop the least recently continued prompts: a conversation continued under its own anchor is
+    the newest there (and in the memo's order), not where its previous turn was filed."""
+    keys = BlockKeys(B)
+    system = b"S" * (4 * B)  # a shared system prompt: block 4 is the anchor of every prompt of 4 to 7 blocks
+
+    def turn(conversation: bytes, blocks: int) -> bytes:
+        return (system + conversation * (8 * B))[:blocks * B]
+
+    for size, per_anchor in ((64, 2), (2, 64)):  # the anchor's bound, then the memo's
+        memo = PromptKeys(keys, size=size, per_anchor=per_anchor, min_blocks=4)
+        memo.keys(turn(b"x", 5))
+        memo.keys(turn(b"w", 5))  # filed after x, under the same anchor
+        memo.keys(turn(b"x", 6))  # x continued: the most recent prompt
+        memo.keys(turn(b"v", 5))  # one prompt over a bound: the least recent (w) goes
+        assert memo.keys(turn(b"x", 7)) == keys.chain(turn(b"x", 7))
+        assert memo.continued == 6, (size, per_anchor)

@@ -10,7 +10,8 @@ not set. Use fa3 backend by default", sglang PR #5580's DeepSeek-V3 log, 2025-04
   splits FA3's dynamic scheduler picks (flash-attention hopper/ at 934f6ad, 2025-04-17: heuristics.h
   num_splits_heuristic for the static bound with batch 1, flash_prepare_scheduler.cu for the per-batch count; tile
   64 x 64 from tile_size_fwd_sm90(64, 512), the heads packed into the M tile: PackGQA). One split writes no
-  partial outputs and runs no combine kernel.
+  partial outputs (FA3 still launches its combine kernel, which returns at once for a request of one split, and
+  prepare_varlen_num_blocks: two short kernels a layer, not priced: about 0.03% of a decode step at 256 requests).
 """
 from __future__ import annotations
 

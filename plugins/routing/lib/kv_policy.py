@@ -131,10 +131,6 @@ class PromptKeys:
             # place: a copy would touch every key of the prompt, not only the new ones
             keys = best_keys
             keys += self.chain(raw[len(best):], best_keys[-1])
-            if anchor[0] == top:  # filed under its own anchor already (found there first): its entry, updated in place
-                entry[0], entry[1], entry[3] = raw, raw[-b:], None
-                self._last = entry
-                return keys
             filed = by_anchor[anchor]
             filed.remove(entry)
             self._count -= 1
