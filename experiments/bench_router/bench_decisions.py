@@ -151,7 +151,7 @@ def run_exact_view(key: str, requests: list[str], workers: int, in_flight: int, 
     clock = time.perf_counter_ns
     cpu, cpu_ns = 0.0, []
     release_ns = [None] * len(requests)  # each request's ``on_request_done``, timed alone (the policy's release work)
-    opcodes, release_opcodes, tracer = [], [], _opcode_tracer()
+    opcodes, release_opcodes, tracer = [], [], opcode_tracer()
     for text in requests:
         if count_opcodes:  # a separate pass: tracing makes the timings meaningless
             tracer.count = 0
@@ -225,7 +225,7 @@ def release_table(rows: dict, keys: list[str]) -> dict:
     return out
 
 
-def _opcode_tracer():
+def opcode_tracer():
     """A ``sys.settrace`` function counting the Python opcodes run under it (``.count``): the interpreter's work per
     decision, the same on a quiet and a loaded machine (what it does not count: work inside C calls)."""
     def trace(frame, event, arg):

@@ -48,20 +48,18 @@ def child(router: str, replays: int, record: str | None, opcodes: bool) -> None:
     from framework.routing.core import RouterCore
     dispatch = RouterCore.dispatch
     if opcodes:
-        def tracer(frame, event, arg):
-            frame.f_trace_opcodes = True
-            frame.f_trace_lines = False
-            if event == "opcode":
-                counts[-1] += 1
-            return tracer
+        sys.path.insert(0, str(ROOT / "experiments" / "bench_router"))
+        from bench_decisions import opcode_tracer
+        tracer = opcode_tracer()
 
         def traced(self, *a, **k):
-            counts.append(0)
+            tracer.count = 0
             sys.settrace(tracer)
             try:
                 return dispatch(self, *a, **k)
             finally:
                 sys.settrace(None)
+                counts.append(tracer.count)
         RouterCore.dispatch = traced
     if record:
 

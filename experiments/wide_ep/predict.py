@@ -70,7 +70,7 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_layout.py", "plugins/c
                "conf/experiment/wide_ep_decode.yaml", "data/gpu-profiles/fit/h100.json")
 LOADS = {"prefill": "experiments/wide_ep/loads/sglang_blog_prefill.json",
          "decode": "experiments/wide_ep/loads/sglang_blog_decode.json"}
-ROUND4_FILES = ("plugins/cost/lib/deepgemm.py", "plugins/cost/lib/fa3.py", "plugins/cost/lib/tables.py")
+ROUND4_FILES = ("plugins/cost/lib/deepgemm.py", "plugins/cost/lib/fa3.py", "framework/gpu/tables.py")
 ROUND2_FILES = MODEL_FILES + ("framework/contracts/eplb.py", "framework/contracts/tbo.py",
                               "experiments/wide_ep/digitize_loads.py", *LOADS.values())
 BASE: dict[str, list[str]] = {"prefill": [], "decode": []}   # overrides every cell of a phase starts from

@@ -8,6 +8,7 @@ about a million times.
 from __future__ import annotations
 
 from framework.gpu.hardware import Fit, HardwareConfig, LinkFit
+from framework.gpu.tables import bracket
 
 # Bytes each rank moves over its link per byte of the collective's buffer, over n ranks (nccl-tests' bus
 # bandwidth convention): a ring all-reduce is a reduce-scatter then an all-gather, each (n-1)/n of the buffer.
@@ -88,15 +89,8 @@ class Roofline:
 
 def _interpolate(by_ranks: dict[int, LinkFit], ranks: int) -> LinkFit:
     """Linear in the rank count between profiled counts; the nearest profiled count outside them."""
-    known = sorted(by_ranks)
-    if ranks <= known[0]:
-        return by_ranks[known[0]]
-    if ranks >= known[-1]:
-        return by_ranks[known[-1]]
-    hi = next(n for n in known if n >= ranks)
-    lo = max(n for n in known if n <= ranks)
-    if hi == lo:
+    lo, hi, w = bracket(by_ranks, ranks)
+    if lo == hi:
         return by_ranks[lo]
-    w = (ranks - lo) / (hi - lo)
     a, b = by_ranks[lo], by_ranks[hi]
     return LinkFit(a.latency_us + w * (b.latency_us - a.latency_us), a.bus_eff + w * (b.bus_eff - a.bus_eff))

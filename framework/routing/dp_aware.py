@@ -59,13 +59,14 @@ def _split(n: int, parts: int) -> list[int]:
 
 
 class DPAware(RoutingPolicy):
-    def __init__(self, inner: RoutingPolicy, dp_size: Callable[[str], int], learnt: dict[str, int] | None = None):
+    def __init__(self, inner: RoutingPolicy, dp_size: Callable[[str], int], alongside: "DPAware | None" = None):
         """`dp_size(url)`: how many DP groups worker `url` has (asked when it is added, unless `set_dp_size` said it
-        before: `learnt`, which the role policies of a P/D router share, so a worker moving into its role's policy
-        keeps its groups)."""
+        before: `learnt`, which the wrappers made `alongside` one another share, so a worker moving into its role's
+        policy keeps its groups)."""
         self.inner, self._dp_size = inner, dp_size
-        self.learnt = {} if learnt is None else learnt
-        self._sharing = weakref.WeakSet([self])   # the live wrappers sharing `learnt` (alongside adds to it)
+        self.learnt: dict[str, int] = {} if alongside is None else alongside.learnt
+        self._sharing = weakref.WeakSet() if alongside is None else alongside._sharing   # the live wrappers sharing it
+        self._sharing.add(self)
         self.Config, self.Reasons = inner.Config, inner.Reasons
         self.subscriptions, self.keeps_estimate = inner.subscriptions, inner.keeps_estimate
         self.sizes: dict[str, int] = {}          # worker -> its DP groups
@@ -91,10 +92,7 @@ class DPAware(RoutingPolicy):
     def alongside(self, inner: RoutingPolicy) -> "DPAware":
         """``inner`` wrapped as this policy is, sharing what it learnt of each worker's dp_size (a P/D router's role
         policies: a worker moving into its role's policy keeps its groups)."""
-        wrapper = DPAware(inner, self._dp_size, self.learnt)
-        wrapper._sharing = self._sharing
-        self._sharing.add(wrapper)
-        return wrapper
+        return DPAware(inner, self._dp_size, self)
 
     # -- workers -----------------------------------------------------------------------------------------------------
     def _worker_added(self, worker: str) -> None:

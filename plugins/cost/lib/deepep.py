@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from math import comb
 
+from framework.gpu.tables import bracket
+
 # EP size -> (dispatch GB/s, combine GB/s); 8: intranode NVLink, above: internode RDMA
 NORMAL_GB_S = {8: (153.0, 158.0), 16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}
 # EP size -> (dispatch us, dispatch GB/s, combine us, combine GB/s) at LOW_LATENCY_TOKENS tokens per rank
@@ -40,17 +42,8 @@ def graph_capturable(mode: str) -> bool:
 
 
 def _interp(table: dict[int, tuple], ep: int, col: int) -> float:
-    sizes = sorted(table)
-    if ep <= sizes[0]:
-        return table[sizes[0]][col]
-    if ep >= sizes[-1]:
-        return table[sizes[-1]][col]
-    hi = next(n for n in sizes if n >= ep)
-    lo = max(n for n in sizes if n <= ep)
-    if hi == lo:
-        return table[lo][col]
-    w = (ep - lo) / (hi - lo)
-    return table[lo][col] + w * (table[hi][col] - table[lo][col])
+    lo, hi, w = bracket(table, ep)
+    return table[lo][col] if lo == hi else table[lo][col] + w * (table[hi][col] - table[lo][col])
 
 
 def row_bytes(hidden: int, fp8: bool, act_bytes: int) -> float:

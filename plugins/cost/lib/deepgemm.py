@@ -12,7 +12,7 @@ rate measured at a larger M bounds a smaller M's from above (GEMM rates grow wit
 """
 from __future__ import annotations
 
-from plugins.cost.lib.tables import log2_interp
+from framework.gpu.tables import interpolate
 
 NORMAL = {  # dense models: M = tokens
     (2112, 7168): {64: 206, 128: 352, 4096: 1127},     # q_a and kv_a fused
@@ -39,4 +39,4 @@ def tflops(layout: str, m: float, n: float, k: float) -> float | None:
     row = LAYOUTS[layout].get((round(n), round(k)))
     if row is None or m <= 0:
         return None
-    return log2_interp(row, m)
+    return interpolate(row, m, log=True)

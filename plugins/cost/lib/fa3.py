@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from math import ceil
 
-from plugins.cost.lib.tables import log2_interp
+from framework.gpu.tables import interpolate
 
 CAUSAL_FWD_TFLOPS = {  # head dim -> {sequence length: TFLOPS}
     128: {512: 292, 1024: 423, 2048: 521, 4096: 579, 8192: 602, 16384: 616},
@@ -32,7 +32,7 @@ def prefill_tflops(seqlen: float, qk_head_dim: int, v_head_dim: int) -> float:
     """FA3's published causal forward TFLOPS at this sequence length and (mean) head dimension."""
     dims = sorted(CAUSAL_FWD_TFLOPS)
     d = min(max((qk_head_dim + v_head_dim) / 2, dims[0]), dims[-1])
-    lo, hi = log2_interp(CAUSAL_FWD_TFLOPS[dims[0]], seqlen), log2_interp(CAUSAL_FWD_TFLOPS[dims[-1]], seqlen)
+    lo, hi = (interpolate(CAUSAL_FWD_TFLOPS[dim], seqlen, log=True) for dim in (dims[0], dims[-1]))
     return lo + (d - dims[0]) / (dims[-1] - dims[0]) * (hi - lo)
 
 
