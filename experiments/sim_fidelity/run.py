@@ -79,7 +79,7 @@ def _own_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def router_cases(quick: bool, out: Path) -> list[dict]:
+def router_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
            *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
@@ -89,13 +89,13 @@ def router_cases(quick: bool, out: Path) -> list[dict]:
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(compose(overrides + SIM + [f"sim.host_background={background.procs:.3f}"]))
+        sim, _ = simulate(compose(overrides + sim_args + [f"sim.host_background={background.procs:.3f}"]))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
                       "overrides": overrides, "real": trial, "sim": sim, "host_background": background.procs})
     return cases
 
 
-def scheme_cases(quick: bool, out: Path) -> list[dict]:
+def scheme_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
     sys.path.insert(0, str(ROOT / "experiments" / "dp_attn_vs_tp"))
     from run import bench                                      # experiments/dp_attn_vs_tp/run.py
@@ -106,7 +106,7 @@ def scheme_cases(quick: bool, out: Path) -> list[dict]:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
         with contextlib.redirect_stdout(io.StringIO()), Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(compose(overrides + SIM + ["sim.network_latency_s=0", "sim.router_overhead_s=0",
+        sim, _ = simulate(compose(overrides + sim_args + ["sim.network_latency_s=0", "sim.router_overhead_s=0",
                                                      f"sim.host_background={background.procs:.3f}"]))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, "host_background": background.procs})
@@ -246,6 +246,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "sim_fidelity",
                     help="where the real runs write their own results")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
+    ap.add_argument("--between", choices=["fit", "grid"], default="grid",
+                    help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
@@ -254,11 +256,12 @@ def main() -> None:
     t0 = time.time()
     host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
+    sim_args = SIM + [f"sim.cost.between={args.between}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
-        cases = (router_cases(args.quick, work) if "router_ablation" in args.studies else []) + \
-            (scheme_cases(args.quick, work) if "dp_attn_vs_tp" in args.studies else [])
+        cases = (router_cases(args.quick, work, sim_args) if "router_ablation" in args.studies else []) + \
+            (scheme_cases(args.quick, work, sim_args) if "dp_attn_vs_tp" in args.studies else [])
         print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
         repeats.append(cases)
     load["after"] = os.getloadavg()
@@ -272,7 +275,7 @@ def main() -> None:
     keep = [k for k, _ in FIGURES] + list(EXTRA) + ["requests_completed", "duration_s", "steps", "retractions",
                                                     "sim_wall_s"]
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
-           "repeats": args.repeats, "load_average": load, "profile_host_check": host,
+           "repeats": args.repeats, "sim_args": sim_args, "load_average": load, "profile_host_check": host,
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",

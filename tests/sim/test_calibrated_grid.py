@@ -1,0 +1,59 @@
+"""sim.cost.between=grid: the calibrated profile's measured points price the steps they measured, bilinear between
+them, and past the grid the fit's growth from its edge."""
+import json
+
+import pytest
+
+from framework.config import compose
+from framework.contracts.cost import BatchShape, Step
+from framework.core.registry import COST
+from framework.runs.sim import cost_instance
+from plugins.cost.calibrated import DEFAULT_PATH, ROOT, decode_time, prefill_time
+
+
+def _cost(between: str):
+    cfg = COST.get("calibrated").Config(between=between)
+    return COST.build("calibrated", cfg, cost_instance(compose(["logger.mode=disabled"])))
+
+
+def _profile():
+    return json.loads((ROOT / DEFAULT_PATH).read_text())["profiles"]["singlex1/reference"]
+
+
+def _prefill(cost, n: int, p: int) -> float:
+    return cost.step_time(Step(batches=(BatchShape("extend", (n,), (p,)),)))
+
+
+def _decode(cost, b: int, c: int) -> float:
+    return cost.step_time(Step(batches=(BatchShape("decode", (1,) * b, (c,) * b),)))
+
+
+def test_grid_prices_the_measured_points_and_between_them():
+    pre, dec = _profile()["prefill"], _profile()["decode"]
+    grid = _cost("grid")
+    for i, n in enumerate(pre["new"]):
+        for j, p in enumerate(pre["prefix"]):
+            assert _prefill(grid, n, p) == pytest.approx(pre["seconds"][i][j])
+    for i, b in enumerate(dec["batch"]):
+        for j, c in enumerate(dec["context"]):
+            assert _decode(grid, b, c) == pytest.approx(dec["seconds"][i][j])
+    # halfway between two measured new-token counts, on a measured prefix: their mean
+    n0, n1, p = pre["new"][-2], pre["new"][-1], pre["prefix"][1]
+    mid = (pre["seconds"][-2][1] + pre["seconds"][-1][1]) / 2
+    assert _prefill(grid, (n0 + n1) // 2, p) == pytest.approx(mid, rel=1e-3)
+
+
+def test_grid_past_its_edge_grows_as_the_fit_and_fit_is_the_default():
+    dec = _profile()["decode"]
+    grid, fit = _cost("grid"), _cost("fit")
+    b, c = dec["batch"][-1], dec["context"][-1]
+    edge = dec["seconds"][-1][-1]
+    assert _decode(grid, 2 * b, c) == pytest.approx(edge * _decode(fit, 2 * b, c) / _decode(fit, b, c))
+    assert _decode(fit, 3, 100) == pytest.approx(decode_time(fit.decode.coef, 3, 100))
+    assert _prefill(fit, 100, 50) == pytest.approx(prefill_time(fit.prefill.coef, 100, 50))
+    assert COST.get("calibrated").Config().between == "fit"
+
+
+def test_an_unknown_between_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"between='table'.*\('fit', 'grid'\)"):
+        _cost("table")
