@@ -14,11 +14,13 @@ SGLang PR #1970 (experiments/sim_repro/comparison_round1.json).
     python experiments/wide_ep/compare.py --round 2   # round 2: predictions_round2.json -> comparison_round2.json
     python experiments/wide_ep/compare.py --round 3   # round 3: predictions_round3.json -> comparison_round3.json
     python experiments/wide_ep/compare.py --round 4   # round 4: predictions_round4.json -> comparison_round4.json
+    python experiments/wide_ep/compare.py --round 5   # round 5: predictions_round5.json -> comparison_round5.json
 
 Round 2 is the same table against the prediction with the blog's published expert distribution replayed
 (predict.py --round 2); its EPLB ratios rest on no free knob. Round 3 is round 2's inputs with one sourced change to
 the cost model (DeepEP's rows arrive in FP8: predictions_round3.md). Round 4 adds three published kernel rates
-(DeepGEMM, FlashAttention-3: predictions_round4.md).
+(DeepGEMM, FlashAttention-3: predictions_round4.md). Round 5 adds the per-batch fluctuation of the expert loads, sized
+from the blog's measured per-step balancedness (predictions_round5.md).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ PUBLISHED = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Issue 21: the published wide-EP figures beside a prediction")
-    ap.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, dest="round_")
+    ap.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1, dest="round_")
     round_ = ap.parse_args().round_
     source, target = ("predictions.json", "comparison.json") if round_ == 1 else \
         (f"predictions_round{round_}.json", f"comparison_round{round_}.json")

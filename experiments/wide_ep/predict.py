@@ -42,6 +42,17 @@ published causal forward rates for the prefill attention (sim.cost.fa3_prefill_r
 the decode attention's partials (sim.cost.fa3_decode_splits). It also predicts every cell with each term alone on
 round 3 (the sensitivity). Writes predictions_round4.json and predictions_round4.md, byte-identical when re-run at
 the same commit.
+
+Round 5 (`--round 5`) keeps round 4's inputs and switches (the prediction of round 4, as committed) and turns on one
+more, default off: the per-batch fluctuation of the expert loads around the replayed distribution
+(sim.cost.expert_load_fluctuation, plugins/cost/lib/load_fluctuation.py). Its size is fitted by
+fit_load_fluctuation.py to the balancedness the blog measured step by step in a decode run with EPLB (its "Case Study:
+Workload Imbalance Versus Overall Throughput" figure: loads, not a predicted throughput) and read here from
+loads/sglang_blog_decode_balancedness.json. It also predicts every cell with the switch alone on round 3 (the
+sensitivity) and checks that with the switch off round 4's cells come out as predictions_round4.json holds them.
+Writes predictions_round5.json and predictions_round5.md, byte-identical when re-run at the same commit.
+
+    python experiments/wide_ep/predict.py --round 5   # round 5, ~20 s (with round 4 again and the switch alone)
 """
 from __future__ import annotations
 
@@ -71,6 +82,9 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_layout.py", "plugins/c
 LOADS = {"prefill": "experiments/wide_ep/loads/sglang_blog_prefill.json",
          "decode": "experiments/wide_ep/loads/sglang_blog_decode.json"}
 ROUND4_FILES = ("plugins/cost/lib/deepgemm.py", "plugins/cost/lib/fa3.py", "framework/gpu/tables.py")
+FLUCTUATION = "experiments/wide_ep/loads/sglang_blog_decode_balancedness.json"
+ROUND5_FILES = ("plugins/cost/lib/load_fluctuation.py", "experiments/wide_ep/fit_load_fluctuation.py", FLUCTUATION,
+                "experiments/wide_ep/loads/sglang_blog_eplb_throughput_vs_imbalance.png")
 ROUND2_FILES = MODEL_FILES + ("framework/contracts/eplb.py", "framework/contracts/tbo.py",
                               "experiments/wide_ep/digitize_loads.py", *LOADS.values())
 BASE: dict[str, list[str]] = {"prefill": [], "decode": []}   # overrides every cell of a phase starts from
@@ -122,6 +136,28 @@ ROUND4_TERMS = {
 }
 
 
+ROUND5_TERM = "sim.cost.expert_load_fluctuation"
+ROUND5_CHANGE = (
+    "each batch's expert shares, per MoE layer, a Dirichlet draw around the replayed shares whose variance is "
+    "`inflation` times that of independent picks (picks = the tokens routed into the EP group x top-8; 64 seeded "
+    "draws per layer and batch size), so the busiest rank of a placement balanced for the average carries more than "
+    "the average says, less so the larger the batch; EPLB on and off alike (plugins/cost/lib/load_fluctuation.py). "
+    "The inflation is fitted (experiments/wide_ep/fit_load_fluctuation.py) so that the model's mean balancedness for "
+    "the blog's decode run (EP72, EPLB over 288 slots, 256 tokens per device, the replayed decode distribution) equals "
+    "the one the blog measured: its 'Case Study: Workload Imbalance Versus Overall Throughput' figure "
+    "(eplb-throughput-vs-imbalance.png, lm-sys/lm-sys.github.io 01f4540), SGLang's per-step balancedness of a decode "
+    "run with EPLB (1,800 input / 100 output tokens, batch 256), read at decode steps 13-89 and turned into the mean "
+    "over the 58 MoE layers (SGLang's recorder averages 61 layers; the 3 dense ones read 1). The prefill cells use the "
+    "same inflation per pick: the source measures decode only.")
+
+
+def round5_size() -> dict:
+    """The fitted inflation and what it was fitted to (fit_load_fluctuation.py's output)."""
+    data = json.loads((ROOT / FLUCTUATION).read_text())
+    return {k: data[k] for k in ("source", "inflation", "moe_layers_mean", "logged_mean", "logged_min", "logged_max",
+                                 "model_balancedness_at_fit", "run")}
+
+
 def eplb_cells(round_: int) -> dict[str, dict]:
     """EPLB with vs without (the same 288 slots, placed in order), at the blog's settings."""
     off = ["moe.eplb.rebalance_every=0"]
@@ -141,7 +177,7 @@ def eplb_cells(round_: int) -> dict[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Issue 21's pre-registered wide-EP prediction")
-    ap.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, dest="round_")
+    ap.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1, dest="round_")
     round_ = ap.parse_args().round_
     if round_ >= 2:
         BASE.update({phase: [f"sim.cost.expert_loads={path}"] for phase, path in LOADS.items()})
@@ -153,14 +189,27 @@ def main() -> None:
             BASE.update({phase: base + [f"{term}=true"] for phase, base in round3.items()})
             sensitivity[term] = {k: v["value"] for k, v in predict_cells(round_).items()}
         BASE.update({phase: base + [f"{term}=true" for term in ROUND4_TERMS] for phase, base in round3.items()})
+    off_check = {}
+    if round_ == 5:                       # the new switch alone on round 3; round 4 again (the switch off); then both
+        round3 = {phase: list(base) for phase, base in BASE.items()}
+        switch = f"{ROUND5_TERM}={round5_size()['inflation']}"
+        BASE.update({phase: base + [switch] for phase, base in round3.items()})
+        sensitivity[ROUND5_TERM] = {k: v["value"] for k, v in predict_cells(round_).items()}
+        BASE.update({phase: base + [f"{term}=true" for term in ROUND4_TERMS] for phase, base in round3.items()})
+        committed = json.loads((HERE / "predictions_round4.json").read_text())["cells"]
+        again = {k: v["value"] for k, v in predict_cells(round_).items()}
+        off_check = {"round4_reproduced": all(again[k] == v["value"] for k, v in committed.items()),
+                     "round4": again}
+        BASE.update({phase: base + [switch] for phase, base in BASE.items()})
     cells = predict_cells(round_)
-    files = MODEL_FILES if round_ == 1 else ROUND2_FILES + ROUND4_FILES if round_ == 4 else ROUND2_FILES
+    files = MODEL_FILES if round_ == 1 else ROUND2_FILES + ROUND4_FILES + ROUND5_FILES if round_ == 5 else \
+        ROUND2_FILES + ROUND4_FILES if round_ == 4 else ROUND2_FILES
     configs = {name: {"sim.cost": vars(c.sim.cost), "moe": vars(c.moe), "parallel": vars(c.parallel)}
                for name, c in (("prefill", compose(["experiment=wide_ep_prefill"] + BASE["prefill"])),
                                ("decode", compose(["experiment=wide_ep_decode"] + BASE["decode"])))}
-    if round_ < 4:                        # the round-4 switches did not exist then (and are off)
-        for c in configs.values():
-            c["sim.cost"] = {k: v for k, v in c["sim.cost"].items() if f"sim.cost.{k}" not in ROUND4_TERMS}
+    later = ({ROUND5_TERM} if round_ < 5 else set()) | (set(ROUND4_TERMS) if round_ < 4 else set())
+    for c in configs.values():            # a later round's switches did not exist then (and are off)
+        c["sim.cost"] = {k: v for k, v in c["sim.cost"].items() if f"sim.cost.{k}" not in later}
     out = {"experiment": "wide_ep", "git_sha": git_sha(), "wall_s": time.time() - t0,
            "digest": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16] for f in files},
            "configs": configs, "cells": cells}
@@ -168,10 +217,12 @@ def main() -> None:
         out["round"], out["loads"] = round_, LOADS
         out["load_checks"] = load_checks()
     if round_ >= 3:                  # byte-identical when re-run at the same commit: no wall time in the file
-        out["change"] = ROUND3_CHANGE if round_ == 3 else ROUND4_TERMS
+        out["change"] = ROUND3_CHANGE if round_ == 3 else ROUND4_TERMS if round_ == 4 else {ROUND5_TERM: ROUND5_CHANGE}
         print(f"wall {out.pop('wall_s'):.1f} s")
-    if round_ == 4:
+    if round_ >= 4:
         out["sensitivity"] = sensitivity
+    if round_ == 5:
+        out["fluctuation"], out["switch_off"] = round5_size(), off_check
     name = "predictions.json" if round_ == 1 else f"predictions_round{round_}.json"
     (HERE / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
     if round_ == 2:
@@ -180,6 +231,8 @@ def main() -> None:
         (HERE / "predictions_round3.md").write_text(round3_md(out))
     if round_ == 4:
         (HERE / "predictions_round4.md").write_text(round4_md(out))
+    if round_ == 5:
+        (HERE / "predictions_round5.md").write_text(round5_md(out))
     for k, v in cells.items():
         print(f"{k:45s} {v['value']:12.3f}")
 
@@ -312,6 +365,33 @@ def round4_md(out: dict) -> str:
                                if k.startswith("decode_256_") else "")
         alone = " | ".join(f"{out['sensitivity'][t][k]:,.3f}" for t in terms)
         lines.append(f"| {k} | {before[k]['value']:,.3f} | {v['value']:,.3f} | {alone} | {what} |")
+    return "\n".join(lines) + "\n"
+
+
+def round5_md(out: dict) -> str:
+    """Round 4 beside round 5 per cell, and the new switch alone on round 3."""
+    before = json.loads((HERE / "predictions_round4.json").read_text())["cells"]
+    size, off = out["fluctuation"], out["switch_off"]
+    lines = ["# Issue 21, wide EP: round 5 prediction (pre-registered)", "",
+             "Written by `python experiments/wide_ep/predict.py --round 5` before any comparison; it holds no "
+             "published figure. Inputs and switches as round 4 (the blog's expert distribution replayed; EPLB off: "
+             "SGLang's trivial order of the 288 slots; DeepGEMM's and FlashAttention-3's published rates). The change: "
+             f"one more cost-model switch, default off, `{ROUND5_TERM}={size['inflation']}`:", "", ROUND5_CHANGE, "",
+             f"The fitted size: inflation {size['inflation']} (the model's balancedness for that run "
+             f"{size['model_balancedness_at_fit']}, against the measured mean {size['moe_layers_mean']} over the MoE "
+             f"layers; as logged, mean {size['logged_mean']}, range {size['logged_min']}-{size['logged_max']}). "
+             "With the switch off the model gives round 4's cells exactly: "
+             f"{'yes' if off['round4_reproduced'] else 'NO'}.", "",
+             f"git {out['git_sha']}; model files' sha256 (first 16 hex) in predictions_round5.json.", "",
+             f"| cell | round 4 | round 5 | {ROUND5_TERM.removeprefix('sim.cost.')} alone on round 3 | busiest rank / "
+             "mean, round 5 (4) | what |", "|---|---:|---:|---:|---:|---|"]
+    for k, v in out["cells"].items():
+        what = WHAT.get(k) or ("gain, TBO on / off" if k.startswith("tbo_") else "output tok/s per node, decode 256"
+                               if k.startswith("decode_256_") else "")
+        imb = (f"{v['breakdown']['moe_rank_imbalance']:.3f} ({before[k]['breakdown']['moe_rank_imbalance']:.3f})"
+               if "breakdown" in v else "")
+        lines.append(f"| {k} | {before[k]['value']:,.3f} | {v['value']:,.3f} | "
+                     f"{out['sensitivity'][ROUND5_TERM][k]:,.3f} | {imb} | {what} |")
     return "\n".join(lines) + "\n"
 
 

@@ -29,6 +29,7 @@ from plugins.cost._layout import declared_collectives, layout_for, plugin_config
 from plugins.cost.lib import deepep, deepgemm, fa3
 from plugins.cost.lib.eplb_moves import EPLBMoves
 from plugins.cost.lib.expert_load import SOURCES, layer_loads, rank_imbalance, rebalance
+from plugins.cost.lib.load_fluctuation import LoadFluctuation
 from plugins.cost.lib.tbo import decode_layer, overlapped_s, prefill_layer
 
 
@@ -89,7 +90,12 @@ class RooflineConfig(CostConfig):
     # (rebalance_every > 0) as EPLB's placement for the loads below (plugins/cost/lib/expert_load.py) --------------
     expert_loads: str = "uniform"     # uniform | zipf | a JSON of recorded loads (moe_stats' `expert_load`)
     zipf_exponent: float = 1.0        # zipf: popularity ~ 1 / rank^s; no published DeepSeek-V3 figure: a free knob
-    expert_load_seed: int = 0         # zipf: the experts' random order per layer
+    expert_load_seed: int = 0         # zipf: the experts' random order per layer; the fluctuation's draws
+    # per-batch fluctuation of the loads around them (plugins/cost/lib/load_fluctuation.py): each batch's expert
+    # shares a Dirichlet draw whose variance is this many times independent picks'; 0: off, every batch at the
+    # loads' average (rounds 1-4). experiments/wide_ep/fit_load_fluctuation.py fits it to the lmsys blog's
+    # measured per-step balancedness
+    expert_load_fluctuation: float = 0.0
     dense_dp: bool = False            # SGLang 2025's --moe-dense-tp-size 1: dense FFNs on each rank's own tokens
     deepep_dispatch_fp8: bool = True  # DeepEP's measured setting: FP8 dispatch (+1 fp32 scale / 128), BF16 combine
     deepep_normal_sms: int = 24       # SMs DeepEP's normal kernels hold (README: Buffer.set_num_sms(24)); under
@@ -266,6 +272,7 @@ class RooflineCost(CostModel):
         decode = all(b.mode != "extend" for b in step.batches)
         mode = deepep.mode_for(self.dispatch, decode) if self.deepep else ""
         dense_ffn, moe_ffn, kf = self._ffn(t_max, total, mode)
+        imbalance = self._imbalance(total)                # the busiest rank's picks over the mean's, this step
         ffn = dense_ffn + moe_ffn
         plan = self.moe_cls.overlap_plan(self.moe_cfg, t_max, decode) if step.collectives is None else None
         if step.collectives is None:
@@ -281,7 +288,7 @@ class RooflineCost(CostModel):
             kernels += kt
         else:
             if mode:                                      # DeepEP's kernels instead of the declared all-to-all
-                comm += self.moe_layers * sum(self._deepep_s(mode, t_max))
+                comm += self.moe_layers * sum(self._deepep_s(mode, t_max, total))
                 kc += 2 * self.moe_layers
             gpu = m.num_layers * attn + ffn + head + comm
         kernels += kf + kc
@@ -291,7 +298,7 @@ class RooflineCost(CostModel):
         forward, total = combine(self.cfg, gpu, launch, graph, sched, self.overlap, self.eager_floor)
         return {"attention_s": m.num_layers * attn, "ffn_s": ffn, "head_s": head, "comm_s": comm,
                 "launch_s": launch, "kernels": kernels, "gpu_s": gpu, "forward_s": forward, "scheduler_s": sched,
-                "tbo_moe_layers_s": tbo_s, "graph": float(graph), "moe_rank_imbalance": self.imbalance,
+                "tbo_moe_layers_s": tbo_s, "graph": float(graph), "moe_rank_imbalance": imbalance,
                 "total_s": total}
 
     # -- wide EP (issue 21) ----------------------------------------------------------------------------------------
@@ -312,7 +319,9 @@ class RooflineCost(CostModel):
         if not 0 < cfg.deepep_normal_sms < instance.hardware.sm_count:
             raise ValueError(f"sim.cost.deepep_normal_sms={cfg.deepep_normal_sms} must be in 1.."
                              f"{instance.hardware.sm_count - 1} (hardware.sm_count)")
-        self.imbalance, self.slots_per_expert = 1.0, 1.0
+        self.imbalance, self.slots_per_expert, self.fluctuation = 1.0, 1.0, None
+        if cfg.expert_load_fluctuation < 0:
+            raise ValueError(f"sim.cost.expert_load_fluctuation={cfg.expert_load_fluctuation} must be >= 0 (0: off)")
         slots = self.moe_cls.expert_slots(self.moe_cfg, m.n_routed_experts, lay.size) if m.n_routed_experts else None
         self.eplb_moves: EPLBMoves | None = None
         every = getattr(getattr(self.moe_cfg, "eplb", None), "rebalance_every", 0)
@@ -326,6 +335,9 @@ class RooflineCost(CostModel):
         placed = [rebalance(row, len(slots), lay.size) if every > 0 else slots for row in loads]
         per_layer = [rank_imbalance(row, p, lay.size) for row, p in zip(loads, placed)]
         self.imbalance = sum(per_layer) / len(per_layer)   # the slowest rank paces each layer: their mean
+        if cfg.expert_load_fluctuation > 0:
+            self.fluctuation = LoadFluctuation(loads, placed, lay.size, cfg.expert_load_fluctuation,
+                                               cfg.expert_load_seed)
         # MoE layer i is placed for the loads' row i (one row: every layer alike)
         self._eplb_moves(every, slots, [placed[i * len(placed) // self.moe_layers] for i in range(self.moe_layers)])
 
@@ -341,14 +353,22 @@ class RooflineCost(CostModel):
     def placement_moves(self, forward_pass: int) -> dict[str, float]:
         return self.eplb_moves.at(forward_pass) if self.eplb_moves is not None else {}
 
-    def _deepep_s(self, mode: str, tokens: int) -> tuple[float, float]:
-        """(dispatch, combine) seconds of one layer on the busiest rank (its receive scales with the imbalance)."""
+    def _imbalance(self, t_routed: int) -> float:
+        """The busiest rank's picks over the mean's when the EP group's experts serve `t_routed` tokens."""
+        if self.fluctuation is None:
+            return self.imbalance
+        return self.fluctuation.imbalance(t_routed * self.m.num_experts_per_tok)
+
+    def _deepep_s(self, mode: str, tokens: int, t_routed: int) -> tuple[float, float]:
+        """(dispatch, combine) seconds of one layer on the busiest rank (its receive scales with the imbalance of
+        the `t_routed` tokens the EP group routes)."""
         hw, m, fp8 = self.instance.hardware, self.m, self.cfg.deepep_dispatch_fp8
         if mode == "deepep_normal":
             d, c = deepep.normal_s(tokens, self.lay.size, hw.gpus_per_node, m, fp8, self.act)
         else:
             d, c = deepep.low_latency_s(tokens, self.lay.size, m, fp8, self.act)
-        return d * self.imbalance, c * self.imbalance
+        imbalance = self._imbalance(t_routed)
+        return d * imbalance, c * imbalance
 
     def _tbo(self, step: Step, mode: str, decode: bool, delta: int, total: int) -> tuple[float, int]:
         """The MoE layers as two micro-batches of the largest batch (the slowest group paces every layer); every
@@ -376,7 +396,7 @@ class RooflineCost(CostModel):
                 t_routed = round(total * t / t_max)
             gate, routed, add, shared = self._moe_parts(t_in, t_routed, mode)
             if mode:
-                dispatch, comb = self._deepep_s(mode, t)
+                dispatch, comb = self._deepep_s(mode, t, t_routed)
             else:                                         # the backend's own collectives, split at the dispatch
                 cs = self.moe_cls.layer_comm(self.moe_cfg, self.m, [t] * self.lay.size)
                 times = [self.rf.collective(c.kind, c.bytes, len(c.ranks)) for c in cs]
@@ -538,7 +558,7 @@ class RooflineCost(CostModel):
                       rf.memop("act", t_in * e * 4),                        # logits, then the fp32 top-k
                       rf.memop("act", t_in * m.hidden_size * (self.act + 1))
                       if fp8_wire and mode == "deepep_normal" else 0.0)    # the sender's quantization
-        assigned = t_routed * k / lay.expert_split * self.imbalance
+        assigned = t_routed * k / lay.expert_split * self._imbalance(t_routed)
         touched = expected_touched(e, k, t_routed) / lay.expert_split * self.slots_per_expert
         inter = m.moe_intermediate_size / lay.inter_split
         layout = {"deepep_normal": "contiguous", "deepep_low_latency": "masked"}.get(mode)   # else fused_moe
