@@ -6,6 +6,7 @@ the HTTP router gives it: the policy tokenizes), timed by the core's own timer (
 router's event loop: this reproduces the HTTP router's gap (a warm in-process loop, bench_decisions.py, shows half of it).
 
     python experiments/soak/decision_yardstick.py [--runs 5] [--replays 2] [--routers ...] [--against /tmp/base]
+                                                  [--record DIR | --compare DIR DIR | --opcodes | --parts]
 
 Each run is a fresh process per router (and per tree), interleaved; prints each run's p50 (``router_decision_us``'
 p50 over the replays' decisions), then per tree the median over runs with its ratio to cache_aware's; writes
@@ -13,7 +14,9 @@ results_yardstick.json (``--out``). ``--tree``: time another checkout's code; ``
 of HEAD: before/after), alternated with the first run by run. ``--record DIR``: each router's decisions of one run
 (worker, reason, estimate, request length, memo; PYTHONHASHSEED fixed so block keys repeat), to compare two trees'
 decisions (pickles; equal lists = the same decisions): ``--compare DIR DIR``. ``--opcodes``: each decision's Python
-opcodes instead (traced, untimed; what other jobs on the machine do not blur).
+opcodes instead (traced, untimed; what other jobs on the machine do not blur). ``--parts``: where an exact-view
+decision's time goes, in place (each part's p50 by its own timer: the prompt's keys, of which the hashing of its new
+blocks, the match, the credit, the record; each timer adds ~0.2 us to ``dispatch``).
 """
 from __future__ import annotations
 
@@ -24,15 +27,48 @@ import pickle
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTERS = ["cache_aware", "precise_prefix", "sticky_prefix", "kv_cost"]
 
 
-def child(router: str, replays: int, record: str | None, opcodes: bool) -> None:
+def time_parts() -> dict[str, list[int]]:
+    """Timers (ns) around the parts of an exact-view decision, patched in place. The hashing is timed only inside a
+    request's keys: events hash their blocks too."""
+    from framework.kv_events.hashing import BlockKeys
+    from framework.routing.core import RouterCore
+    from plugins.routing.lib.kv_policy import KvViewPolicy, PromptKeys
+    parts: dict[str, list[int]] = {}
+    in_keys = [False]
+    clock = time.perf_counter_ns
+
+    def timed(cls, name: str, part: str, is_keys: bool = False, in_keys_only: bool = False) -> None:
+        f, times = getattr(cls, name), parts.setdefault(part, [])
+
+        def g(*a, **k):
+            if in_keys_only and not in_keys[0]:
+                return f(*a, **k)
+            in_keys[0] |= is_keys
+            t = clock()
+            try:
+                return f(*a, **k)
+            finally:
+                times.append(clock() - t)
+                in_keys[0] &= not is_keys
+        setattr(cls, name, g)
+    timed(BlockKeys, "chain", "hashing", in_keys_only=True)
+    timed(PromptKeys, "keys", "keys", is_keys=True)
+    for name in ("match", "credit", "decision"):
+        timed(KvViewPolicy, name, name)
+    timed(RouterCore, "dispatch", "dispatch")
+    return parts
+
+
+def child(router: str, replays: int, record: str | None, opcodes: bool, parts: bool = False) -> None:
     """One router over the trace (run in the tree to time, ``cwd``): prints its decision times as JSON (``opcodes``:
-    the Python opcodes of each ``dispatch`` instead, traced, so untimed)."""
+    the Python opcodes of each ``dispatch`` instead, traced, so untimed; ``parts``: each part's p50, us)."""
     sys.path.insert(0, os.getcwd())
     sys.path.insert(0, os.path.join(os.getcwd(), "tests", "sim"))
     import test_policy_state_replay as replay  # the operator's replay scenario: its trace and cluster
@@ -72,6 +108,7 @@ def child(router: str, replays: int, record: str | None, opcodes: bool) -> None:
             decisions.append((d.worker, d.reason, d.matched_chars, d.request_chars, repr(memo)))
             return att
         RouterCore.dispatch = recorded
+    timers = time_parts() if parts else None
     import framework.sim.cluster as cluster
     run = cluster.Simulation.run
 
@@ -86,16 +123,22 @@ def child(router: str, replays: int, record: str | None, opcodes: bool) -> None:
     if record:
         with open(record, "wb") as f:
             pickle.dump(decisions, f)
+    if timers is not None:
+        print(json.dumps({"router": router, "us": {k: statistics.median(v) / 1e3 for k, v in timers.items() if v}}))
+        return
     print(json.dumps({"router": router, "us": counts if opcodes else times}))
 
 
-def one(tree: Path, router: str, replays: int, record: str | None = None, opcodes: bool = False) -> list[float]:
+def one(tree: Path, router: str, replays: int, record: str | None = None, opcodes: bool = False,
+        parts: bool = False) -> list[float] | dict[str, float]:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", router, "--replays", str(replays)]
     if record:
         cmd += ["--record", record]
     if opcodes:
         cmd += ["--opcodes"]
+    if parts:
+        cmd += ["--parts"]
     out = subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["us"]
 
@@ -121,10 +164,20 @@ def main() -> None:
     ap.add_argument("--record", help="a folder: write each router's decisions there (one run, untimed use)")
     ap.add_argument("--compare", nargs=2, metavar="DIR", help="two --record folders: are the decisions the same?")
     ap.add_argument("--opcodes", action="store_true", help="count each decision's Python opcodes instead (one run)")
+    ap.add_argument("--parts", action="store_true", help="each part's p50 of an exact-view decision, in place")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.replays, args.record, args.opcodes)
+        return child(args.child, args.replays, args.record, args.opcodes, args.parts)
+    if args.parts:
+        trees = {"this": args.tree, **({"against": args.against} if args.against else {})}
+        for k in range(args.runs):  # alternated, as the timed runs
+            for t, tree in trees.items():
+                for r in args.routers:
+                    if r != "cache_aware":
+                        us = one(tree, r, args.replays, parts=True)
+                        print(f"run {k + 1} {t} {r}: " + "  ".join(f"{p} {v:.1f}" for p, v in us.items()), flush=True)
+        return
     if args.opcodes:
         trees = {"this": args.tree, **({"against": args.against} if args.against else {})}
         for t, tree in trees.items():
