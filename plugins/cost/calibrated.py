@@ -11,10 +11,10 @@ tokens). Each grid is fitted by least squares (relative error) to the shape of a
 
 ``between=fit`` (the default) prices a step with the fit: it smooths the noise of points measured on a shared
 machine, and misses what the shape cannot follow (on this CPU a prefill of 512 new tokens on a cached prefix costs
-2-3x what 256 do: 324 against 59 ms on 256 cached tokens, where the fit gives 156). ``between=grid`` prices a step
+4-5.5x what 256 do: 324 against 59 ms on 256 cached tokens, where the fit gives 156). ``between=grid`` prices a step
 inside the measured grid by the measured points, bilinear between them (each point is already the fastest of its
-repeats), and past the grid's edges by the fit's growth from the nearest edge point: the table, as Vidur prices
-operations from its profile, with the fit only where nothing was measured.
+repeats), and past the grid's edges by the fit's growth from the nearest edge point: a lookup of what was measured
+(Vidur fits a random forest to its points instead), with the fit only where nothing was measured.
 
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
@@ -83,9 +83,13 @@ class Fit:
 
 class Grid:
     """The measured points read between them (bilinear), and past the grid's edges the fit's growth from the nearest
-    edge point: grid(edge) x fit(x, y) / fit(edge)."""
+    edge point: grid(edge) x fit(x, y) / fit(edge) (grid(edge) + fit(x, y) where the fit is 0 at the edge)."""
 
     def __init__(self, xs: list[float], ys: list[float], seconds: list[list[float]], fit) -> None:
+        for name, keys in (("first", xs), ("second", ys)):
+            if len(keys) < 2 or any(b <= a for a, b in zip(keys, keys[1:])):
+                raise ValueError(f"sim.cost.between=grid needs at least 2 increasing points on the grid's {name} "
+                                 f"axis, the profile has {list(keys)}: re-profile it, or use sim.cost.between=fit")
         self.xs, self.ys, self.s, self.fit = list(xs), list(ys), seconds, fit
 
     @staticmethod
@@ -103,7 +107,7 @@ class Grid:
              + wx * ((1 - wy) * s[i + 1][j] + wy * s[i + 1][j + 1]))
         if cx != x or cy != y:  # past an edge: the fit's growth from the edge
             edge = self.fit(cx, cy)
-            t *= self.fit(x, y) / edge if edge > 0 else 1.0
+            t = t * self.fit(x, y) / edge if edge > 0 else t + self.fit(x, y)
         return t
 
 

@@ -92,7 +92,7 @@ class RooflineConfig(CostConfig):
     zipf_exponent: float = 1.0        # zipf: popularity ~ 1 / rank^s; no published DeepSeek-V3 figure: a free knob
     expert_load_seed: int = 0         # zipf: the experts' random order per layer; the fluctuation's draws
     # per-batch fluctuation of the loads around them (plugins/cost/lib/load_fluctuation.py): each batch's expert
-    # shares a Dirichlet draw whose variance is this many times independent picks'; 0: off, every batch at the
+    # shares a Dirichlet draw whose variance is ~this many times independent picks'; 0: off, every batch at the
     # loads' average (rounds 1-4). experiments/wide_ep/fit_load_fluctuation.py fits it to the lmsys blog's
     # measured per-step balancedness
     expert_load_fluctuation: float = 0.0

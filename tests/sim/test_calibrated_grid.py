@@ -57,3 +57,18 @@ def test_grid_past_its_edge_grows_as_the_fit_and_fit_is_the_default():
 def test_an_unknown_between_is_refused_with_the_choices():
     with pytest.raises(ValueError, match=r"between='table'.*\('fit', 'grid'\)"):
         _cost("table")
+
+
+def test_past_an_edge_where_the_fit_is_zero_the_price_still_grows():
+    from plugins.cost.calibrated import Grid
+    g = Grid([1, 2], [0, 1], [[1.0, 2.0], [3.0, 4.0]], lambda n, p: n * p)   # 0 on the p = 0 edge
+    assert g(4, 0) == 3.0 and g(4, 2) == pytest.approx(4.0 * 8 / 2)
+    assert g(8, 0) == 3.0  # the fit says nothing grows along p = 0
+    g0 = Grid([1, 2], [0, 1], [[1.0, 2.0], [3.0, 4.0]], lambda n, p: 0.0 if n <= 2 else n)
+    assert g0(4, 0) == 3.0 + 4
+
+
+def test_a_grid_with_one_point_on_an_axis_is_refused_clearly():
+    from plugins.cost.calibrated import Grid
+    with pytest.raises(ValueError, match="at least 2 increasing points on the grid's second axis"):
+        Grid([1, 2], [0], [[1.0], [2.0]], lambda n, p: 1.0)

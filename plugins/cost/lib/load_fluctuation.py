@@ -9,10 +9,13 @@ balancedness per decode step with EPLB on (experiments/wide_ep/fit_load_fluctuat
 
 The model: each MoE layer's expert shares in one batch are a Dirichlet draw around the replayed shares p with
 concentration picks / inflation, where picks = the tokens routed into the EP group x top-k. Each share then varies
-by inflation x p (1 - p) / picks: `inflation` times what independent picks would give (1: a multinomial draw), and
-less the larger the batch. Per draw, each rank serves its slots' experts (an expert's picks split evenly over its
-replicas, as expert_load.rank_imbalance does); the busiest rank over the mean is averaged over the draws and the
-layers. Seeded by (seed, picks): the same step prices the same every time.
+by inflation x p (1 - p) / (picks + inflation), ~`inflation` times what independent picks would give once picks >>
+inflation (every priced batch: 9k to 4M picks), and less the larger the batch. Per draw, each rank serves its slots'
+experts (an expert's picks split evenly over its replicas, as expert_load.rank_imbalance does); the busiest rank over
+the mean is averaged over the draws and the layers. Seeded by (seed, picks): the same step prices the same every time.
+Under two-batch overlap each micro-batch is priced at its own picks (half the step's: a larger factor; the step
+breakdown's `moe_rank_imbalance` is the whole step's). Each new batch size costs one set of draws (10-50 ms; the last
+256 sizes are kept), so the switch is off by default.
 """
 from __future__ import annotations
 
