@@ -1,0 +1,257 @@
+"""Predict Splitwise's iso-power throughput result (Patel et al., ISCA'24, section 6.2, iso-power throughput-optimized
+clusters, Figure 18a: conversation trace, BLOOM-176B) in mode=sim: the highest request rate at which every one
+of Splitwise's nine latency SLOs holds, for Baseline-A100 (every DGX-A100 runs prompts and tokens, mixed batching)
+and for Splitwise-AA (DGX-A100 prompt machines and DGX-A100 token machines, the KV shipped between them) on as many
+machines, and their ratio. Writes predictions.json beside this file (no published figure in it); compare.py holds the
+published figure and reads it.
+
+Every setting comes from Splitwise's simulator (Mutinifni/splitwise-sim at 8f99e7d, the authors' code behind the
+paper's cluster results) or from the Azure trace it replays; SETUP says which, DEVIATIONS what servelab cannot express.
+
+    python experiments/pd_splitwise/predict.py [--scale 5] [--duration 600] [--router kv_cost] [--seed 0] [--quick]
+
+--scale k runs the published clusters with 1/k of the machines at 1/k of the rate (the same load per machine, the
+same prompt:token split): 5, the default (14 machines, 3-4 minutes here), or 1, the published 70 machines (about
+30). The defaults write predictions.json, the prediction; any other option writes predictions_<options>.json beside
+it (a check, not the prediction).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import gzip
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from framework.config import compose  # noqa: E402
+from framework.contracts.workload import Session, Turn, random_text  # noqa: E402
+from framework.runs.sim import build  # noqa: E402
+from plugins.cost.splitwise_profile import MODELS, HARDWARE, curves, read_rows  # noqa: E402
+
+TRACE = ROOT / "data/splitwise/AzureLLMInferenceTrace_conv.csv.gz"
+GPU_BYTES = 85899345920        # hardware_repo/processors/a100-80gb.yaml memory_size
+WEIGHT_BYTES = 329000000000    # model_repo/sizes/bloom-176b-fp16.yaml weights
+MACHINES = 70                  # the iso-power cluster: notebooks/plots.ipynb isopower_conv_configs
+PROMPT_MACHINES, TOKEN_MACHINES = 45, 25   # Splitwise-AA there: splitwise_aa_config(45, 25)
+# SLOs (notebooks/plots.ipynb get_slo): slowdown against the request alone on a DGX-A100, per percentile
+SLOS = {"ttft": {50: 2.0, 90: 3.0, 99: 6.0}, "tbt": {50: 1.25, 90: 1.5, 99: 5.0}, "e2e": {50: 1.25, 90: 1.5, 99: 5.0}}
+
+SETUP = {
+    "figure": "Splitwise (ISCA'24) section 6.2, iso-power throughput-optimized clusters, Figure 18a (conversation "
+              "trace, BLOOM-176B): throughput of Splitwise-AA against Baseline-A100 at the same power (and cost: "
+              "both all DGX-A100)",
+    "model": "BLOOM-176B fp16, TP 8 on one DGX-A100 per instance (configs/applications/solo.yaml bloom-176b; "
+             "configs/start_state/*.yaml tensor_parallelism 8); model=bloom176b_mla, a stand-in with BLOOM's KV "
+             "bytes (4,014,080 per token)",
+    "clusters": "70 DGX-A100 for both (notebooks/plots.ipynb isopower_conv_configs: baseline_a100_config(70), "
+                "splitwise_aa_config(45, 25); configs/experiment/isopower_cluster.yaml: 40 DGX-H100 = 70 DGX-A100 "
+                "at 44 vs 24.8 kW); Splitwise-AA 45 prompt + 25 token machines",
+    "cost_model": "sim.cost=splitwise_profile: splitwise-sim's DatabasePerformanceModel on its data/perf_model.csv "
+                  "(bloom-176b, a100-80gb, TP 8), prompt steps at prompt_time(batch tokens), token steps at "
+                  "token_time(batch size), medians joined by lines",
+    "memory": "the KV pool of an instance: 8 x 85,899,345,920 B (a100-80gb.yaml) less 329 GB of weights "
+              "(bloom-176b-fp16.yaml) over 4,014,080 B per token (request.py estimate_kv_cache_size)",
+    "engine": "Splitwise's instance settings (start_state/baseline.yaml, splitwise.yaml): at most 512 requests "
+              "(engine.max_running_requests=512), 2,048 batch tokens (engine.max_prefill_tokens=2048; a longer "
+              "prompt runs alone, whole: engine.chunked_prefill_tokens above the longest prompt), FCFS, no prefix "
+              "cache; a request's whole output reserved when admitted (engine.init_new_token_ratio=1, "
+              "min_new_token_ratio_factor=1: Splitwise allocates a request's token_size of KV when its token "
+              "phase starts)",
+    "routing": "Baseline-A100: token_jsq (run_throughput_isopower.sh); Splitwise-AA: mixed_pool "
+               "(scripts/run_isopower.sh), the least pending prompt tokens among prompt machines, the least "
+               "memory among token machines; here router=kv_cost for the mixed instances and for each role: the "
+               "least (prompt tokens in flight / 16 + KV blocks in flight) over all instances, deterministic (no "
+               "prefix is shared, so Dynamo's cost is a join-the-shortest-queue on the tokens of the requests in "
+               "flight, each counted until it ends)",
+    "kv_transfer": "the whole prompt's KV, prompt_size x 4,014,080 B, after the prompt, at 200 x 1024^3 B/s per "
+                   "pair (mixed_pool.yml transfer_bandwidth 200; scheduler.py x 1024**3; DummyLink: no latency); "
+                   "sim.pd_order=distserve: the prompt runs at once, its token machine taken when the request "
+                   "arrives (MixedPoolScheduler.schedule picks both)",
+    "overheads": "none (configs/router/overheads/zero.yaml, the schedulers' overheads {}): sim.router_overhead_s=0, "
+                 "sim.network_latency_s=0",
+    "trace": "generate_trace.py generate_conv_traces: Poisson arrivals at the rate, each request's prompt and "
+             "output sizes drawn with replacement, independently, from AzureLLMInferenceTrace_conv.csv "
+             "(ContextTokens, GeneratedTokens), 600 s (end_time=600); seeded here (the published traces were drawn "
+             "unseeded and are not public)",
+    "slo": "notebooks/plots.ipynb get_slo and find_within_slo: p50/p90/p99 of TTFT slowdown below 2/3/6 and of "
+           "TBT and E2E slowdown below 1.25/1.5/5, against the request alone on a DGX-A100 "
+           "(perf_model.py add_baseline_perf: TTFT prompt_time(prompt), TBT token_time(prompt), E2E TTFT + TBT x "
+           "(tokens - 1)); TBT of a request (scheduler.py): (E2E - TTFT) / tokens; TTFT ends with the prompt phase "
+           "(task.py PromptTask.complete), so a P/D request's KV transfer counts in its TBT, not its TTFT",
+    "throughput": "find_max_throughput: the highest rate whose run meets all nine; here searched by bisection to "
+                  "1 request/s at the published scale (the published traces' grid: 10 requests/s)",
+}
+DEVIATIONS = [
+    "servelab's scheduler is SGLang v0.4's: a step prefills or decodes, never both (Splitwise's mixed iteration runs "
+    "prompts with decodes at prompt_time x 1.1 and preempts decodes past 2,048 batch tokens)",
+    "no mixed pool: Splitwise-AA's machines keep their roles (MixedPoolScheduler lends a machine to the other pool "
+    "when its prompt queue passes 8,192 pending tokens or its token machines are full)",
+    "routing by kv_cost, which counts a request's prompt tokens until the request ends: on a mixed instance a "
+    "decoding request weighs its whole prompt, where Splitwise's token_jsq counts a prompt's tokens only until its "
+    "prompt phase ends (then 1 a request); on the prompt and token pools the two agree more closely (a prompt "
+    "machine's requests end when their KV is sent; a token machine's blocks in flight stand for its memory)",
+    "the decode side pre-allocates with SGLang's 512 future tokens per decoding request, where Splitwise reserves "
+    "each request's whole output",
+    "the cluster at 1/scale of the machines and of the rate (--scale), the same load per machine",
+]
+
+
+@functools.cache
+def trace_sizes() -> tuple[list[int], list[int]]:
+    with gzip.open(TRACE, "rt") as f:
+        rows = list(csv.DictReader(f))
+    return [int(r["ContextTokens"]) for r in rows], [int(r["GeneratedTokens"]) for r in rows]
+
+
+def requests(rate: float, duration: float, seed: int) -> list[tuple[float, int, int]]:
+    """generate_trace.py's conversation trace at `rate`: (arrival s, prompt tokens, output tokens). Seeded, and the
+    same draws at every rate (unit exponential gaps divided by the rate, the same sizes in order), so two rates differ
+    only by their clock: the search below compares loads, not draws."""
+    prompts, outputs = trace_sizes()
+    rng, t, out = random.Random(f"splitwise/{seed}"), 0.0, []
+    while True:
+        t += rng.expovariate(1.0)
+        if t / rate >= duration:
+            return out
+        out.append((t / rate, rng.choice(prompts), rng.choice(outputs)))
+
+
+def sessions(reqs: list[tuple[float, int, int]], seed: int) -> list[Session]:
+    """One single-turn session a request; the prompt is a slice of one text (no prefix cache: only lengths count)."""
+    rng = random.Random(f"text/{seed}")
+    pool = random_text(rng, 2 * 16384)
+    return [Session(f"r{i}", t, [Turn(pool[(s := rng.randrange(16384)):s + p], o)], carry_history=False)
+            for i, (t, p, o) in enumerate(reqs)]
+
+
+def overrides(router: str = "kv_cost") -> list[str]:
+    kv_mb = (8 * GPU_BYTES - WEIGHT_BYTES) / 2**20
+    return ["mode=sim", "logger.mode=disabled", "model=bloom176b_mla", "hardware=a100_80g", "parallel=tp",
+            "parallel.size=8", "sim.cost=splitwise_profile", "workload=trace", f"router={router}",
+            f"engine.kv_budget_mb={kv_mb}", "engine.max_running_requests=512",
+            "engine.max_prefill_tokens=2048", "engine.chunked_prefill_tokens=16384", "engine.radix_cache=false",
+            "engine.schedule_policy=fcfs", "engine.init_new_token_ratio=1", "engine.min_new_token_ratio_factor=1",
+            "sim.router_overhead_s=0", "sim.network_latency_s=0", "sim.itl=false", "sim.pd_order=distserve"]
+
+
+def run(system: str, rate: float, scale: int, duration: float, seed: int, router: str = "kv_cost") -> list:
+    """One run of `system` (baseline | splitwise) at `rate` requests/s (the published scale's): its records."""
+    if system == "baseline":
+        cluster = [f"cluster.instances={MACHINES // scale}"]
+    else:
+        p, t = PROMPT_MACHINES // scale, TOKEN_MACHINES // scale
+        cluster = [f"cluster.instances={p + t}", f"cluster.roles=[{','.join(['prefill'] * p + ['decode'] * t)}]"]
+    cfg = compose(overrides(router) + cluster)
+    records, _ = build(cfg, sessions(requests(rate / scale, duration, seed), seed)).run()
+    return records
+
+
+class Alone:
+    """A request alone on a DGX-A100 (perf_model.py add_baseline_perf): the SLOs' yardstick."""
+
+    def __init__(self) -> None:
+        self.prompt, self.token = curves(read_rows("data/splitwise/perf_model.csv.gz"), MODELS["bloom176b_mla"],
+                                         HARDWARE["a100_80g"], 8)
+
+    def slowdowns(self, r) -> tuple[float, float, float]:
+        """TTFT, TBT and E2E slowdowns of one request. Splitwise's TTFT ends with the prompt phase (task.py
+        PromptTask.complete); the KV transfer comes after it, in the token phase, where servelab's first token
+        waits for it: it is taken off TTFT (and so counts in TBT), as Splitwise counts it."""
+        p, n = r.prompt_tokens, r.completion_tokens
+        first = r.ttft_s - r.kv_transfer_s
+        ttft, tbt = self.prompt(p), self.token(p)
+        return first / ttft, (r.e2e_s - first) / n / tbt, r.e2e_s / (ttft + tbt * (n - 1))
+
+
+def percentile(xs: list[float], q: int) -> float:
+    """numpy's default (linear) percentile, as pandas' quantile in the notebook's summaries."""
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def judge(records: list, alone: Alone) -> dict:
+    ok = [r for r in records if r.ok]
+    if len(ok) < len(records) or not ok:
+        return {"meets_slos": False, "failed": len(records) - len(ok)}
+    cols = list(zip(*(alone.slowdowns(r) for r in ok)))
+    out = {"requests": len(ok)}
+    meets = True
+    for name, col in zip(SLOS, cols):
+        for q, bound in SLOS[name].items():
+            v = percentile(list(col), q)
+            out[f"{name}_slowdown_p{q}"] = round(v, 4)
+            meets &= v < bound
+    out["meets_slos"] = meets
+    return out
+
+
+def max_rate(system: str, scale: int, duration: float, seed: int, lo: int, hi: int, alone: Alone,
+             router: str = "kv_cost") -> tuple[int, list]:
+    """The highest rate (requests/s at the published scale) that meets every SLO, to 1 request/s, by bisection
+    between a rate that meets them (lo) and one that does not (hi); every run is logged."""
+    log, cache = [], {}
+
+    def ok(rate: int) -> bool:
+        if rate not in cache:
+            res = judge(run(system, rate, scale, duration, seed, router), alone)
+            cache[rate] = res["meets_slos"]
+            log.append({"rate": rate, **res})
+            print(f"{system:>9} {rate:4d} req/s  {'meets' if res['meets_slos'] else 'misses'}  "
+                  + "  ".join(f"{k}={v}" for k, v in res.items() if "slowdown" in k), flush=True)
+        return cache[rate]
+
+    while ok(hi):                 # hi meets them too: look higher
+        lo, hi = hi, hi * 2
+    while not ok(lo):             # lo misses them: look lower
+        lo, hi = lo // 2, lo
+        if lo < 1:
+            raise RuntimeError(f"{system} misses the SLOs at every rate tried")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, sorted(log, key=lambda x: x["rate"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=5, help="1/scale of the machines and of the rate")
+    ap.add_argument("--duration", type=float, default=600.0, help="trace seconds (generate_trace.py: 600)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router", default="kv_cost", help="another policy: a sensitivity run, not the prediction")
+    ap.add_argument("--quick", action="store_true", help="a 60-s trace (a smoke run, not the prediction)")
+    args = ap.parse_args()
+    if MACHINES % args.scale or PROMPT_MACHINES % args.scale or TOKEN_MACHINES % args.scale:
+        raise SystemExit(f"--scale must divide 70, 45 and 25 (1 or 5), got {args.scale}")
+    duration = 60.0 if args.quick else args.duration
+    alone = Alone()
+    out = {"setup": SETUP, "deviations": DEVIATIONS, "scale": args.scale, "router": args.router,
+           "duration_s": duration, "seed": args.seed,
+           "trace_sha256": hashlib.sha256(TRACE.read_bytes()).hexdigest(), "systems": {}}
+    for system, lo, hi in (("baseline", 20, 80), ("splitwise", 40, 160)):
+        best, log = max_rate(system, args.scale, duration, args.seed, lo, hi, alone, args.router)
+        out["systems"][system] = {"max_rate_req_s": best, "runs": log}
+    b, s = out["systems"]["baseline"]["max_rate_req_s"], out["systems"]["splitwise"]["max_rate_req_s"]
+    out["predicted"] = {"baseline_a100_req_s": b, "splitwise_aa_req_s": s, "splitwise_aa_over_baseline": s / b}
+    # the prediction: the defaults; any other option writes a file of its own beside it
+    tags = [tag for tag, other in ((f"scale{args.scale}", args.scale != 5), (args.router, args.router != "kv_cost"),
+                                   (f"{duration:g}s", duration != 600 and not args.quick),
+                                   (f"seed{args.seed}", args.seed != 0), ("quick", args.quick)) if other]
+    name = "_".join(["predictions", *tags]) + ".json"
+    (HERE / name).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\npredicted throughput within Splitwise's SLOs: Baseline-A100 {b} req/s, Splitwise-AA {s} req/s, "
+          f"ratio {s / b:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
