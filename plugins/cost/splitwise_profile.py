@@ -15,7 +15,9 @@ an iteration, for the profile's rows of one (model, hardware, tensor_parallel):
 - Splitwise's mixed iteration (prompts and decodes in one step, prompt_time x 1.1) has no counterpart: servelab's
   scheduler (SGLang v0.4's) runs EXTEND and DECODE steps apart;
 - the KV transfer goes at `transfer_gib_s` per instance pair (MixedPoolScheduler's transfer_bandwidth, 200, which
-  scheduler.py turns into bytes/s with x 1024**3, on a DummyLink: no latency), split evenly over the instance's GPUs.
+  scheduler.py turns into bytes/s with x 1024**3, on a DummyLink: no latency), split evenly over the instance's GPUs;
+  where Splitwise gives every transfer its own link, framework/sim/pd.py shares an instance's links between the
+  transfers running on it (experiments/README.md, pd_splitwise).
 
 Only what was profiled can be priced: another model, GPU or TP degree is refused with what is there.
 """
