@@ -27,6 +27,8 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from framework.config import compose  # noqa: E402
 from framework.contracts.workload import Session, Turn, random_text  # noqa: E402
 from framework.runs.sim import build  # noqa: E402
-from plugins.cost.splitwise_profile import MODELS, HARDWARE, curves, read_rows  # noqa: E402
+from plugins.cost.splitwise_profile import DEFAULT_PATH, HARDWARE, MODELS, curves, read_rows  # noqa: E402
 
 TRACE = ROOT / "data/splitwise/AzureLLMInferenceTrace_conv.csv.gz"
 GPU_BYTES = 85899345920        # hardware_repo/processors/a100-80gb.yaml memory_size
@@ -161,7 +163,7 @@ class Alone:
     """A request alone on a DGX-A100 (perf_model.py add_baseline_perf): the SLOs' yardstick."""
 
     def __init__(self) -> None:
-        self.prompt, self.token = curves(read_rows("data/splitwise/perf_model.csv.gz"), MODELS["bloom176b_mla"],
+        self.prompt, self.token = curves(read_rows(DEFAULT_PATH), MODELS["bloom176b_mla"],
                                          HARDWARE["a100_80g"], 8)
 
     def slowdowns(self, r) -> tuple[float, float, float]:
@@ -174,13 +176,9 @@ class Alone:
         return first / ttft, (r.e2e_s - first) / n / tbt, r.e2e_s / (ttft + tbt * (n - 1))
 
 
-def percentile(xs: list[float], q: int) -> float:
-    """numpy's default (linear) percentile, as pandas' quantile in the notebook's summaries."""
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+def percentile(xs, q: float) -> float:
+    """The linear percentile (numpy's default), as pandas' quantile in the notebook's summaries."""
+    return float(np.percentile(xs, q))
 
 
 def judge(records: list, alone: Alone) -> dict:
@@ -192,7 +190,7 @@ def judge(records: list, alone: Alone) -> dict:
     meets = True
     for name, col in zip(SLOS, cols):
         for q, bound in SLOS[name].items():
-            v = percentile(list(col), q)
+            v = percentile(col, q)
             out[f"{name}_slowdown_p{q}"] = round(v, 4)
             meets &= v < bound
     out["meets_slos"] = meets

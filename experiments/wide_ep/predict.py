@@ -202,8 +202,8 @@ def main() -> None:
                      "round4": again}
         BASE.update({phase: base + [switch] for phase, base in BASE.items()})
     cells = predict_cells(round_)
-    files = MODEL_FILES if round_ == 1 else ROUND2_FILES + ROUND4_FILES + ROUND5_FILES if round_ == 5 else \
-        ROUND2_FILES + ROUND4_FILES if round_ == 4 else ROUND2_FILES
+    files = {1: MODEL_FILES, 4: ROUND2_FILES + ROUND4_FILES,
+             5: ROUND2_FILES + ROUND4_FILES + ROUND5_FILES}.get(round_, ROUND2_FILES)
     configs = {name: {"sim.cost": vars(c.sim.cost), "moe": vars(c.moe), "parallel": vars(c.parallel)}
                for name, c in (("prefill", compose(["experiment=wide_ep_prefill"] + BASE["prefill"])),
                                ("decode", compose(["experiment=wide_ep_decode"] + BASE["decode"])))}

@@ -21,16 +21,15 @@ Only what was profiled can be priced: another model or config is refused with th
 from __future__ import annotations
 
 import json
-from bisect import bisect_right
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
+from framework.core.paths import REPO_ROOT
 from framework.core.registry import COST
 from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
+from framework.gpu.tables import segment
 
 DEFAULT_PATH = "data/calibration/cpu.json"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def config_key(parallel: str, size: int, moe: str) -> str:
@@ -92,19 +91,12 @@ class Grid:
                                  f"axis, the profile has {list(keys)}: re-profile it, or use sim.cost.between=fit")
         self.xs, self.ys, self.s, self.fit = list(xs), list(ys), seconds, fit
 
-    @staticmethod
-    def _at(keys: list[float], v: float) -> tuple[int, float, float]:
-        """(i, w, v'): v clamped into the keys (v'), the key at or below it (i) and its weight towards i + 1."""
-        v = min(max(v, keys[0]), keys[-1])
-        i = min(bisect_right(keys, v) - 1, len(keys) - 2)
-        return i, (v - keys[i]) / (keys[i + 1] - keys[i]), v
-
     def __call__(self, x: float, y: float) -> float:
-        i, wx, cx = self._at(self.xs, x)
-        j, wy, cy = self._at(self.ys, y)
-        s = self.s
+        xs, ys, s = self.xs, self.ys, self.s
+        (i, wx), (j, wy) = segment(xs, x), segment(ys, y)
         t = ((1 - wx) * ((1 - wy) * s[i][j] + wy * s[i][j + 1])
              + wx * ((1 - wy) * s[i + 1][j] + wy * s[i + 1][j + 1]))
+        cx, cy = min(max(x, xs[0]), xs[-1]), min(max(y, ys[0]), ys[-1])
         if cx != x or cy != y:  # past an edge: the fit's growth from the edge
             edge = self.fit(cx, cy)
             t = t * self.fit(x, y) / edge if edge > 0 else t + self.fit(x, y)
@@ -112,7 +104,7 @@ class Grid:
 
 
 def load_profile(path: str, instance: InstanceShape) -> dict:
-    p = Path(path) if Path(path).is_absolute() else ROOT / path
+    p = REPO_ROOT / path  # an absolute path stays itself
     if not p.exists():
         raise ValueError(f"sim.cost.path={path}: no calibration there; run experiments/calibrate/run.py first")
     data = json.loads(p.read_text())
@@ -139,13 +131,11 @@ class CalibratedCost(CostModel):
         self._pc, self._dc = self.prefill.coef, self.decode.coef
         if cfg.between not in BETWEEN:
             raise ValueError(f"sim.cost.between={cfg.between!r} is not one of {BETWEEN}")
-        if cfg.between == "grid":
-            pc, dc = self._pc, self._dc
-            self._prefill_time = Grid(pre["new"], pre["prefix"], pre["seconds"], lambda n, p: prefill_time(pc, n, p))
-            self._decode_time = Grid(dec["batch"], dec["context"], dec["seconds"], lambda b, c: decode_time(dc, b, c))
-        else:
-            self._prefill_time = partial(prefill_time, self._pc)
-            self._decode_time = partial(decode_time, self._dc)
+        self._prefill_time = partial(prefill_time, self._pc)
+        self._decode_time = partial(decode_time, self._dc)
+        if cfg.between == "grid":  # the measured points, with the fit past them
+            self._prefill_time = Grid(pre["new"], pre["prefix"], pre["seconds"], self._prefill_time)
+            self._decode_time = Grid(dec["batch"], dec["context"], dec["seconds"], self._decode_time)
 
     def step_time(self, step: Step) -> float:
         groups, t = len(step.batches), 0.0

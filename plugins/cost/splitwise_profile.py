@@ -23,19 +23,18 @@ Only what was profiled can be priced: another model, GPU or TP degree is refused
 """
 from __future__ import annotations
 
-import bisect
 import csv
 import gzip
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
 from framework.core.errors import UserError
+from framework.core.paths import REPO_ROOT
 from framework.core.registry import COST
+from framework.gpu.tables import segment
 
 DEFAULT_PATH = "data/splitwise/perf_model.csv.gz"
-ROOT = Path(__file__).resolve().parents[2]
 # servelab's model and hardware keys -> the profile's names (what each stands for: conf/model/bloom176b_mla.yaml)
 MODELS = {"bloom176b_mla": "bloom-176b"}
 HARDWARE = {"a100_80g": "a100-80gb", "h100_sxm": "h100-80gb"}
@@ -49,7 +48,7 @@ class SplitwiseProfileConfig(CostConfig):
 
 
 def read_rows(path: str) -> list[dict]:
-    p = Path(path) if Path(path).is_absolute() else ROOT / path
+    p = REPO_ROOT / path  # an absolute path stays itself
     if not p.exists():
         raise UserError(f"sim.cost.path={path}: no Splitwise profile there (the repository ships {DEFAULT_PATH})")
     with (gzip.open(p, "rt") if p.suffix == ".gz" else open(p)) as f:
@@ -66,9 +65,8 @@ class Curve:
             raise UserError(f"a Splitwise profile curve needs two batch-token counts, got {self.x}")
 
     def __call__(self, tokens: float) -> float:
-        i = min(max(bisect.bisect_left(self.x, tokens), 1), len(self.x) - 1)
-        x0, x1, y0, y1 = self.x[i - 1], self.x[i], self.y[i - 1], self.y[i]
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        i, w = segment(self.x, tokens, extend=True)
+        return self.y[i] + w * (self.y[i + 1] - self.y[i])
 
 
 def curves(rows: list[dict], model: str, hardware: str, tp: int) -> tuple[Curve, Curve]:

@@ -8,7 +8,8 @@ from framework.config import compose
 from framework.contracts.cost import BatchShape, Step
 from framework.core.registry import COST
 from framework.runs.sim import cost_instance
-from plugins.cost.calibrated import DEFAULT_PATH, ROOT, decode_time, prefill_time
+from framework.core.paths import REPO_ROOT
+from plugins.cost.calibrated import DEFAULT_PATH, decode_time, prefill_time
 
 
 def _cost(between: str):
@@ -17,7 +18,7 @@ def _cost(between: str):
 
 
 def _profile():
-    return json.loads((ROOT / DEFAULT_PATH).read_text())["profiles"]["singlex1/reference"]
+    return json.loads((REPO_ROOT / DEFAULT_PATH).read_text())["profiles"]["singlex1/reference"]
 
 
 def _prefill(cost, n: int, p: int) -> float:
