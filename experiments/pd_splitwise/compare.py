@@ -1,13 +1,14 @@
 """Compare the prediction (predictions.json, written by predict.py and committed before this file was run on it) with
 Splitwise's published figure, write comparison.json and print the table. The published figure lives here only.
 
-    python experiments/pd_splitwise/compare.py
+    python experiments/pd_splitwise/compare.py [--round 2]   # round 2: predictions_round2.json -> comparison_round2.json
 
 The issue's bar: the published ratio (Splitwise-AA's throughput over Baseline-A100's, iso-power, conversation trace,
 BLOOM-176B) within 15%.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,10 @@ PUBLISHED = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    path = HERE / "predictions.json"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2), help="which round's prediction (predict.py's)")
+    suffix = "" if ap.parse_args(argv).round == 1 else "_round2"
+    path = HERE / f"predictions{suffix}.json"
     if not path.exists():
         print(f"compare.py: {path.name} does not exist (predict.py writes it)", file=sys.stderr)
         return 2
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nthe ratio within {TOLERANCE:.0%} of the published one: {'yes' if within else 'NO'} ({err:+.1%})")
     out = {"prediction_file": path.name, "published": PUBLISHED, "predicted": pred, "ratio_error": err,
            "within_tolerance": within}
-    (HERE / "comparison.json").write_text(json.dumps(out, indent=1) + "\n")
+    (HERE / f"comparison{suffix}.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

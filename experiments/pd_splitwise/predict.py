@@ -8,12 +8,15 @@ published figure and reads it.
 Every setting comes from Splitwise's simulator (Mutinifni/splitwise-sim at 8f99e7d, the authors' code behind the
 paper's cluster results) or from the Azure trace it replays; SETUP says which, DEVIATIONS what servelab cannot express.
 
-    python experiments/pd_splitwise/predict.py [--scale 5] [--duration 600] [--router kv_cost] [--seed 0] [--quick]
+    python experiments/pd_splitwise/predict.py [--round 1|2] [--scale 5] [--duration 600] [--router NAME] [--seed 0]
+                                                [--quick]
 
 --scale k runs the published clusters with 1/k of the machines at 1/k of the rate (the same load per machine, the
 same prompt:token split): 5, the default (14 machines, 3-4 minutes here), or 1, the published 70 machines (about
 30). The defaults write predictions.json, the prediction; any other option writes predictions_<options>.json beside
-it (a check, not the prediction).
+it (a check, not the prediction). --round 2 routes as Splitwise does, token_jsq for Baseline-A100 and mixed_pool's
+pair choice for Splitwise-AA (plugins/routing/token_jsq.py, mixed_pool.py), and writes predictions_round2.json (round
+1, the default, routed both by kv_cost); --router NAME routes both systems by NAME instead (a check).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from plugins.cost.splitwise_profile import DEFAULT_PATH, HARDWARE, MODELS, curve
 TRACE = ROOT / "data/splitwise/AzureLLMInferenceTrace_conv.csv.gz"
 GPU_BYTES = 85899345920        # hardware_repo/processors/a100-80gb.yaml memory_size
 WEIGHT_BYTES = 329000000000    # model_repo/sizes/bloom-176b-fp16.yaml weights
+KV_BYTES = 2 * 14336 * 70 * 2  # a token's KV (request.py estimate_kv_cache_size: 2 x hidden x layers x dtype size)
 MACHINES = 70                  # the iso-power cluster: notebooks/plots.ipynb isopower_conv_configs
 PROMPT_MACHINES, TOKEN_MACHINES = 45, 25   # Splitwise-AA there: splitwise_aa_config(45, 25)
 # SLOs (notebooks/plots.ipynb get_slo): slowdown against the request alone on a DGX-A100, per percentile
@@ -108,6 +112,34 @@ DEVIATIONS = [
     "the cluster at 1/scale of the machines and of the rate (--scale), the same load per machine",
 ]
 
+# Round 2 (issue 20, item 7): Splitwise's own routers; every other setting as round 1.
+ROUTERS_ROUND2 = {"baseline": "token_jsq", "splitwise": "mixed_pool"}
+SETUP_ROUND2 = {
+    **SETUP,
+    "routing": "Baseline-A100: router=token_jsq (scripts/run_throughput_isopower.sh "
+               "applications.0.scheduler=token_jsq; scheduler.py TokenJSQScheduler:353-379): the fewest pending "
+               "tokens, ties to the first instance, a request counting its prompt_size + 1, the prompt_size until its "
+               "prompt phase ends (task.py:138, here at its first token) and the 1 until it ends (task.py:206). "
+               "Splitwise-AA: router=mixed_pool (scripts/run_isopower.sh; scheduler.py MixedPoolScheduler:579-735), "
+               "a policy per role: the prompt machine with the fewest pending prompt tokens (scheduler.py:635-636; a "
+               "prompt's tokens until its first token), the token machine with the least KV reserved "
+               "(scheduler.py:647-648, sched_memory; a request reserving prompt_size + 1 + its whole output, "
+               "scheduler.py:723-724, until it ends), ties to the first instance",
+}
+DEVIATIONS_ROUND2 = [
+    DEVIATIONS[0],
+    "no machine lending: Splitwise-AA's machines keep their roles, where MixedPoolScheduler lends a token machine to "
+    "the prompt pool when the least-loaded prompt machine has a queue and its pending prompt tokens with the new "
+    "prompt pass 8,192 (is_queue_long), and a prompt machine to the token pool when the least-loaded token "
+    "machine's memory with the new request would be full (is_memory_loaded), until the lent machine is idle; the "
+    "machine the rule picks takes the request all the same, and the decisions where Splitwise would have lent say so "
+    "(router reasons prompt_queue_long, token_memory_full; the queue read as pending prompt tokens above 0)",
+    DEVIATIONS[3],
+    "concurrent KV transfers share each instance's outgoing and incoming links equally (framework/sim/pd.py), where "
+    "splitwise-sim's DummyLink gives each transfer its own 200 GiB/s: it lengthens TBT and E2E, not TTFT",
+    DEVIATIONS[4],
+]
+
 
 @functools.cache
 def trace_sizes() -> tuple[list[int], list[int]]:
@@ -139,23 +171,31 @@ def sessions(reqs: list[tuple[float, int, int]], seed: int) -> list[Session]:
 
 def overrides(router: str = "kv_cost") -> list[str]:
     kv_mb = (8 * GPU_BYTES - WEIGHT_BYTES) / 2**20
+    # mixed_pool: a token machine's memory, for the decisions where Splitwise would lend (is_memory_loaded)
+    capacity = [f"router.kv_capacity_tokens={(8 * GPU_BYTES - WEIGHT_BYTES) / KV_BYTES}"] \
+        if router == "mixed_pool" else []
     return ["mode=sim", "logger.mode=disabled", "model=bloom176b_mla", "hardware=a100_80g", "parallel=tp",
-            "parallel.size=8", "sim.cost=splitwise_profile", "workload=trace", f"router={router}",
+            "parallel.size=8", "sim.cost=splitwise_profile", "workload=trace", f"router={router}", *capacity,
             f"engine.kv_budget_mb={kv_mb}", "engine.max_running_requests=512",
             "engine.max_prefill_tokens=2048", "engine.chunked_prefill_tokens=16384", "engine.radix_cache=false",
             "engine.schedule_policy=fcfs", "engine.init_new_token_ratio=1", "engine.min_new_token_ratio_factor=1",
             "sim.router_overhead_s=0", "sim.network_latency_s=0", "sim.itl=false", "sim.pd_order=distserve"]
 
 
-def run(system: str, rate: float, scale: int, duration: float, seed: int, router: str = "kv_cost") -> list:
-    """One run of `system` (baseline | splitwise) at `rate` requests/s (the published scale's): its records."""
+def run(system: str, rate: float, scale: int, duration: float, seed: int, router: str = "kv_cost",
+        reasons: dict | None = None) -> list:
+    """One run of `system` (baseline | splitwise) at `rate` requests/s (the published scale's): its records; the
+    router's decisions per reason go into `reasons` when given."""
     if system == "baseline":
         cluster = [f"cluster.instances={MACHINES // scale}"]
     else:
         p, t = PROMPT_MACHINES // scale, TOKEN_MACHINES // scale
         cluster = [f"cluster.instances={p + t}", f"cluster.roles=[{','.join(['prefill'] * p + ['decode'] * t)}]"]
     cfg = compose(overrides(router) + cluster)
-    records, _ = build(cfg, sessions(requests(rate / scale, duration, seed), seed)).run()
+    sim = build(cfg, sessions(requests(rate / scale, duration, seed), seed))
+    records, _ = sim.run()
+    if reasons is not None:
+        reasons.update(sim.router.stats()["reasons"])
     return records
 
 
@@ -198,16 +238,18 @@ def judge(records: list, alone: Alone) -> dict:
 
 
 def max_rate(system: str, scale: int, duration: float, seed: int, lo: int, hi: int, alone: Alone,
-             router: str = "kv_cost") -> tuple[int, list]:
+             router: str = "kv_cost", count_reasons: bool = False) -> tuple[int, list]:
     """The highest rate (requests/s at the published scale) that meets every SLO, to 1 request/s, by bisection
-    between a rate that meets them (lo) and one that does not (hi); every run is logged."""
+    between a rate that meets them (lo) and one that does not (hi); every run is logged (`count_reasons`: with the
+    router's decisions per reason, e.g. mixed_pool's where Splitwise would lend a machine)."""
     log, cache = [], {}
 
     def ok(rate: int) -> bool:
         if rate not in cache:
-            res = judge(run(system, rate, scale, duration, seed, router), alone)
+            reasons = {} if count_reasons else None
+            res = judge(run(system, rate, scale, duration, seed, router, reasons), alone)
             cache[rate] = res["meets_slos"]
-            log.append({"rate": rate, **res})
+            log.append({"rate": rate, **res, **({"router_reasons": reasons} if count_reasons else {})})
             print(f"{system:>9} {rate:4d} req/s  {'meets' if res['meets_slos'] else 'misses'}  "
                   + "  ".join(f"{k}={v}" for k, v in res.items() if "slowdown" in k), flush=True)
         return cache[rate]
@@ -229,23 +271,38 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=5, help="1/scale of the machines and of the rate")
     ap.add_argument("--duration", type=float, default=600.0, help="trace seconds (generate_trace.py: 600)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--router", default="kv_cost", help="another policy: a sensitivity run, not the prediction")
+    ap.add_argument("--router", default=None,
+                    help="route both systems by this policy: a sensitivity run, not the prediction (round 1's: "
+                         "kv_cost)")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2),
+                    help="1: both systems by kv_cost (predictions.json); 2: Splitwise's own routers, token_jsq and "
+                         "mixed_pool (predictions_round2.json)")
     ap.add_argument("--quick", action="store_true", help="a 60-s trace (a smoke run, not the prediction)")
     args = ap.parse_args()
     if MACHINES % args.scale or PROMPT_MACHINES % args.scale or TOKEN_MACHINES % args.scale:
         raise SystemExit(f"--scale must divide 70, 45 and 25 (1 or 5), got {args.scale}")
     duration = 60.0 if args.quick else args.duration
     alone = Alone()
-    out = {"setup": SETUP, "deviations": DEVIATIONS, "scale": args.scale, "router": args.router,
-           "duration_s": duration, "seed": args.seed,
-           "trace_sha256": hashlib.sha256(TRACE.read_bytes()).hexdigest(), "systems": {}}
+    if args.round == 1:
+        router = args.router or "kv_cost"
+        routers = dict.fromkeys(ROUTERS_ROUND2, router)
+        out = {"setup": SETUP, "deviations": DEVIATIONS, "scale": args.scale, "router": router}
+    else:
+        routers = dict.fromkeys(ROUTERS_ROUND2, args.router) if args.router else ROUTERS_ROUND2
+        out = {"round": 2, "setup": SETUP_ROUND2, "deviations": DEVIATIONS_ROUND2, "scale": args.scale,
+               "router": routers}
+    out.update({"duration_s": duration, "seed": args.seed,
+                "trace_sha256": hashlib.sha256(TRACE.read_bytes()).hexdigest(), "systems": {}})
     for system, lo, hi in (("baseline", 20, 80), ("splitwise", 40, 160)):
-        best, log = max_rate(system, args.scale, duration, args.seed, lo, hi, alone, args.router)
+        best, log = max_rate(system, args.scale, duration, args.seed, lo, hi, alone, routers[system],
+                             count_reasons=args.round != 1)
         out["systems"][system] = {"max_rate_req_s": best, "runs": log}
     b, s = out["systems"]["baseline"]["max_rate_req_s"], out["systems"]["splitwise"]["max_rate_req_s"]
     out["predicted"] = {"baseline_a100_req_s": b, "splitwise_aa_req_s": s, "splitwise_aa_over_baseline": s / b}
     # the prediction: the defaults; any other option writes a file of its own beside it
-    tags = [tag for tag, other in ((f"scale{args.scale}", args.scale != 5), (args.router, args.router != "kv_cost"),
+    tags = [tag for tag, other in ((f"round{args.round}", args.round != 1), (f"scale{args.scale}", args.scale != 5),
+                                   (args.router, args.router is not None
+                                    and (args.round != 1 or args.router != "kv_cost")),
                                    (f"{duration:g}s", duration != 600 and not args.quick),
                                    (f"seed{args.seed}", args.seed != 0), ("quick", args.quick)) if other]
     name = "_".join(["predictions", *tags]) + ".json"

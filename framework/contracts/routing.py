@@ -7,6 +7,11 @@ a plugin only decides (``_decide``) and, when it keeps a view of the workers, li
 
 - ``select(request, candidates)``: ``request`` is the request's text (a ``str``) or a ``RequestView`` (the text and,
   when the caller knows them, its token ids);
+- ``on_first_token(worker, decision)``: the request's first token came from ``worker`` (its prompt phase there is
+  over: the simulator calls it when the token is produced, the HTTP router when the first chunk of a relayed answer
+  arrives). Callers make the call only for a policy that overrides it (``wants_first_token``), at most once per
+  request and only on the worker that prefilled it; a policy must also settle without it (the real P/D path and the
+  ``router.dp_aware`` wrapper do not make it);
 - ``on_request_done(worker, decision, ok, usage)``: the attempt's outcome and, for a policy that subscribed to
   ``USAGE``, the usage the worker reported (prompt, cached and output tokens);
 - ``on_worker_event(worker, event)``: events from a worker the policy subscribed to (``subscriptions``): KV cache
@@ -57,12 +62,14 @@ class RoutingConfig:
 class RequestView:
     """What a policy sees of one request: its ``text`` (the routing key: the prompt, or the chat template's rendering
     of the messages) and, when the caller knows them, its ``token_ids`` (sent by the client, or tokenized by a
-    simulator). A policy that needs tokens and has none here tokenizes the text itself."""
-    __slots__ = ("text", "token_ids")
+    simulator) and ``max_new_tokens`` (the output it may generate: the simulator's, else None). A policy that needs
+    tokens and has none here tokenizes the text itself."""
+    __slots__ = ("text", "token_ids", "max_new_tokens")
 
-    def __init__(self, text: str, token_ids: Sequence[int] | None = None):
+    def __init__(self, text: str, token_ids: Sequence[int] | None = None, max_new_tokens: int | None = None):
         self.text = text
         self.token_ids = token_ids
+        self.max_new_tokens = max_new_tokens
 
     def __repr__(self) -> str:
         ids = "" if self.token_ids is None else f", {len(self.token_ids)} token ids"
@@ -213,6 +220,10 @@ class RoutingPolicy(abc.ABC):
                 self._take_back(decision)
             self._settle(decision, ok, usage)
 
+    def on_first_token(self, worker: str, decision: RoutingDecision) -> None:
+        """The request of ``decision`` got its first token on ``worker`` (its prompt phase there ended). Default:
+        nothing; callers skip the call unless a policy overrides it (``wants_first_token``)."""
+
     def on_worker_event(self, worker: str, event: Any) -> None:
         """An event from ``worker`` (a KV event or a ``LoadReport``), for the policies that subscribed to its kind.
         Events of a worker not added (removed meanwhile) are dropped. An ``AllBlocksCleared`` is a flush: after the
@@ -312,3 +323,9 @@ class RoutingPolicy(abc.ABC):
         if not wanted:
             raise NoWorkerAvailable("select was given an empty list of workers")
         return [w for w in self.loads if w in wanted]
+
+
+def wants_first_token(policy: Any) -> bool:
+    """Whether ``policy`` listens to ``on_first_token`` (it overrides it): callers on a hot path make the call only
+    then, so the default costs nothing."""
+    return getattr(type(policy), "on_first_token", RoutingPolicy.on_first_token) is not RoutingPolicy.on_first_token

@@ -49,6 +49,7 @@ class _Flight:
     attempt: Attempt                                    # the router's: its decision, held or not
     send_s: float
     times: list[float] = field(default_factory=list)    # when each token was produced (ITL)
+    tell_first: bool = False                            # its first token is still to be told to the router's policy
 
 
 @dataclass
@@ -144,11 +145,12 @@ class Simulation:
         if self.pd is not None:                   # a prefill/decode pair, or the decode instance alone
             self.pd.send(now, s, k, ids, text, params)
             return
-        att, hold = self.router.send(text, ids, at_router)
+        att, hold = self.router.send(text, ids, at_router, turn.max_new_tokens)
         at_server = at_router + self.router_s + self.net
         req = Req(ids, params, rid=f"{s.sid}/{k}",
                   arrival_time=self.frontends[att.worker.url].tokenize(at_server, len(ids)))
-        flight = att.ref = _Flight(s, k, req, att.worker.url, att, now)
+        flight = att.ref = _Flight(s, k, req, att.worker.url, att, now,
+                                   tell_first=self.router.wants_first_token(att.worker.url))
         self.flights[req.rid] = flight
         if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
             self.push(at_router + hold, HOLD, flight)
@@ -266,6 +268,9 @@ class Simulation:
             if self.pd is not None and self.pd.prefilled(now, worker, req):   # a prefill half: its KV is sent
                 continue
             flight = self.flights[req.rid]
+            if flight.tell_first:                          # its first token: the prompt phase ended here
+                flight.tell_first = False
+                self.router.first_token(flight.attempt, written + self.net)
             if self.itl:
                 flight.times += ends                       # a step gives each request one token, a run one per step
             if req.finished:

@@ -224,9 +224,9 @@ class PD:
         at_router = now + sim.net
         sim.router.now = at_router
         core = sim.router.core
-        plan = dispatch_pair(core, RequestView(text, ids), [core.workers[n] for n in self.prefill],
-                             [core.workers[n] for n in self.decode], self.decider, self.max_local, self.max_queue,
-                             self.bytes_per_token)
+        plan = dispatch_pair(core, RequestView(text, ids, params.max_new_tokens),
+                             [core.workers[n] for n in self.prefill], [core.workers[n] for n in self.decode],
+                             self.decider, self.max_local, self.max_queue, self.bytes_per_token)
         at_server = at_router + sim.router_s + sim.net
         rid = f"{s.sid}/{k}"
         dw = plan.decode.worker.url
@@ -235,6 +235,7 @@ class PD:
         sim.flights[rid] = flight
         if plan.prefill is None:                 # the decider keeps it local: the decode instance serves it whole
             self.stats.local_prefills += 1
+            flight.tell_first = sim.router.wants_first_token(dw)   # its first token comes from the decode instance
             sim.push(req.arrival_time, ARRIVE, dw, flight)
             return
         pw = plan.prefill.worker.url
@@ -272,7 +273,8 @@ class PD:
         if self.roles[worker] is not Role.prefill:
             return False
         pair = self.pairs[req.rid]
-        if req.finished:
+        if req.finished:                   # the prefill half's one token: its prompt phase ended here
+            self.sim.router.first_token(pair.prefill.attempt, now + self.sim.net)
             pair.prefill_done = now
             pair.step = self.last_step.get(worker, (now, 0.0))
             self._try_send(now, pair)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView
+from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, wants_first_token
 from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.events import KVEventBatch
 from framework.kv_events.union import GroupUnion
@@ -80,12 +80,25 @@ class SimRouter:
         for worker, report in reports.items():
             self.core.load_report(worker, report)
 
-    def send(self, text: str, token_ids: list[int], now: float) -> tuple[Attempt, float]:
+    def send(self, text: str, token_ids: list[int], now: float, max_new_tokens: int | None = None,
+             ) -> tuple[Attempt, float]:
         """A request reaching the router at `now`: its attempt (the worker and the decision; give it back with
         `done`) and how long the router holds it before sending it (0: at once)."""
         self.now = now
-        att = self.core.dispatch(RequestView(text, token_ids))
+        att = self.core.dispatch(RequestView(text, token_ids, max_new_tokens))
         return att, self.core.hold(att)
+
+    def wants_first_token(self, worker: str) -> bool:
+        """Whether the policy that holds `worker` listens to first tokens (the cluster marks a flight with it)."""
+        return wants_first_token(self.core.policy_of(worker))
+
+    def first_token(self, att: Attempt, now: float) -> None:
+        """The request of `att` got its first token on its worker, heard at the router at `now` (once per request,
+        on the worker that prefilled it); a policy that does not listen is not called."""
+        policy = self.core.policy_of(att.worker.url)
+        if wants_first_token(policy) and self.core.is_current(att.worker):
+            self.now = now
+            policy.on_first_token(att.worker.url, att.decision)
 
     def hold_over(self, att: Attempt, now: float) -> bool:
         """The hold of `att` ran out at `now`: True when it was still held (send it now)."""
