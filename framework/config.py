@@ -23,6 +23,12 @@ class Mode(enum.Enum):
     sim = "sim"         # the discrete-event simulator
 
 
+class SimAnswers(enum.Enum):
+    """sim.answers: the simulated answers' sampled ids (framework/sim/answers.py)."""
+    printable = "printable"   # printable ASCII, a byte a token: every answer re-encodes to itself (servelab's)
+    measured = "measured"     # the real engine's measured answers (data/calibration/answers.json)
+
+
 @dataclass
 class ClusterConfig:
     instances: int = 1                # local engine instances
@@ -61,6 +67,7 @@ class SimConfig:
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
     itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale
+    answers: SimAnswers = SimAnswers.printable   # answers' ids: printable ASCII, or the real engine's measured ones
     published: Any = None             # an experiment's published figures, printed beside the run's (framework/runs/sim.py)
     # cluster.roles: when a prefill half starts (framework/sim/pd.py). sglang: once its decode instance pre-allocated
     # its slots (SGLang's bootstrap queue); distserve: at once, its KV held until the decode side takes it (DistServe's

@@ -18,6 +18,12 @@ beside this file (or --out).
 
     nice -n 5 python experiments/sim_fidelity/run.py --repeats 3   # ~7 minutes on the shared 2-core CPU
     python experiments/sim_fidelity/run.py --quick                 # small and fast (the smoke test)
+    python experiments/sim_fidelity/run.py --resimulate experiments/sim_fidelity/results.json \
+        --answers printable measured                               # its real runs simulated again, no real run
+
+`--answers` is `sim.answers` (framework/sim/answers.py: printable ASCII answers, or the real engine's measured ones).
+`--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
+deterministic), with this run's `--between` and each `--answers`, and writes --resim-out.
 """
 from __future__ import annotations
 
@@ -79,6 +85,13 @@ def _own_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float):
+    """The simulated run of a real one: its overrides, mode=sim's, and the background measured during it (the
+    in-process TP/DP driver has no network or router)."""
+    local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
+    return compose(overrides + sim_args + local + [f"sim.host_background={background:.3f}"])
+
+
 def router_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
@@ -89,7 +102,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(compose(overrides + sim_args + [f"sim.host_background={background.procs:.3f}"]))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
                       "overrides": overrides, "real": trial, "sim": sim, "host_background": background.procs})
     return cases
@@ -106,8 +119,7 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
         with contextlib.redirect_stdout(io.StringIO()), Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(compose(overrides + sim_args + ["sim.network_latency_s=0", "sim.router_overhead_s=0",
-                                                     f"sim.host_background={background.procs:.3f}"]))
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, "host_background": background.procs})
     return cases
@@ -237,6 +249,29 @@ def host_line(host: dict) -> str:
             else "calibration profile's host: " + "; ".join(host["problems"]))
 
 
+KEEP = [k for k, _ in FIGURES] + list(EXTRA) + ["requests_completed", "duration_s", "steps", "retractions",
+                                               "sim_wall_s"]                  # each run's figures in results.json
+
+
+def resimulate(stored: dict, sim_args: list[str]) -> tuple[list[dict], str]:
+    """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
+    cells (as `combine` makes them) and their range table."""
+    meta = {c["case"]: c for c in stored["cases"]}
+    repeats = []
+    for rep in stored["runs"]:
+        cases = []
+        for run in rep:
+            c = meta[run["case"]]
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"]))
+            cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
+                          "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"]})
+        repeats.append(cases)
+    cells = combine(repeats)
+    for c in cells:
+        c["errors"] = errors(c)
+    return cells, range_table(cells, stored["load_average"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny workloads: the smoke test")
@@ -248,15 +283,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
+    ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["printable"],
+                    help="sim.answers (framework/sim/answers.py); several only with --resimulate")
+    ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
+    ap.add_argument("--resim-out", type=Path, default=HERE / "resim_answers.json")
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.resimulate:
+        return resimulate_main(args)
+    if len(args.answers) != 1:
+        sys.exit(f"--answers: one value for a run, got {args.answers} (several only with --resimulate)")
     import torch
     torch.set_num_threads(1)
     t0 = time.time()
     host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    sim_args = SIM + [f"sim.cost.between={args.between}"]
+    sim_args = SIM + [f"sim.cost.between={args.between}", f"sim.answers={args.answers[0]}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
@@ -272,8 +315,6 @@ def main() -> None:
     print(range_table(cells, load))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, args.out / "sim_vs_real.png")
-    keep = [k for k, _ in FIGURES] + list(EXTRA) + ["requests_completed", "duration_s", "steps", "retractions",
-                                                    "sim_wall_s"]
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
            "repeats": args.repeats, "sim_args": sim_args, "load_average": load, "profile_host_check": host,
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
@@ -282,12 +323,32 @@ def main() -> None:
                                         "inside_real_range", "errors", "host_background", "host_background_range",
                                         "real", "sim")} for c in cells],
            "runs": [[{"case": c["case"], "host_background": c["host_background"],
-                      "real": {k: c["real"].get(k) for k in keep}, "sim": {k: c["sim"].get(k) for k in keep}}
+                      "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n")
     print(f"results: {args.out / 'results.json'}  table: {args.out / 'table.md'}  plot: {args.out / 'sim_vs_real.png'}"
           f"  ({out['wall_s']:.0f} s)")
+
+
+def resimulate_main(args) -> None:
+    """--resimulate: the stored run's real runs, simulated with each --answers (and --between); prints each range
+    table and writes --resim-out."""
+    stored = json.loads(args.resimulate.read_text())
+    out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
+           "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
+    for answers in args.answers:
+        sim_args = SIM + [f"sim.cost.between={args.between}", f"sim.answers={answers}"]
+        t0 = time.time()
+        cells, text = resimulate(stored, sim_args)
+        print(f"sim.answers={answers}, sim.cost.between={args.between} ({time.time() - t0:.0f} s)\n{text}\n",
+              flush=True)
+        out["runs"][answers] = {"sim_args": sim_args, "table": text,
+                                "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
+                                                              "errors")} for c in cells]}
+    args.resim_out.parent.mkdir(parents=True, exist_ok=True)
+    args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"wrote {args.resim_out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A simulated engine instance: the real schedulers (one per DP group, as the parallelism plugin lays the instance
 out), the real radix caches and the real KV accounting (counting pools sized by the same memory plan as the engine:
 `engine.mem_budget_mb` less the plugins' declared weight bytes), and no forward pass: a step's duration comes from
-the cost model and its tokens are synthetic and deterministic (each request's answer is drawn from its id).
+the cost model and its tokens are synthetic and deterministic (each request's answer is drawn from its id:
+`sim.answers`, framework/sim/answers.py).
 
 The step is the engine's own (framework/engine/step.py, which the ranks run too): every group forms its next batch; no
 group has one -> no step; a group without a batch while others have one runs an IDLE step; graph decisions, the peak
@@ -10,8 +11,6 @@ and the counters as the ranks make them. Its executor here is the cost model (`C
 simulator can advance them in one event (`advance`), with exactly the decisions and times of stepping one by one.
 """
 from __future__ import annotations
-
-import random
 
 from framework.contracts.batch import ForwardBatch
 from framework.engine.cuda_graph import GraphPolicy
@@ -25,14 +24,7 @@ from framework.model.tokenizer import ByteTokenizer
 from framework.core.registry import MOE, PARALLELISM
 from framework.contracts.routing import LoadReport
 from framework.contracts.cost import BatchShape, Step, decode_shape
-
-# printable ASCII: an answer's text has as many bytes as tokens, and never an EOS
-_PRINTABLE = bytes(32 + b % 95 for b in range(256))
-
-
-def answer_tokens(seed: int, rid: str, n: int) -> list[int]:
-    """The deterministic answer of request `rid`: n printable byte tokens."""
-    return list(random.Random(f"{seed}/{rid}").randbytes(n).translate(_PRINTABLE))
+from framework.sim.answers import answer_source
 
 
 class SimInstance:
@@ -53,6 +45,7 @@ class SimInstance:
         for rank, group in enumerate(self.groups):   # dp_balance=precise follows each group's KV events
             self.dispatcher.watch(rank, group.cache)
         self.answers: dict[str, list[int]] = {}
+        self.answer_tokens = answer_source(cfg)      # sim.answers: f(seed, rid, n), each answer's ids
         # CUDA graphs as the engine's GraphRunner decides them; captured only where the priced hardware has them
         graphs = cfg.engine.cuda_graph and cost_model.cuda_graphs
         width = min(cfg.model.max_position_embeddings, self.memory.kv_tokens)   # the req_to_token rows' width
@@ -72,13 +65,13 @@ class SimInstance:
         ValueError when it can never run there)."""
         group = self.groups[self.dispatcher.assign(dp_rank, req.prompt_ids)]   # the loads it sees: the last step's, as the engine's
         group.add(req)
-        self.answers[req.rid] = answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
+        self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
 
     def add_paired(self, req: Req) -> None:
         """Queue a request that carries a prefill/decode pairing on its role's path (framework/engine/disagg.py): a
         prefill instance runs it with max_new_tokens 1 and holds its KV; a decode instance pre-allocates its slots."""
         group = self.groups[self.dispatcher.assign(None, req.prompt_ids)]
-        self.answers[req.rid] = answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
+        self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
         group.add_paired(req)
 
     def has_work(self) -> bool:
