@@ -63,6 +63,10 @@ class SimConfig:
                                       # the load client) shares N CPU cores (a CPU host: framework/sim/cluster.py)
     host_background: float = 0.0      # with host_cores: other work's busy processes on those cores (what a real run
                                       # beside it shared them with: experiments/sim_fidelity measures it)
+    # with host_cores, over HTTP: the router process and the load client, as busy processes while any request is in
+    # flight; measured 0.05 (0.28 CPU-s of both over a 5.9-s multi-turn cache-aware run of 4 workers, /proc); 2 was
+    # an unmeasured guess (both fully busy)
+    host_side_procs: float = 0.05
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

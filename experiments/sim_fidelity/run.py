@@ -21,7 +21,8 @@ beside this file (or --out).
     python experiments/sim_fidelity/run.py --resimulate experiments/sim_fidelity/results.json \
         --answers printable measured                               # its real runs simulated again, no real run
 
-`--answers` is `sim.answers` (framework/sim/answers.py: printable ASCII answers, or the real engine's measured ones).
+`--answers` is `sim.answers` (framework/sim/answers.py: printable ASCII answers, or the real engine's measured ones,
+the default since the round of experiments/sim_fidelity/protocol_host.md).
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's `--between` and each `--answers`, and writes --resim-out.
 """
@@ -283,7 +284,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
-    ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["printable"],
+    ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
     ap.add_argument("--resim-out", type=Path, default=HERE / "resim_answers.json")

@@ -66,6 +66,9 @@ class EngineConfig:
     # so a burst of prefills never stalls running decodes for more than one step
     alternate_extend_decode: bool = False
     device: Device = Device.auto
+    # keep freed host memory mapped (framework/engine/host_memory.py), as PyTorch's CUDA caching allocator keeps device
+    # memory: false is glibc's default, a fresh mmap and page faults for every large activation of every step
+    host_allocator_cache: bool = True
     # CUDA graphs for decode (SGLang's CudaGraphRunner, framework/engine/cuda_graph.py): a graph per batch-size
     # bucket captured at start, a decode step padded to its bucket and replayed; on a CUDA device only
     cuda_graph: bool = True               # false: SGLang's --disable-cuda-graph

@@ -10,6 +10,7 @@ import torch
 
 from framework.contracts.batch import ForwardBatch
 from framework.engine.config import EngineConfig
+from framework.engine.host_memory import keep_freed_host_memory
 from framework.engine.cuda_graph import CudaGraphCapture, Decision, GraphRunner
 from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
@@ -79,6 +80,8 @@ class Engine:
                              f"the engine builds {model_cfg.dtype} weights (drop model.weight_dtype)")
         self.model_cfg, self.cfg, self.par = model_cfg, engine_cfg, par
         self.device = device or pick_device(engine_cfg.device)
+        if engine_cfg.host_allocator_cache and self.device.type == "cpu":
+            keep_freed_host_memory()
         self.tokenizer = ByteTokenizer(model_cfg.vocab_size)
         self.model = build_model(model_cfg, seed, self.device)
         for layer in self.model.moe_layers():      # backends first: how the plugin shards shared experts follows them

@@ -50,9 +50,9 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
         raise ValueError("mode=sim simulates local instances (cluster.instances); drop cluster.workers/cluster.url")
     if cfg.cluster.instances < 1:
         raise ValueError(f"cluster.instances must be >= 1, got {cfg.cluster.instances}")
-    if cfg.sim.host_cores < 0 or cfg.sim.host_background < 0:
-        raise ValueError(f"sim.host_cores and sim.host_background must be >= 0, got {cfg.sim.host_cores} and "
-                         f"{cfg.sim.host_background}")
+    if cfg.sim.host_cores < 0 or cfg.sim.host_background < 0 or cfg.sim.host_side_procs < 0:
+        raise ValueError(f"sim.host_cores, sim.host_background and sim.host_side_procs must be >= 0, got "
+                         f"{cfg.sim.host_cores}, {cfg.sim.host_background} and {cfg.sim.host_side_procs}")
     cost = cost or cost_model(cfg)
     http = cfg.cluster.http                 # cluster.http=false: one instance, the in-process driver (no router, HTTP)
     names = [f"sim://instance-{i}" for i in range(cfg.cluster.instances if http else 1)]
@@ -76,7 +76,7 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer
     sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
-                     fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=2 if http else 0,
+                     fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
                      background=s.host_background, itl=s.itl, progress=progress)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)

@@ -10,7 +10,8 @@ in, so the decisions and times are those of stepping one at a time.
 
 `host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the processes busy at
 its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
-`side_procs` more (the router process and the load client: 2 over HTTP) while any request is in flight, and
+`side_procs` more (the router process and the load client over HTTP: `sim.host_side_procs`) while any request is
+in flight, and
 `background` busy processes of other work all along.
 
 Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
@@ -65,7 +66,7 @@ class _State:
 
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
-                 router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: int = 0,
+                 router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out

@@ -163,8 +163,9 @@ def test_other_work_on_the_host_stretches_the_steps():
     shared, _ = simulate(compose(base + ["sim.host_background=3"]))
     assert shared["duration_s"] > 1.5 * alone["duration_s"]
     assert shared["cache_hit_rate"] == pytest.approx(alone["cache_hit_rate"], abs=0.05)
-    with pytest.raises(UserError, match="sim.host_cores and sim.host_background must be >= 0"):
-        run(compose(SMALL + ["sim.host_background=-1"]), "/tmp/unused", {})
+    for bad in ("sim.host_background=-1", "sim.host_side_procs=-1"):
+        with pytest.raises(UserError, match="sim.host_cores, sim.host_background and sim.host_side_procs must be >= 0"):
+            run(compose(SMALL + [bad]), "/tmp/unused", {})
 
 
 def test_a_counting_pool_gets_no_input_tensors():
