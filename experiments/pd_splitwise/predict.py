@@ -8,8 +8,8 @@ published figure and reads it.
 Every setting comes from Splitwise's simulator (Mutinifni/splitwise-sim at 8f99e7d, the authors' code behind the
 paper's cluster results) or from the Azure trace it replays; SETUP says which, DEVIATIONS what servelab cannot express.
 
-    python experiments/pd_splitwise/predict.py [--round 1|2] [--scale 5] [--duration 600] [--router NAME] [--seed 0]
-                                                [--quick]
+    python experiments/pd_splitwise/predict.py [--round 1|2] [--design aa|ha|isocost] [--scale 5] [--duration 600]
+                                                [--router NAME] [--seed 0] [--quick]
 
 --scale k runs the published clusters with 1/k of the machines at 1/k of the rate (the same load per machine, the
 same prompt:token split): 5, the default (14 machines, 3-4 minutes here), or 1, the published 70 machines (about
@@ -17,6 +17,14 @@ same prompt:token split): 5, the default (14 machines, 3-4 minutes here), or 1, 
 it (a check, not the prediction). --round 2 routes as Splitwise does, token_jsq for Baseline-A100 and mixed_pool's
 pair choice for Splitwise-AA (plugins/routing/token_jsq.py, mixed_pool.py), and writes predictions_round2.json (round
 1, the default, routed both by kv_cost); --router NAME routes both systems by NAME instead (a check).
+
+--design names the pair of clusters (SYSTEMS, DESIGNS; every count's source in SETUP_DESIGNS): aa, the default,
+Figure 18a's Splitwise-AA against Baseline-A100 (rounds 1 and 2); ha, Figure 18a's Splitwise-HA (25 DGX-H100 prompt
+machines, 26 DGX-A100 token machines) against the same Baseline-A100; isocost, Figure 18b's iso-cost Splitwise-AA (51
+prompt + 35 token DGX-A100) against Baseline-H100 (40 DGX-H100). ha and isocost run round 2's settings (--round 2,
+required), each machine priced on its own hardware's rows of perf_model.csv (hardware=h100_sxm: h100-80gb), at the
+published scale by default (--scale 1; --scale k rounds each role's machines: a check), and write
+predictions_round2_ha.json and predictions_round2_isocost.json (other options: a file of their own beside them).
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
 from framework.contracts.workload import Session, Turn, random_text  # noqa: E402
+from framework.engine.config import Role  # noqa: E402
 from framework.runs.sim import build  # noqa: E402
 from plugins.cost.splitwise_profile import DEFAULT_PATH, HARDWARE, MODELS, curves, read_rows  # noqa: E402
 
@@ -140,6 +150,118 @@ DEVIATIONS_ROUND2 = [
     DEVIATIONS[4],
 ]
 
+# Held-out designs (issue 20, item 7, after round 2's comparison): other clusters of Figure 18, each system run as
+# round 2 runs its kind (token_jsq for a mixed cluster, mixed_pool for a split one), every other setting round 2's.
+# Sources are splitwise-sim's files at 8f99e7d; notebooks/plots.ipynb lines are the notebook file's (JSON) lines.
+H100_GPU_BYTES = 85899345920   # hardware_repo/processors/h100-80gb.yaml:3 memory_size (the same as the A100's)
+GPU_BYTES_OF = {"a100_80g": GPU_BYTES, "h100_sxm": H100_GPU_BYTES}   # servelab's hardware key -> a GPU's bytes
+
+
+class System(NamedTuple):
+    """One of the paper's clusters: its machines per role ("mixed": every machine runs prompts and tokens), each
+    role's hardware (servelab's key: sim.cost=splitwise_profile prices it on that machine's rows of perf_model.csv,
+    as performance_model.py:217 prices an instance on its own processors' rows) and Splitwise's scheduler for it."""
+    name: str                                   # the paper's
+    machines: dict[str, tuple[int, str]]        # role -> (machines at the published scale, hardware)
+    router: str
+
+    @property
+    def key(self) -> str:
+        return self.name.lower().replace("-", "_")
+
+
+SYSTEMS = {
+    # round 1 and 2's: notebooks/plots.ipynb:753 baseline_a100_config(70), :755 splitwise_aa_config(45, 25)
+    "baseline": System("Baseline-A100", {"mixed": (MACHINES, "a100_80g")}, ROUTERS_ROUND2["baseline"]),
+    "splitwise": System("Splitwise-AA", {"prefill": (PROMPT_MACHINES, "a100_80g"),
+                                         "decode": (TOKEN_MACHINES, "a100_80g")}, ROUTERS_ROUND2["splitwise"]),
+    # iso-power Splitwise-HA: plots.ipynb:757 splitwise_ha_config(25, 26): 25 DGX-H100 prompt machines, 26 DGX-A100
+    # token machines (notebooks/utils.py:64-65 num_h100 = num_prompt, num_a100 = num_token)
+    "splitwise_ha": System("Splitwise-HA", {"prefill": (25, "h100_sxm"), "decode": (26, "a100_80g")}, "mixed_pool"),
+    # iso-cost: plots.ipynb:926 baseline_h100_config(40), :927 splitwise_aa_config(51, 35)
+    "baseline_h100": System("Baseline-H100", {"mixed": (40, "h100_sxm")}, "token_jsq"),
+    "splitwise_aa_isocost": System("Splitwise-AA", {"prefill": (51, "a100_80g"), "decode": (35, "a100_80g")},
+                                   "mixed_pool"),
+}
+# --design: the pair of systems whose throughputs are compared (the baseline first) and the default --scale
+DESIGNS = {"aa": (("baseline", "splitwise"), 5),          # Figure 18a, rounds 1 and 2
+           "ha": (("baseline", "splitwise_ha"), 1),       # Figure 18a, Splitwise-HA
+           "isocost": (("baseline_h100", "splitwise_aa_isocost"), 1)}   # Figure 18b
+BRACKETS = {"mixed": (20, 80), "split": (40, 160)}   # the search's first rates per kind of system, as rounds 1 and 2
+
+MODEL_ANY_DGX = ("BLOOM-176B fp16, TP 8 on one machine (DGX-A100 or DGX-H100) per instance "
+                 "(configs/applications/solo.yaml bloom-176b; configs/start_state/*.yaml tensor_parallelism 8); "
+                 "model=bloom176b_mla, a stand-in with BLOOM's KV bytes (4,014,080 per token)")
+SETUP_DESIGNS = {
+    "ha": {
+        **SETUP_ROUND2,
+        "model": MODEL_ANY_DGX,
+        "figure": "Splitwise (ISCA'24) section 6.2, iso-power throughput-optimized clusters, Figure 18a (conversation "
+                  "trace, BLOOM-176B): throughput of Splitwise-HA (DGX-H100 prompt machines, DGX-A100 token "
+                  "machines) against Baseline-A100 at the same power",
+        "clusters": "Baseline-A100: 70 DGX-A100 (notebooks/plots.ipynb:753 baseline_a100_config(70); "
+                    "scripts/run_throughput_isopower.sh:5-14). Splitwise-HA: 25 DGX-H100 prompt machines and 26 "
+                    "DGX-A100 token machines (plots.ipynb:757 splitwise_ha_config(25, 26); notebooks/utils.py:64-65 "
+                    "num_h100 = num_prompt, num_a100 = num_token; scripts/run_throughput_isopower.sh:57-67 "
+                    "cluster.servers.0.count=26 (dgx-a100), cluster.servers.1.count=25 (dgx-h100), "
+                    "start_state.split_type=heterogeneous; configs/experiment/splitwise_ha_isopower.yaml:13 26 = "
+                    "int(44 x (40 - 25) // 24.8), 40 DGX-H100's power in DGX-A100s at 44 vs 24.8 kW); the split by "
+                    "machine kind: start_state.py:87-107 (heterogeneous: every dgx-h100 a prompt instance, every "
+                    "dgx-a100 a token instance; configs/experiment/splitwise_ha_isopower.yaml:17-22)",
+        "cost_model": "sim.cost=splitwise_profile: splitwise-sim's DatabasePerformanceModel on its data/perf_model.csv "
+                      "(bloom-176b, TP 8), each instance on its own machine's rows (performance_model.py:217 "
+                      "hardware = instance.processors[0].name): the prompt machines on h100-80gb (servelab "
+                      "hardware=h100_sxm for the prefill role, framework/runs/sim.py build's role_cfgs), the token "
+                      "machines and Baseline-A100 on a100-80gb (hardware=a100_80g); prompt steps at "
+                      "prompt_time(batch tokens), token steps at token_time(batch size), medians joined by lines",
+        "memory": "the KV pool of an instance: 8 x 85,899,345,920 B on either machine (hardware_repo/processors/"
+                  "a100-80gb.yaml:3, h100-80gb.yaml:3 memory_size; skus/dgx-h100.yaml:4-6 and dgx-a100.yaml:4-6, 8 "
+                  "GPUs; instance.py:59 max_memory = memory_size x processors) less 329 GB of weights "
+                  "(bloom-176b-fp16.yaml) over 4,014,080 B per token (request.py estimate_kv_cache_size)",
+        "routing": "Baseline-A100: router=token_jsq (scripts/run_throughput_isopower.sh:7; notebooks/utils.py:12; "
+                   "scheduler.py TokenJSQScheduler:353-379), as round 2. Splitwise-HA: router=mixed_pool "
+                   "(scripts/run_isopower.sh:2, scripts/run_throughput_isopower.sh:59; utils.py:59; scheduler.py "
+                   "MixedPoolScheduler:579-735), as round 2's Splitwise-AA: the prompt machine with the fewest "
+                   "pending prompt tokens, the token machine with the least KV reserved, ties to the first instance; "
+                   "the pools are the machines' tags (scheduler.py:217-220), so mixed_pool.yml:7-8's "
+                   "prompt_processors/token_processors are not read",
+        "kv_transfer": SETUP_ROUND2["kv_transfer"] + "; the same between an H100 and an A100 (the scheduler's one "
+                       "transfer_bandwidth, scheduler.py:605)",
+        "slo": SETUP_ROUND2["slo"] + "; the yardstick is a DGX-A100 for every system (notebooks/plots.ipynb:75 "
+               "normalize_hardware = a100-80gb)",
+    },
+    "isocost": {
+        **SETUP_ROUND2,
+        "model": MODEL_ANY_DGX,
+        "figure": "Splitwise (ISCA'24) section 6.3, iso-cost throughput-optimized clusters, Figure 18b (conversation "
+                  "trace, BLOOM-176B): throughput of Splitwise-AA against Baseline-H100 at the same cost",
+        "clusters": "Baseline-H100: 40 DGX-H100 (notebooks/plots.ipynb:926 baseline_h100_config(40); "
+                    "configs/cluster/isocost_h100.yaml:7; scripts/run_throughput_isocost.sh:17-26). Splitwise-AA: 86 "
+                    "DGX-A100, 51 prompt and 35 token machines (plots.ipynb:927 splitwise_aa_config(51, 35); "
+                    "scripts/run_throughput_isocost.sh:29-40; configs/experiment/splitwise_aa_isocost.yaml:12 86 "
+                    "DGX-A100, 19-21 prompt 86 - sweep and token sweep, here 35; configs/cluster/isocost_a100.yaml:5 "
+                    "86 = 40 DGX-H100's cost in DGX-A100s: configs/experiment/isocost_cluster.yaml:9 int(4.76 x (40 - "
+                    "h) // 2.21) at h = 0 DGX-H100, $4.76 vs $2.21 an hour as notebooks/utils.py:13-16)",
+        "cost_model": "sim.cost=splitwise_profile: splitwise-sim's DatabasePerformanceModel on its data/perf_model.csv "
+                      "(bloom-176b, TP 8), each instance on its own machine's rows (performance_model.py:217): "
+                      "Baseline-H100 on h100-80gb (servelab hardware=h100_sxm), Splitwise-AA on a100-80gb "
+                      "(hardware=a100_80g); prompt steps at prompt_time(batch tokens), token steps at "
+                      "token_time(batch size), medians joined by lines",
+        "memory": "the KV pool of an instance: 8 x 85,899,345,920 B on either machine (hardware_repo/processors/"
+                  "a100-80gb.yaml:3, h100-80gb.yaml:3 memory_size; instance.py:59) less 329 GB of weights "
+                  "(bloom-176b-fp16.yaml) over 4,014,080 B per token (request.py estimate_kv_cache_size)",
+        "routing": "Baseline-H100: router=token_jsq (scripts/run_throughput_isocost.sh:19; notebooks/utils.py:35; "
+                   "scheduler.py TokenJSQScheduler:353-379). Splitwise-AA: router=mixed_pool "
+                   "(scripts/run_isocost.sh:2, run_throughput_isocost.sh:31; utils.py:85; scheduler.py "
+                   "MixedPoolScheduler:579-735); each as round 2 runs it",
+        "slo": SETUP_ROUND2["slo"] + "; the yardstick is a DGX-A100 for every system, Baseline-H100 included "
+               "(notebooks/plots.ipynb:75 normalize_hardware = a100-80gb)",
+    },
+}
+DEVIATIONS_DESIGNS = [*DEVIATIONS_ROUND2[:-1],
+                      "at --scale k above 1 (a check, not the prediction) each role's machines divided by k and "
+                      "rounded (at least one), the rate divided by k: the published split only roughly"]
+
 
 @functools.cache
 def trace_sizes() -> tuple[list[int], list[int]]:
@@ -169,12 +291,14 @@ def sessions(reqs: list[tuple[float, int, int]], seed: int) -> list[Session]:
             for i, (t, p, o) in enumerate(reqs)]
 
 
-def overrides(router: str = "kv_cost") -> list[str]:
-    kv_mb = (8 * GPU_BYTES - WEIGHT_BYTES) / 2**20
+def overrides(router: str = "kv_cost", hardware: str = "a100_80g") -> list[str]:
+    """The run's settings on a DGX of `hardware` (servelab's key), its KV pool from that machine's memory."""
+    gpu_bytes = GPU_BYTES_OF[hardware]
+    kv_mb = (8 * gpu_bytes - WEIGHT_BYTES) / 2**20
     # mixed_pool: a token machine's memory, for the decisions where Splitwise would lend (is_memory_loaded)
-    capacity = [f"router.kv_capacity_tokens={(8 * GPU_BYTES - WEIGHT_BYTES) / KV_BYTES}"] \
+    capacity = [f"router.kv_capacity_tokens={(8 * gpu_bytes - WEIGHT_BYTES) / KV_BYTES}"] \
         if router == "mixed_pool" else []
-    return ["mode=sim", "logger.mode=disabled", "model=bloom176b_mla", "hardware=a100_80g", "parallel=tp",
+    return ["mode=sim", "logger.mode=disabled", "model=bloom176b_mla", f"hardware={hardware}", "parallel=tp",
             "parallel.size=8", "sim.cost=splitwise_profile", "workload=trace", f"router={router}", *capacity,
             f"engine.kv_budget_mb={kv_mb}", "engine.max_running_requests=512",
             "engine.max_prefill_tokens=2048", "engine.chunked_prefill_tokens=16384", "engine.radix_cache=false",
@@ -182,17 +306,31 @@ def overrides(router: str = "kv_cost") -> list[str]:
             "sim.router_overhead_s=0", "sim.network_latency_s=0", "sim.itl=false", "sim.pd_order=distserve"]
 
 
+def machines(system: str, scale: int) -> dict[str, tuple[int, str]]:
+    """`system`'s machines per role at 1/scale of the published count (rounded, at least one) and their hardware."""
+    return {role: (max(1, int(n / scale + 0.5)), hw) for role, (n, hw) in SYSTEMS[system].machines.items()}
+
+
+def configs(system: str, scale: int, router: str) -> tuple:
+    """The run's config of `system` at 1/scale, and the roles on other hardware than its last role's, each with a
+    config of its own (framework/runs/sim.py build's role_cfgs: Splitwise-HA's H100 prompt machines)."""
+    parts = machines(system, scale)
+    if set(parts) == {"mixed"}:
+        n, hw = parts["mixed"]
+        return compose(overrides(router, hw) + [f"cluster.instances={n}"]), {}
+    roles = [role for role, (n, _) in parts.items() for _ in range(n)]
+    cluster = [f"cluster.instances={len(roles)}", f"cluster.roles=[{','.join(roles)}]"]
+    run_hw = list(parts.values())[-1][1]
+    return compose(overrides(router, run_hw) + cluster), \
+        {Role(role): compose(overrides(router, hw) + cluster) for role, (_, hw) in parts.items() if hw != run_hw}
+
+
 def run(system: str, rate: float, scale: int, duration: float, seed: int, router: str = "kv_cost",
         reasons: dict | None = None) -> list:
-    """One run of `system` (baseline | splitwise) at `rate` requests/s (the published scale's): its records; the
-    router's decisions per reason go into `reasons` when given."""
-    if system == "baseline":
-        cluster = [f"cluster.instances={MACHINES // scale}"]
-    else:
-        p, t = PROMPT_MACHINES // scale, TOKEN_MACHINES // scale
-        cluster = [f"cluster.instances={p + t}", f"cluster.roles=[{','.join(['prefill'] * p + ['decode'] * t)}]"]
-    cfg = compose(overrides(router) + cluster)
-    sim = build(cfg, sessions(requests(rate / scale, duration, seed), seed))
+    """One run of `system` (a key of SYSTEMS: baseline | splitwise for rounds 1 and 2) at `rate` requests/s (the
+    published scale's): its records; the router's decisions per reason go into `reasons` when given."""
+    cfg, role_cfgs = configs(system, scale, router)
+    sim = build(cfg, sessions(requests(rate / scale, duration, seed), seed), role_cfgs=role_cfgs)
     records, _ = sim.run()
     if reasons is not None:
         reasons.update(sim.router.stats()["reasons"])
@@ -266,9 +404,21 @@ def max_rate(system: str, scale: int, duration: float, seed: int, lo: int, hi: i
     return lo, sorted(log, key=lambda x: x["rate"])
 
 
-def main() -> None:
+def design_name(name: str) -> str:
+    """--design's value; an unknown one is refused with the known ones."""
+    if name not in DESIGNS:
+        raise argparse.ArgumentTypeError(f"unknown design {name!r}; known: {', '.join(DESIGNS)}")
+    return name
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scale", type=int, default=5, help="1/scale of the machines and of the rate")
+    ap.add_argument("--design", type=design_name, default="aa",
+                    help="aa: Figure 18a's Splitwise-AA against Baseline-A100 (rounds 1 and 2); ha: Figure 18a's "
+                         "Splitwise-HA against Baseline-A100; isocost: Figure 18b's Splitwise-AA against "
+                         "Baseline-H100 (ha and isocost with --round 2)")
+    ap.add_argument("--scale", type=int, default=None,
+                    help="1/scale of the machines and of the rate (default: 5 for --design aa, 1 for the others)")
     ap.add_argument("--duration", type=float, default=600.0, help="trace seconds (generate_trace.py: 600)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--router", default=None,
@@ -278,36 +428,57 @@ def main() -> None:
                     help="1: both systems by kv_cost (predictions.json); 2: Splitwise's own routers, token_jsq and "
                          "mixed_pool (predictions_round2.json)")
     ap.add_argument("--quick", action="store_true", help="a 60-s trace (a smoke run, not the prediction)")
-    args = ap.parse_args()
-    if MACHINES % args.scale or PROMPT_MACHINES % args.scale or TOKEN_MACHINES % args.scale:
-        raise SystemExit(f"--scale must divide 70, 45 and 25 (1 or 5), got {args.scale}")
+    args = ap.parse_args(argv)
+    pair, default_scale = DESIGNS[args.design]
+    scale = default_scale if args.scale is None else args.scale
+    if args.design == "aa":
+        if MACHINES % scale or PROMPT_MACHINES % scale or TOKEN_MACHINES % scale:
+            raise SystemExit(f"--scale must divide 70, 45 and 25 (1 or 5), got {scale}")
+    elif args.round != 2:
+        raise SystemExit(f"--design {args.design} runs round 2's settings (Splitwise's own routers): add --round 2")
+    elif scale < 1:
+        raise SystemExit(f"--scale must be >= 1, got {scale}")
     duration = 60.0 if args.quick else args.duration
     alone = Alone()
     if args.round == 1:
         router = args.router or "kv_cost"
-        routers = dict.fromkeys(ROUTERS_ROUND2, router)
-        out = {"setup": SETUP, "deviations": DEVIATIONS, "scale": args.scale, "router": router}
-    else:
-        routers = dict.fromkeys(ROUTERS_ROUND2, args.router) if args.router else ROUTERS_ROUND2
-        out = {"round": 2, "setup": SETUP_ROUND2, "deviations": DEVIATIONS_ROUND2, "scale": args.scale,
+        routers = dict.fromkeys(pair, router)
+        out = {"setup": SETUP, "deviations": DEVIATIONS, "scale": scale, "router": router}
+    elif args.design == "aa":
+        routers = dict.fromkeys(pair, args.router) if args.router else ROUTERS_ROUND2
+        out = {"round": 2, "setup": SETUP_ROUND2, "deviations": DEVIATIONS_ROUND2, "scale": scale,
                "router": routers}
+    else:
+        routers = {s: args.router or SYSTEMS[s].router for s in pair}
+        out = {"round": 2, "design": args.design, "setup": SETUP_DESIGNS[args.design],
+               "deviations": DEVIATIONS_DESIGNS, "scale": scale,
+               "machines": {SYSTEMS[s].key: {role: {"machines": n, "hardware": hw}
+                                             for role, (n, hw) in machines(s, scale).items()} for s in pair},
+               "router": {SYSTEMS[s].key: routers[s] for s in pair}}
     out.update({"duration_s": duration, "seed": args.seed,
                 "trace_sha256": hashlib.sha256(TRACE.read_bytes()).hexdigest(), "systems": {}})
-    for system, lo, hi in (("baseline", 20, 80), ("splitwise", 40, 160)):
-        best, log = max_rate(system, args.scale, duration, args.seed, lo, hi, alone, routers[system],
+    for system in pair:
+        lo, hi = BRACKETS["mixed" if "mixed" in SYSTEMS[system].machines else "split"]
+        best, log = max_rate(system, scale, duration, args.seed, lo, hi, alone, routers[system],
                              count_reasons=args.round != 1)
-        out["systems"][system] = {"max_rate_req_s": best, "runs": log}
-    b, s = out["systems"]["baseline"]["max_rate_req_s"], out["systems"]["splitwise"]["max_rate_req_s"]
-    out["predicted"] = {"baseline_a100_req_s": b, "splitwise_aa_req_s": s, "splitwise_aa_over_baseline": s / b}
+        out["systems"][system if args.design == "aa" else SYSTEMS[system].key] = {"max_rate_req_s": best,
+                                                                                  "runs": log}
+    base, split = (SYSTEMS[k] for k in pair)
+    b, s = (v["max_rate_req_s"] for v in out["systems"].values())
+    if args.design == "aa":
+        out["predicted"] = {"baseline_a100_req_s": b, "splitwise_aa_req_s": s, "splitwise_aa_over_baseline": s / b}
+    else:
+        out["predicted"] = {f"{base.key}_req_s": b, f"{split.key}_req_s": s, f"{split.key}_over_{base.key}": s / b}
     # the prediction: the defaults; any other option writes a file of its own beside it
-    tags = [tag for tag, other in ((f"round{args.round}", args.round != 1), (f"scale{args.scale}", args.scale != 5),
+    tags = [tag for tag, other in ((f"round{args.round}", args.round != 1), (args.design, args.design != "aa"),
+                                   (f"scale{scale}", scale != default_scale),
                                    (args.router, args.router is not None
                                     and (args.round != 1 or args.router != "kv_cost")),
                                    (f"{duration:g}s", duration != 600 and not args.quick),
                                    (f"seed{args.seed}", args.seed != 0), ("quick", args.quick)) if other]
     name = "_".join(["predictions", *tags]) + ".json"
     (HERE / name).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"\npredicted throughput within Splitwise's SLOs: Baseline-A100 {b} req/s, Splitwise-AA {s} req/s, "
+    print(f"\npredicted throughput within Splitwise's SLOs: {base.name} {b} req/s, {split.name} {s} req/s, "
           f"ratio {s / b:.3f}x")
 
 

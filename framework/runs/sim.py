@@ -43,9 +43,12 @@ def cost_model(cfg) -> CostModel:
     return COST.build(cfg.sim.cost.name, cfg.sim.cost, cost_instance(cfg))
 
 
-def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) -> Simulation:
+def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
+          role_cfgs: dict | None = None) -> Simulation:
     """The simulation of `cfg`'s cluster on `sessions`, priced by `cost` (default: the run's; ValueError for what
-    cannot be simulated)."""
+    cannot be simulated). `role_cfgs` (Role -> a config composed apart, e.g. on other hardware with its own memory):
+    that role's instances run it instead of `cfg`, each priced by a cost model built for it (Splitwise-HA's H100
+    prompt machines beside A100 token machines); the model, the node size and the KV links stay the run's."""
     if cfg.cluster.workers or cfg.cluster.url:
         raise ValueError("mode=sim simulates local instances (cluster.instances); drop cluster.workers/cluster.url")
     if cfg.cluster.instances < 1:
@@ -60,8 +63,11 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
         roles = instance_roles(cfg.cluster, len(names), cfg.engine.role) if http else [Role.mixed]
     except ClusterError as e:
         raise ValueError(str(e)) from None
-    cfgs = {n: cfg if r is Role.mixed else instance_config(cfg, r) for n, r in zip(names, roles)}
-    instances = {n: SimInstance(n, cfgs[n], cost, cfg.seed) for n in names}
+    role_cfgs = role_cfgs or {}
+    role_costs = role_cost_models(cfg, cost, role_cfgs, set(roles))
+    cfgs = {n: role_cfgs.get(r, cfg) if r is Role.mixed else instance_config(role_cfgs.get(r, cfg), r)
+            for n, r in zip(names, roles)}
+    instances = {n: SimInstance(n, cfgs[n], role_costs.get(r, cost), cfg.seed) for n, r in zip(names, roles)}
     policy_cfg, service = split_router_config(cfg.router)
     try:
         block_size = kv_block_size(cfg.cluster, policy_cfg)
@@ -81,6 +87,25 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None) 
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim
+
+
+def role_cost_models(cfg, cost: CostModel, role_cfgs: dict, roles: set) -> dict:
+    """A cost model for each role that has a config of its own (build's `role_cfgs`), after checking that what the
+    simulation keeps one of (the model, placement's node size, the KV links framework/sim/pd.py prices transfers on)
+    is the run's."""
+    if set(role_cfgs) - roles:
+        raise ValueError(f"role_cfgs names roles no instance has: {sorted(r.value for r in set(role_cfgs) - roles)} "
+                         f"(the cluster's: {sorted(r.value for r in roles)})")
+    out = {}
+    for role, c in role_cfgs.items():
+        if c.model != cfg.model or c.hardware.gpus_per_node != cfg.hardware.gpus_per_node:
+            raise ValueError(f"the {role.value} instances' own config must keep the run's model and node size "
+                             f"(hardware.gpus_per_node)")
+        out[role] = cost_model(c)
+        if any(out[role].kv_link(intra) != cost.kv_link(intra) for intra in (True, False)):
+            raise ValueError(f"the {role.value} instances' hardware={c.hardware.name} prices KV links unlike the "
+                             f"run's hardware={cfg.hardware.name}: transfers between them are not modelled")
+    return out
 
 
 def simulate(cfg, progress: bool = False) -> tuple[dict, list]:

@@ -19,7 +19,10 @@ an iteration, for the profile's rows of one (model, hardware, tensor_parallel):
   where Splitwise gives every transfer its own link, framework/sim/pd.py shares an instance's links between the
   transfers running on it (experiments/README.md, pd_splitwise).
 
-Only what was profiled can be priced: another model, GPU or TP degree is refused with what is there.
+Each instance is priced on its own hardware's rows, as performance_model.py prices an instance on its processors'
+name: a role on other hardware than the run's (framework/runs/sim.py build's role_cfgs: Splitwise-HA's DGX-H100 prompt
+machines beside DGX-A100 token machines) gets a cost model of its own. Only what was profiled can be priced: another
+model, GPU or TP degree is refused with what is there.
 """
 from __future__ import annotations
 
