@@ -144,6 +144,7 @@ def main() -> None:
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
            "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe()),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
+           "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
            "profiles": profiles}
     args.out.parent.mkdir(parents=True, exist_ok=True)

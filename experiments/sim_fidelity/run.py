@@ -287,7 +287,8 @@ def main() -> None:
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
-    ap.add_argument("--resim-out", type=Path, default=HERE / "resim_answers.json")
+    ap.add_argument("--resim-out", type=Path, default=None,
+                    help="where --resimulate writes (default: resim_<between>_<answers>.json beside this file)")
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
@@ -347,6 +348,8 @@ def resimulate_main(args) -> None:
         out["runs"][answers] = {"sim_args": sim_args, "table": text,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
+    if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
+        args.resim_out = HERE / f"resim_{args.between}_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.resim_out}")

@@ -199,7 +199,7 @@ class RoutingPolicy(abc.ABC):
                 self.role = "decode"
                 decode = self.select(request, decode_workers)
             except BaseException:
-                self.on_request_done(prefill)  # no pair: the prefill half is not sent
+                self.on_request_done(prefill, first, ok=False)  # no pair: the prefill half is not sent
                 raise
         finally:
             self.role = None

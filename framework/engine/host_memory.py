@@ -5,7 +5,9 @@ own mmap, and gives freed memory at the heap's top back to the system: every ste
 page-faults its large activations afresh. On this machine's tiny model that cost a 512-token prefill ~2x its compute,
 and made it vary 84-113 ms from step to step where 256 tokens vary by 1 ms (data: `engine.host_allocator_cache`'s row
 in docs/fidelity.md). SGLang never pays it on a GPU: PyTorch's CUDA caching allocator keeps freed blocks. Raising the
-thresholds (mallopt) keeps the process's peak heap mapped instead.
+thresholds (mallopt) keeps the process's peak heap mapped instead. The main thread's heap takes blocks up to
+KEEP_BYTES; an engine stepping on another thread (LocalRanks, torchrun's rank-0 loop) allocates from a per-thread
+heap of at most 64 MiB, so its blocks above that are still mapped per step (none of the tiny model's are).
 """
 from __future__ import annotations
 
@@ -27,19 +29,21 @@ def keep_freed_host_memory() -> bool:
     (said once: steps then pay the system allocator's own costs)."""
     global _done
     if _done is None:
-        _done = _mallopt()
-        if not _done:
-            log.info("engine.host_allocator_cache: this C library has no glibc mallopt; large host blocks are "
-                     "mapped per step (slower, noisier CPU steps)")
+        refused = _mallopt()
+        _done = not refused
+        if refused:
+            log.info("engine.host_allocator_cache: the C library refused %s; large host blocks are mapped per step "
+                     "(slower, noisier CPU steps)", ", ".join(refused))
     return _done
 
 
-def _mallopt() -> bool:
+def _mallopt() -> list[str]:
+    """Each setting tried on its own; the names of those refused (every one where there is no glibc mallopt)."""
+    settings = {"M_MMAP_THRESHOLD": (M_MMAP_THRESHOLD, KEEP_BYTES), "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, KEEP_BYTES),
+                "M_TOP_PAD": (M_TOP_PAD, TOP_PAD_BYTES)}
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):
-        return False
+        return list(settings)
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in
-               ((M_MMAP_THRESHOLD, KEEP_BYTES), (M_TRIM_THRESHOLD, KEEP_BYTES), (M_TOP_PAD, TOP_PAD_BYTES)))
+    return [name for name, (param, value) in settings.items() if mallopt(param, value) != 1]

@@ -40,10 +40,11 @@ _REMOVED = MappingProxyType({})  # a removed worker's counts: none (WorkerState.
 
 class Attempt:
     """One try of a request on one worker, from its decision to its release."""
-    __slots__ = ("worker", "decision", "verdict", "outcome", "served", "usage", "held", "ref")
+    __slots__ = ("worker", "decision", "policy", "verdict", "outcome", "served", "usage", "held", "ref")
 
-    def __init__(self, worker: WorkerState, decision: RoutingDecision):
+    def __init__(self, worker: WorkerState, decision: RoutingDecision, policy: Any = None):
         self.worker, self.decision = worker, decision
+        self.policy = policy  # the policy that decided: only it reads the decision back (the worker may change role)
         self.verdict: str | None = None  # for the breaker: OK | FAIL | None (tells nothing about the worker)
         self.outcome: str | None = None  # BROKEN_STREAM | CLIENT_DISCONNECT when a relayed stream ended badly
         self.served = False  # the worker answered 2xx: it was sent the request (the policy's cache credit stands)
@@ -168,7 +169,7 @@ class RouterCore:
             w.breaker.on_dispatch(self.clock())
         if retry:
             self.stats.retries += 1
-        return Attempt(w, decision)
+        return Attempt(w, decision, self.policy)
 
     def hold(self, att: Attempt, limit_s: float = math.inf) -> float:
         """Seconds to hold ``att`` before sending it, at most ``limit_s`` (the client's deadline); 0: send it now.
@@ -198,8 +199,9 @@ class RouterCore:
         if att.held:  # the client left while it was held: it was never sent
             self._unhold(att)
         current = self.workers.get(w.url) is w
-        if current:
-            self.policy_of(w.url).on_request_done(w.url, decision, att.served, att.usage)
+        if current:  # a worker moved to another role's policy since: that one holds its count, not the decision
+            policy = self.policy_of(w.url)
+            policy.on_request_done(w.url, decision if policy is att.policy else None, att.served, att.usage)
         if att.served and att.outcome != BROKEN_STREAM:
             self.stats.served(decision, att.usage)
         if att.verdict == OK:

@@ -85,7 +85,7 @@ def _attempt(core: RouterCore, url: str, decision: RoutingDecision, elapsed_s: f
         w.breaker.on_dispatch(core.clock())
     if retry:
         core.stats.retries += 1
-    return Attempt(w, decision)
+    return Attempt(w, decision, core.policy_of(url))
 
 
 def _select_as(policy, role: str, request, urls: list[str]) -> str:

@@ -96,7 +96,7 @@ class SimRouter:
         """The request of `att` got its first token on its worker, heard at the router at `now` (once per request,
         on the worker that prefilled it); a policy that does not listen is not called."""
         policy = self.core.policy_of(att.worker.url)
-        if wants_first_token(policy) and self.core.is_current(att.worker):
+        if policy is att.policy and wants_first_token(policy) and self.core.is_current(att.worker):
             self.now = now
             policy.on_first_token(att.worker.url, att.decision)
 

@@ -9,8 +9,9 @@ policy instance per role as the router core keeps them):
   token (task.py:138): ``on_first_token``, else when its attempt ends;
 - a token machine (role ``decode``): the least KV memory reserved (``find_best_token_instance``, scheduler.py:647-648,
   ``sched_memory``: the same weights on every machine, so the least reserved KV; ties: the first added), credited
-  with the prompt's tokens plus one and the request's whole output (scheduler.py:723-724: ``PromptTask.max_memory``
-  is prompt_size + 1 tokens of KV, task.py:109-112, ``TokenTask.max_memory`` token_size, task.py:178-181) until the
+  with the prompt's tokens and the request's whole output (scheduler.py:723-724: ``PromptTask.max_memory`` is
+  prompt_size + 1 tokens of KV, task.py:109-112, ``TokenTask.max_memory`` its token_size, task.py:178-181, which is
+  the request's output less the first token, request.py:250: prompt + output in all) until the
   request ends (task.py:216-217 frees the request's memory, instance.py:110 takes it off ``sched_memory``). The
   output is the request's ``max_new_tokens`` (``RequestView``: the simulator gives it; a caller that does not counts
   none);
@@ -81,7 +82,7 @@ class MixedPoolRouting(TokenJsqRouting):
         if self.role == "decode":
             reserved = self.reserved
             worker = min(candidates, key=reserved.__getitem__)   # ties: the first added (scheduler.py's min)
-            need = p + 1 + (request.max_new_tokens or 0)
+            need = p + max(request.max_new_tokens or 1, 1)   # (p + 1) + (output - 1): request.py:250
             cap = self.cfg.kv_capacity_tokens
             full = cap > 0 and reserved[worker] + need >= cap
             reserved[worker] += need

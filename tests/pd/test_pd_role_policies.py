@@ -8,6 +8,7 @@ import pytest
 
 from framework.cluster.peer_router import sglang_router_args
 from framework.config import compose
+from framework.contracts.routing import RequestView
 from framework.core.registry import ROUTING, WORKLOAD
 from framework.routing.core import RouterCore
 from framework.routing.pairs import ALWAYS, DECODE, DECODE_FIRST, PREFILL, dispatch_pair, role_policies
@@ -132,3 +133,22 @@ def test_the_routers_pd_switch_follows_roles_without_scanning_the_workers():
         assert has_pd_workers(core) == scan()
         seen.append(scan())
     assert True in seen and seen[-1] is False and seen[2] is False
+
+
+@pytest.mark.parametrize("router, decode", [("token_jsq", "token_jsq"), ("cache_aware", "mixed_pool")])
+def test_a_worker_that_changes_role_with_a_request_in_flight_leaves_both_policies_whole(router, decode):
+    """The request was decided by the router's policy; when its worker moves to the decode role's policy meanwhile
+    (pd.discover learns roles late), its end still releases the count there, and no policy reads a decision another
+    one made (a token_jsq count would go negative, mixed_pool would read a foreign memo)."""
+    cls = ROUTING.get(router)
+    core = RouterCore(cls(cls.Config(), seed=3), clock=lambda: 0.0)
+    core.add_worker(D[0], healthy=True)
+    core.set_role_policies(role_policies(core.policy, None, decode))
+    att = core.dispatch(RequestView("x" * 10, list(range(10))))
+    core.set_role(D[0], DECODE)
+    moved = core.policy_of(D[0])
+    assert moved is not att.policy and moved.loads[D[0]] == 1
+    core.release(att)
+    assert moved.loads[D[0]] == 0
+    assert all(v == 0 for v in getattr(moved, "pending", {}).values())
+    assert all(v == 0 for v in getattr(moved, "reserved", {}).values())

@@ -92,13 +92,13 @@ def test_mixed_pool_pairs_the_fewest_pending_prompt_tokens_with_the_least_reserv
     pd, dd = p.last_pair
     assert (pd.reason, dd.reason) == ("least_pending_prompt", "least_memory")
     assert p.pending[A] == 100 and p.pending[C] == 0        # scheduler.py:734: the prompt machine gets prompt_size
-    assert p.reserved[C] == 100 + 1 + 400                   # scheduler.py:723-724: kv(prompt + 1) + kv(token_size)
+    assert p.reserved[C] == 100 + 400     # scheduler.py:723-724: kv(prompt + 1) + kv(token_size = output - 1)
     assert p.select_pair(_req(10, 5), prefill, decode) == (B, D)
-    assert p.reserved[D] == 16
-    assert p.select_pair(_req(20, 1000), prefill, decode) == (B, D)   # B 10 < A 100; D 16 < C 501
-    assert p.pending[B] == 30 and p.reserved[D] == 16 + 1021
+    assert p.reserved[D] == 15
+    assert p.select_pair(_req(20, 1000), prefill, decode) == (B, D)   # B 10 < A 100; D 15 < C 500
+    assert p.pending[B] == 30 and p.reserved[D] == 15 + 1020
     p.on_first_token(A, pd)                                 # the first request's prompt phase ended on A
-    assert p.pending[A] == 0 and p.reserved[C] == 501       # its token machine's memory stays until the end
+    assert p.pending[A] == 0 and p.reserved[C] == 500       # its token machine's memory stays until the end
     p.on_request_done(A, pd)
     p.on_request_done(C, dd)
     assert p.pending[A] == 0 and p.reserved[C] == 0
@@ -108,19 +108,19 @@ def test_mixed_pool_pairs_the_fewest_pending_prompt_tokens_with_the_least_reserv
 def test_mixed_pool_says_where_splitwise_would_lend_a_machine():
     p = _policy("mixed_pool", workers=(A, B), prompt_max_pending_batch_tokens=100, kv_capacity_tokens=50.5)
     p.select_pair(_req(100, 10), [A], [B])                  # an empty prompt machine: no queue, not long
-    assert [d.reason for d in p.last_pair] == ["least_pending_prompt", "token_memory_full"]   # 0 + 111 >= 50.5
-    assert p.reserved[B] == 111
+    assert [d.reason for d in p.last_pair] == ["least_pending_prompt", "token_memory_full"]   # 0 + 110 >= 50.5
+    assert p.reserved[B] == 110
     p2 = _policy("mixed_pool", workers=(A, B), prompt_max_pending_batch_tokens=100, kv_capacity_tokens=50.5)
-    p2.select_pair(_req(60, 10), [A], [B])                  # B: 0 + 71 >= 50.5: full (is_memory_loaded's >=)
+    p2.select_pair(_req(60, 10), [A], [B])                  # B: 0 + 70 >= 50.5: full (is_memory_loaded's >=)
     assert [d.reason for d in p2.last_pair] == ["least_pending_prompt", "token_memory_full"]
     p2.select_pair(_req(40, 0), [A], [B])                   # A: 60 + 40 = 100, not above 100
     assert p2.last_pair[0].reason == "least_pending_prompt"
     p2.select_pair(_req(1, 0), [A], [B])                    # A: 100 + 1 > 100 with a prompt pending
     assert p2.last_pair[0].reason == "prompt_queue_long"
-    p3 = _policy("mixed_pool", workers=(A, B), kv_capacity_tokens=12.0)
-    p3.select_pair(_req(5, 5), [A], [B])                    # 11 < 12
+    p3 = _policy("mixed_pool", workers=(A, B), kv_capacity_tokens=11.0)
+    p3.select_pair(_req(5, 5), [A], [B])                    # 5 + 5 = 10 < 11
     assert p3.last_pair[1].reason == "least_memory"
-    p3.select_pair(_req(0, 0), [A], [B])                    # 11 + 1 >= 12
+    p3.select_pair(_req(0, 0), [A], [B])                    # 10 + 1 (at least the first token's KV) >= 11
     assert p3.last_pair[1].reason == "token_memory_full"
 
 

@@ -168,6 +168,18 @@ def test_other_work_on_the_host_stretches_the_steps():
             run(compose(SMALL + [bad]), "/tmp/unused", {})
 
 
+def test_the_router_and_client_share_the_host_over_http_only():
+    """sim.host_side_procs: the router process and the load client count as that many busy processes on the host's
+    cores while requests are in flight, over HTTP; the in-process driver has neither."""
+    base = SMALL + ["sim.host_cores=2", "cluster.instances=2"]
+    light, _ = simulate(compose(base + ["sim.host_side_procs=0"]))
+    heavy, _ = simulate(compose(base + ["sim.host_side_procs=2"]))
+    assert heavy["duration_s"] > 1.3 * light["duration_s"]
+    one = ["cluster.http=false", "cluster.instances=1", "sim.host_cores=1"]
+    assert simulate(compose(SMALL + one + ["sim.host_side_procs=0"]))[0]["duration_s"] == \
+        simulate(compose(SMALL + one + ["sim.host_side_procs=2"]))[0]["duration_s"]
+
+
 def test_a_counting_pool_gets_no_input_tensors():
     """The simulator runs no forward: its batches keep the shapes the cost model prices and no token ids."""
     sched = Scheduler(EngineConfig(), CountingKVPool(1000), -1, lambda ids: "")

@@ -41,8 +41,10 @@ def test_block_sizes_must_agree():
 
 def test_load_reports_reach_power_of_two():
     """power_of_two(load=worker_tokens) decides on the polled reports: with a poll interval longer than the run it
-    sees none (all zero: ties) and routes otherwise than with the default poll."""
-    polled = simulate(compose(BASE + WORKLOADS["multi_turn"] + ["router=power_of_two", "router.load=worker_tokens"]))
+    sees none (all zero: ties) and routes otherwise than with a poll every 20 ms (the default 0.5 s is about this
+    short run's length on the calibrated CPU profile, so it would test the profile, not the reports)."""
+    polled = simulate(compose(BASE + WORKLOADS["multi_turn"] + ["router=power_of_two", "router.load=worker_tokens",
+                                                                "router.load_poll_interval_s=0.02"]))
     blind = simulate(compose(BASE + WORKLOADS["multi_turn"] + ["router=power_of_two", "router.load=worker_tokens",
                                                                "router.load_poll_interval_s=1e9"]))
     workers = lambda recs: [r.worker for r in sorted(recs, key=lambda r: (r.session, r.turn))]  # noqa: E731

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import ValidationError
 
-from framework.contracts.routing import RequestView, RoutingPolicy
+from framework.contracts.routing import RequestView, wants_first_token
 from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
 from framework.routing.dp_aware import DP_RANK_HEADER, DPAware, dp_rank_of
 from framework.routing.workers import WorkerState
@@ -113,9 +113,6 @@ class _Origin:
         if dp_rank is None:
             return b"%s%s%s" % (self.lines[call.route], call.head, call.raw)
         return b"%s%s: %d\r\n%s%s" % (self.lines[call.route], _DP_RANK_B, dp_rank, call.head, call.raw)
-
-
-_SILENT = RoutingPolicy.on_first_token  # the contract's no-op: a policy that keeps it is not told of first tokens
 
 
 def _wake(released: list[Attempt]) -> None:
@@ -529,8 +526,8 @@ class Router:
             chunk = await up.readany()
         att.served = up.status < 400
         policy = self.core.policy_of(w.url)  # the first token came (a P/D decode half's came from its prefill):
-        if type(policy).on_first_token is not _SILENT and att.served and w.role != "decode" \
-                and self.core.is_current(w):      # told only to a policy that listens (~0.15 us a request if not)
+        if policy is att.policy and wants_first_token(policy) and att.served and w.role != "decode" \
+                and self.core.is_current(w):      # told only to the policy that decided, if it listens
             policy.on_first_token(w.url, att.decision)
         tail = b"" if self.core.wants_usage else None  # the stream's end, for the usage in its last event
         try:
