@@ -7,7 +7,6 @@ import argparse
 import csv
 import dataclasses
 import gzip
-import importlib.util
 import json
 import statistics
 from functools import lru_cache
@@ -24,18 +23,6 @@ from framework.gpu.hardware import HardwareConfig
 from framework.runs.sim import build
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"pd_splitwise_{name}", ROOT / f"experiments/pd_splitwise/{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(scope="module")
-def predict():
-    return load("predict")
 
 
 @lru_cache(maxsize=None)
@@ -113,7 +100,8 @@ def test_an_unknown_design_is_refused_with_the_known_ones(predict, capsys):
 
 @pytest.mark.parametrize("design, baseline, split", [("ha", "baseline_a100", "splitwise_ha"),
                                                      ("isocost", "baseline_h100", "splitwise_aa")])
-def test_a_design_writes_its_own_file_that_compare_reads(predict, tmp_path, monkeypatch, design, baseline, split):
+def test_a_design_writes_its_own_file_that_compare_reads(predict, splitwise_compare, tmp_path, monkeypatch, design,
+                                                          baseline, split):
     """predict.py's file for a design (its rate search stubbed: 30 and 45 req/s, not a prediction) and compare.py's
     reading of it; no published figure in predict.py's setup."""
     rates = iter([30, 45])
@@ -124,13 +112,12 @@ def test_a_design_writes_its_own_file_that_compare_reads(predict, tmp_path, monk
     assert out["predicted"] == {f"{baseline}_req_s": 30, f"{split}_req_s": 45, f"{split}_over_{baseline}": 1.5}
     assert out["design"] == design and out["scale"] == 1 and list(out["systems"]) == [baseline, split]
     assert out["router"] == {baseline: "token_jsq", split: "mixed_pool"}
-    compare = load("compare")
-    published = compare.PUBLISHED_DESIGNS[design]
+    published = splitwise_compare.PUBLISHED_DESIGNS[design]
     (ratio,) = [v for k, v in published.items() if k.endswith(f"_over_{baseline}")]
     setup = json.dumps(out["setup"]) + json.dumps(out["deviations"])
     assert f"{ratio}x" not in setup and f"{ratio:.2f}" not in setup
-    monkeypatch.setattr(compare, "HERE", tmp_path)
-    assert compare.main(["--round", "2", "--design", design]) == 0
+    monkeypatch.setattr(splitwise_compare, "HERE", tmp_path)
+    assert splitwise_compare.main(["--round", "2", "--design", design]) == 0
     cmp = json.loads((tmp_path / f"comparison_round2_{design}.json").read_text())
     assert cmp["ratio_error"] == pytest.approx(1.5 / ratio - 1) and cmp["prediction_file"].endswith(f"_{design}.json")
 

@@ -2,22 +2,9 @@
 run: each check is arithmetic on records written here)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from framework.core.records import RequestRecord
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def predict():
-    spec = importlib.util.spec_from_file_location("pd_splitwise_predict", ROOT / "experiments/pd_splitwise/predict.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_trace_is_the_azure_conversation_sizes_at_the_rate_with_the_same_draws(predict):

@@ -2,20 +2,7 @@
 from splitwise-sim's own figures, and the router's reasons logged (a few requests: no rate is searched here)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def predict():
-    spec = importlib.util.spec_from_file_location("pd_splitwise_predict", ROOT / "experiments/pd_splitwise/predict.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_round_two_routes_each_system_by_its_splitwise_scheduler(predict):
