@@ -23,11 +23,11 @@ def serve_cluster(cfg) -> float:
         signal.signal(signal.SIGINT, signal.default_int_handler)   # also when started in the background (`&`)
     phase("starting the workers and the router")
     with Cluster(cfg) as cluster:
-        phase(None)                             # up: serving until stopped, nothing to report
-        print(f"router: {cluster.router_url}  (router={cfg.router.name}; workers: {', '.join(cluster.worker_urls)})\n"
-              f"try: curl {cluster.router_url}/generate -d '{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster",
-              flush=True)
-        try:
+        try:                                    # from here a Ctrl-C is a clean stop, also while the address prints
+            phase(None)                         # up: serving until stopped, nothing to report
+            print(f"router: {cluster.router_url}  (router={cfg.router.name}; workers: "
+                  f"{', '.join(cluster.worker_urls)})\ntry: curl {cluster.router_url}/generate -d "
+                  f"'{{\"text\": \"Hello\"}}'   Ctrl-C stops the cluster", flush=True)
             while not (fatal := _fatal(cluster)):
                 time.sleep(0.2)
         except KeyboardInterrupt:
