@@ -4,7 +4,11 @@ The profile holds, per instance config (parallel x size, moe), a prefill grid (n
 request's time to first token on an idle instance) and a decode grid (requests x prompt tokens: the gap between
 tokens). Each grid is fitted by least squares (relative error) to the shape of a step's work:
 
-- EXTEND batch of n new tokens on a cached prefix of p (token-weighted mean): c0 + c1 n + c2 n p + c3 n^2;
+- EXTEND batch of n new tokens on a cached prefix of p (token-weighted mean): c0 + c1 n + c2 n p + c3 n^2; with
+  ``extend=per_request`` a batch of several requests (n_i new tokens on p_i each) is priced by that form with the
+  attention terms summed per request, c0 + c1 sum n_i + c2 sum n_i p_i + c3 sum n_i^2 (the engine attends request by
+  request: framework/model/attention.py), scaling the grid's point of the whole batch under ``between=grid``;
+  ``extend=batch`` (the default, as every committed figure was priced) prices the batch as one request of its total;
 - DECODE batch of b requests of mean context c: c0 + c1 b + c2 b c, with b = n x DP groups for a group of n (the
   profile's decode batches were spread evenly over the DP groups);
 - the step: its slowest batch (the ranks wait for each other at every layer); IDLE batches cost nothing.
@@ -41,9 +45,11 @@ class CalibratedConfig(CostConfig):
     name: str = "calibrated"
     path: str = DEFAULT_PATH          # the profile (relative: to the repository)
     between: str = "fit"              # how a step between the measured points is priced: fit | grid (module doc)
+    extend: str = "batch"             # a multi-request extend batch: batch (one request of its total) | per_request
 
 
 BETWEEN = ("fit", "grid")
+EXTEND = ("batch", "per_request")
 
 
 PREFILL_TERMS = (lambda n, p: 1.0, lambda n, p: n, lambda n, p: n * p, lambda n, p: n * n)
@@ -131,6 +137,9 @@ class CalibratedCost(CostModel):
         self._pc, self._dc = self.prefill.coef, self.decode.coef
         if cfg.between not in BETWEEN:
             raise ValueError(f"sim.cost.between={cfg.between!r} is not one of {BETWEEN}")
+        if cfg.extend not in EXTEND:
+            raise ValueError(f"sim.cost.extend={cfg.extend!r} is not one of {EXTEND}")
+        self.per_request = cfg.extend == "per_request"
         self._prefill_time = partial(prefill_time, self._pc)
         self._decode_time = partial(decode_time, self._dc)
         if cfg.between == "grid":  # the measured points, with the fit past them
@@ -147,9 +156,18 @@ class CalibratedCost(CostModel):
                 bt = self._decode_time(groups * n, sum(b.prefix) / n)
             else:
                 new = sum(b.new_tokens)
-                bt = self._prefill_time(new, sum(x * p for x, p in zip(b.new_tokens, b.prefix)) / new)
+                attended = sum(x * p for x, p in zip(b.new_tokens, b.prefix))
+                bt = self._prefill_time(new, attended / new)
+                if self.per_request and n > 1:
+                    bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
         return t
+
+    def _per_request_share(self, new: int, attended: int, squares: int) -> float:
+        """The fit's price of a batch attended request by request over its price as one request of the same tokens."""
+        c = self._pc
+        whole = prefill_time(c, new, attended / new)
+        return (whole - c[3] * (new * new - squares)) / whole if whole > 0 else 1.0
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
                      graph: bool = False) -> list[float]:

@@ -73,3 +73,32 @@ def test_a_grid_with_one_point_on_an_axis_is_refused_clearly():
     from plugins.cost.calibrated import Grid
     with pytest.raises(ValueError, match="at least 2 increasing points on the grid's second axis"):
         Grid([1, 2], [0], [[1.0], [2.0]], lambda n, p: 1.0)
+
+
+def _extend(cost, news: tuple, prefixes: tuple) -> float:
+    return cost.step_time(Step(batches=(BatchShape("extend", news, prefixes),)))
+
+
+@pytest.mark.parametrize("between", ["fit", "grid"])
+def test_per_request_extend_prices_each_request_s_attention_on_its_own(between):
+    """sim.cost.extend=per_request: four requests of 128 new tokens attend 4 x 128^2, not 512^2 (the engine attends
+    request by request); one request, and the default (batch), are priced as before."""
+    cfg = COST.get("calibrated").Config
+    inst = cost_instance(compose(["logger.mode=disabled"]))
+    lumped = COST.build("calibrated", cfg(between=between), inst)
+    split = COST.build("calibrated", cfg(between=between, extend="per_request"), inst)
+    assert cfg().extend == "batch"
+    c = lumped.prefill.coef
+    assert c[3] > 0                                         # the profile's n^2 term: what per_request changes
+    news, prefixes = (128, 128, 64, 192), (0, 256, 0, 1024)
+    new, attended = sum(news), sum(n * p for n, p in zip(news, prefixes))
+    whole = prefill_time(c, new, attended / new)
+    expected = _extend(lumped, news, prefixes) * (whole - c[3] * (new * new - sum(n * n for n in news))) / whole
+    assert _extend(split, news, prefixes) == pytest.approx(expected)
+    assert _extend(split, news, prefixes) < _extend(lumped, news, prefixes)
+    if between == "fit":                                    # the fit's own form, summed per request
+        assert _extend(split, news, prefixes) == pytest.approx(
+            c[0] + c[1] * new + c[2] * attended + c[3] * sum(n * n for n in news))
+    assert _extend(split, (300,), (100,)) == _extend(lumped, (300,), (100,))
+    with pytest.raises(ValueError, match=r"extend='each'.*\('batch', 'per_request'\)"):
+        COST.build("calibrated", cfg(extend="each"), inst)

@@ -1,0 +1,66 @@
+"""Extend steps of several requests on the real single-rank engine, beside their prices by `sim.cost=calibrated`
+with `extend=batch` (one request of the batch's total tokens) and `extend=per_request` (each request's attention on
+its own), by the fit and by the grid. The profile measures one request at a time, so this is the check of how a
+batch of them is priced (issue 19, item 9). Each shape: k requests of n new tokens, no cached prefix, sent at once
+(one extend step), the median of 7 times to the last first token.
+
+    python experiments/calibrate/extend_batches.py      # ~30 s; prints a table, writes extend_batches.json here
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))
+
+from run import CONFIGS, _serve, _text  # noqa: E402
+from framework.config import compose  # noqa: E402
+from framework.contracts.cost import BatchShape, Step  # noqa: E402
+from framework.core.paths import git_sha  # noqa: E402
+from framework.core.registry import COST  # noqa: E402
+from framework.instance.client import open_engine  # noqa: E402
+from framework.instance.handle import SyncFace  # noqa: E402
+from framework.instance.rank_loop import InstanceSpec  # noqa: E402
+from framework.runs.sim import cost_instance  # noqa: E402
+
+SHAPES = [(1, 512), (2, 256), (4, 128), (8, 64), (4, 64), (2, 64)]
+REPEATS = 7
+
+
+def main() -> None:
+    import torch
+    torch.set_num_threads(1)                       # as experiments/calibrate/run.py profiles
+    cfg = compose(CONFIGS["single"] + ["engine.kv_budget_mb=64", "logger.mode=disabled"])
+    inst = cost_instance(cfg)
+    prices = {(b, e): COST.build("calibrated", COST.get("calibrated").Config(between=b, extend=e), inst)
+              for b in ("fit", "grid") for e in ("batch", "per_request")}
+    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, 0))
+    face, rng, rows = SyncFace(handle), random.Random(5), []
+    try:
+        _serve(face, [_text(rng, 64)], 4)          # warm-up
+        for k, n in SHAPES:
+            times = []
+            for _ in range(REPEATS):
+                runs = _serve(face, [_text(rng, n) for _ in range(k)], 1)
+                times.append(max(r[1] for r in runs) - runs[0][0])
+            step = Step(batches=(BatchShape("extend", (n,) * k, (0,) * k),))
+            rows.append({"requests": k, "new_tokens": n, "measured_ms": statistics.median(times) * 1e3,
+                         **{f"{b}_{e}_ms": p.step_time(step) * 1e3 for (b, e), p in prices.items()}})
+    finally:
+        handle.close()
+        handle.terminate()
+    cols = [c for c in rows[0] if c.endswith("_ms")]
+    print("| requests x new tokens | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+    for r in rows:
+        print(f"| {r['requests']} x {r['new_tokens']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")
+    (HERE / "extend_batches.json").write_text(json.dumps({"git_sha": git_sha(), "repeats": REPEATS,
+                                                          "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
