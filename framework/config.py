@@ -12,6 +12,7 @@ from framework.model.config import ModelConfig
 from framework.core.registry import COST, MOE, PARALLELISM, ROUTING, WORKLOAD
 from framework.gpu.hardware import HardwareConfig
 from framework.report.wandb_log import LogMode, LoggerConfig
+from framework.sim.answers import SimAnswers
 
 PLUGIN_GROUPS = {"parallel": PARALLELISM, "moe": MOE, "router": ROUTING, "workload": WORKLOAD, "sim/cost": COST}
 
@@ -21,12 +22,6 @@ class Mode(enum.Enum):
     verify = "verify"   # check every path's logits against the single-process reference
     serve = "serve"     # keep the cluster up for clients
     sim = "sim"         # the discrete-event simulator
-
-
-class SimAnswers(enum.Enum):
-    """sim.answers: the simulated answers' sampled ids (framework/sim/answers.py)."""
-    printable = "printable"   # printable ASCII, a byte a token: every answer re-encodes to itself (servelab's)
-    measured = "measured"     # the real engine's measured answers (data/calibration/answers.json)
 
 
 @dataclass

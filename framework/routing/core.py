@@ -29,7 +29,8 @@ import time
 from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
-from framework.contracts.routing import RESTARTED, USAGE, LoadReport, RequestUsage, RequestView, RoutingDecision
+from framework.contracts.routing import (RESTARTED, USAGE, LoadReport, RequestUsage, RequestView, RoutingDecision,
+                                         wants_first_token)
 from framework.routing.stats import RouterStats
 from framework.routing.workers import CLOSED, CircuitBreaker, WorkerState
 
@@ -71,6 +72,7 @@ class RouterCore:
         self.workers: dict[str, WorkerState] = {}
         self.stats = RouterStats()
         self.wants_usage = USAGE in policy.subscriptions  # read the usage from the answers only then
+        self._hear_first: frozenset = frozenset({policy} if wants_first_token(policy) else ())   # (first_token)
         self.role_policies: dict[str, Any] = {}  # P/D: role -> its own policy instance (set_role_policies)
         self.on_idle: Callable[[WorkerState], None] | None = None  # a draining worker's last request ended
         self._held: dict[str, list[Attempt]] = {}  # worker url -> attempts held for it, in the order they came
@@ -107,6 +109,7 @@ class RouterCore:
         self.role_policies = dict(policies)
         self._in_role = {url: p for p in policies.values() for url in p.loads}
         self.wants_usage = any(USAGE in p.subscriptions for p in (self.policy, *policies.values()))
+        self._hear_first = frozenset(p for p in (self.policy, *policies.values()) if wants_first_token(p))
         for w in self.workers.values():
             if w.role in policies:
                 self.set_role(w.url, w.role)
@@ -192,6 +195,17 @@ class RouterCore:
     def held(self) -> list[Attempt]:
         """The attempts held now, worker by worker."""
         return [a for atts in self._held.values() for a in atts]
+
+    def tells_first_token(self, att: Attempt) -> bool:
+        """Whether the policy that decided ``att`` listens to its first token (a driver marks the request with it)."""
+        return att.policy in self._hear_first
+
+    def first_token(self, att: Attempt) -> None:
+        """``att``'s request got its first token (its prompt phase on its worker ended): told to the policy that decided
+        it, if it listens and still holds that worker; at most once per attempt (the driver's part)."""
+        policy, w = att.policy, att.worker
+        if policy in self._hear_first and self.workers.get(w.url) is w and self.policy_of(w.url) is policy:
+            policy.on_first_token(w.url, att.decision)
 
     def release(self, att: Attempt) -> None:
         """``att`` is over (answered, failed, or its client left, held or not): exactly once per attempt."""

@@ -14,6 +14,7 @@ stops at the first answer token whose re-encoding differs, and the next prompt i
 from __future__ import annotations
 
 import bisect
+import enum
 import functools
 import itertools
 import json
@@ -24,6 +25,14 @@ from framework.core.paths import REPO_ROOT
 from framework.model.tokenizer import ByteTokenizer
 
 DEFAULT_PATH = "data/calibration/answers.json"
+
+
+class SimAnswers(enum.Enum):
+    """sim.answers: the simulated answers' sampled ids."""
+    printable = "printable"   # printable ASCII, a byte a token: every answer re-encodes to itself (servelab's)
+    measured = "measured"     # the real engine's measured answers (data/calibration/answers.json)
+
+
 _PRINTABLE = bytes(32 + b % 95 for b in range(256))
 _BYTES = ByteTokenizer()
 
@@ -93,7 +102,7 @@ def load(path: str) -> dict:
 def answer_source(cfg):
     """The run's answers: f(seed, rid, n) -> n ids. ValueError when `measured` has nothing measured for this run
     (its model, its weight seed, its sampling temperature)."""
-    if cfg.sim.answers.value == "printable":     # (the enum lives in framework.config, a layer above)
+    if cfg.sim.answers is SimAnswers.printable:
         return printable_answer
     path = str(REPO_ROOT / DEFAULT_PATH)           # an absolute DEFAULT_PATH stays itself
     data = load(path)

@@ -151,7 +151,7 @@ class Simulation:
         req = Req(ids, params, rid=f"{s.sid}/{k}",
                   arrival_time=self.frontends[att.worker.url].tokenize(at_server, len(ids)))
         flight = att.ref = _Flight(s, k, req, att.worker.url, att, now,
-                                   tell_first=self.router.wants_first_token(att.worker.url))
+                                   tell_first=self.router.core.tells_first_token(att))
         self.flights[req.rid] = flight
         if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
             self.push(at_router + hold, HOLD, flight)

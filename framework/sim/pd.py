@@ -235,7 +235,7 @@ class PD:
         sim.flights[rid] = flight
         if plan.prefill is None:                 # the decider keeps it local: the decode instance serves it whole
             self.stats.local_prefills += 1
-            flight.tell_first = sim.router.wants_first_token(dw)   # its first token comes from the decode instance
+            flight.tell_first = core.tells_first_token(plan.decode)   # its first token comes from the decode instance
             sim.push(req.arrival_time, ARRIVE, dw, flight)
             return
         pw = plan.prefill.worker.url

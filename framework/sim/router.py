@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView, wants_first_token
+from framework.contracts.routing import KV_EVENTS, LOAD, RequestUsage, RequestView
 from framework.kv_events.emitter import CacheEventEmitter
 from framework.kv_events.events import KVEventBatch
 from framework.kv_events.union import GroupUnion
@@ -88,17 +88,12 @@ class SimRouter:
         att = self.core.dispatch(RequestView(text, token_ids, max_new_tokens))
         return att, self.core.hold(att)
 
-    def wants_first_token(self, worker: str) -> bool:
-        """Whether the policy that holds `worker` listens to first tokens (the cluster marks a flight with it)."""
-        return wants_first_token(self.core.policy_of(worker))
-
     def first_token(self, att: Attempt, now: float) -> None:
         """The request of `att` got its first token on its worker, heard at the router at `now` (once per request,
-        on the worker that prefilled it); a policy that does not listen is not called."""
-        policy = self.core.policy_of(att.worker.url)
-        if policy is att.policy and wants_first_token(policy) and self.core.is_current(att.worker):
+        on the worker that prefilled it): RouterCore.first_token; the clock moves only for a policy that listens."""
+        if self.core.tells_first_token(att):
             self.now = now
-            policy.on_first_token(att.worker.url, att.decision)
+            self.core.first_token(att)
 
     def hold_over(self, att: Attempt, now: float) -> bool:
         """The hold of `att` ran out at `now`: True when it was still held (send it now)."""

@@ -16,7 +16,8 @@ policy instance per role as the router core keeps them):
   output is the request's ``max_new_tokens`` (``RequestView``: the simulator gives it; a caller that does not counts
   none);
 - no role (one pool of mixed machines): Splitwise's fallback to mixed batching (scheduler.py:709-714, 729-735): the
-  fewest pending tokens, credited with the prompt plus one, as token_jsq.
+  fewest pending tokens, credited with the prompt plus one, as token_jsq (both count through
+  plugins/routing/lib/pending_tokens.py).
 
 Not built: lending. Splitwise moves a token machine into a mixed pool when the least-loaded prompt machine has a
 queue and its pending prompt tokens with this prompt would pass ``prompt_max_pending_batch_tokens`` (8,192,
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage, RequestView, RoutingConfig, RoutingDecision
-from plugins.routing.token_jsq import Pending, TokenJsqRouting, prompt_size
+from plugins.routing.lib.pending_tokens import Pending, PendingTokensPolicy, prompt_size
 
 
 @dataclass
@@ -47,7 +48,7 @@ class MixedPoolConfig(RoutingConfig):
 
 
 @ROUTING.register("mixed_pool")
-class MixedPoolRouting(TokenJsqRouting):
+class MixedPoolRouting(PendingTokensPolicy):
     Config = MixedPoolConfig
     Reasons = ("least_pending_prompt", "prompt_queue_long", "least_memory", "token_memory_full", "mixed_batching")
 
@@ -71,16 +72,14 @@ class MixedPoolRouting(TokenJsqRouting):
         return {**super().state_sizes(), "reserved_workers": len(self.reserved)}
 
     def _decide(self, request: RequestView, candidates: list[str]) -> RoutingDecision:
-        p = prompt_size(request)
         if self.role == "prefill":
-            worker = self.least_pending(candidates)
-            before = self.pending[worker]
+            d = self.join_shortest(request, candidates, 0, "least_pending_prompt")
+            p = d.memo.prompt
+            before = self.pending[d.worker] - p
             long = before > 0 and before + p > self.cfg.prompt_max_pending_batch_tokens
-            self.pending[worker] = before + p
-            return RoutingDecision(worker, 0, p, "prompt_queue_long" if long else "least_pending_prompt",
-                                   memo=Pending(p, 0))
+            return d._replace(reason="prompt_queue_long") if long else d
         if self.role == "decode":
-            reserved = self.reserved
+            p, reserved = prompt_size(request), self.reserved
             worker = min(candidates, key=reserved.__getitem__)   # ties: the first added (scheduler.py's min)
             need = p + max(request.max_new_tokens or 1, 1)   # (p + 1) + (output - 1): request.py:250
             cap = self.cfg.kv_capacity_tokens
@@ -88,9 +87,7 @@ class MixedPoolRouting(TokenJsqRouting):
             reserved[worker] += need
             return RoutingDecision(worker, 0, p, "token_memory_full" if full else "least_memory",
                                    memo=Pending(0, 0, need))
-        worker = self.least_pending(candidates)
-        self.pending[worker] += p + 1
-        return RoutingDecision(worker, 0, p, "mixed_batching", memo=Pending(p, 1))
+        return self.join_shortest(request, candidates, 1, "mixed_batching")
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         super()._settle(decision, ok, usage)

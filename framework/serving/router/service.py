@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import ValidationError
 
-from framework.contracts.routing import RequestView, wants_first_token
+from framework.contracts.routing import RequestView
 from framework.routing.core import BROKEN_STREAM, CLIENT_DISCONNECT, FAIL, OK, Attempt, RouterCore
 from framework.routing.dp_aware import DP_RANK_HEADER, DPAware, dp_rank_of
 from framework.routing.workers import WorkerState
@@ -525,10 +525,8 @@ class Router:
         with self._timer(*self._deadline(call)):
             chunk = await up.readany()
         att.served = up.status < 400
-        policy = self.core.policy_of(w.url)  # the first token came (a P/D decode half's came from its prefill):
-        if policy is att.policy and wants_first_token(policy) and att.served and w.role != "decode" \
-                and self.core.is_current(w):      # told only to the policy that decided, if it listens
-            policy.on_first_token(w.url, att.decision)
+        if att.served and w.role != "decode":   # the first token came (a P/D decode half's came from its prefill)
+            self.core.first_token(att)
         tail = b"" if self.core.wants_usage else None  # the stream's end, for the usage in its last event
         try:
             conn.start(up.status, self._answer_headers(up, att, origin))
