@@ -6,7 +6,7 @@ times are read where a client sees them, between consecutive token deliveries (s
 collectives included):
 
 - prefill: one request of `n` new tokens on top of a cached prefix of `p` tokens (the prefix is served first, on
-  every DP group), on an idle instance: its time to first token, the fastest of --repeats;
+  every DP group), on an idle instance: its time to first token, the fastest and the median of --repeats;
 - decode: `b` requests (prompts of `c` tokens, no shared prefix) decoding together: the mean gap between one's
   tokens once every one of them decodes (tokens that arrive together count as one gap each: a slow poll does not
   matter), the fastest of --repeats (DP attention: the dispatcher spreads them over the DP groups).
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -83,16 +84,22 @@ def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> di
     try:
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
         dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
-        prefill = [[min(_prefill(face, rng, n, p, dp) for _ in range(repeats)) for p in grid["prefix"]]
+        prefill = [[[_prefill(face, rng, n, p, dp) for _ in range(repeats)] for p in grid["prefix"]]
                    for n in grid["new"]]
-        decode = [[min(_decode(face, rng, b, c) for _ in range(repeats)) for c in grid["context"]]
+        decode = [[[_decode(face, rng, b, c) for _ in range(repeats)] for c in grid["context"]]
                   for b in grid["batch"]]
     finally:
         handle.close()
         handle.terminate()
     return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
-            "prefill": {"new": grid["new"], "prefix": grid["prefix"], "seconds": prefill},
-            "decode": {"batch": grid["batch"], "context": grid["context"], "seconds": decode}}
+            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill)},
+            "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode)}}
+
+
+def _points(repeats: list[list[list[float]]]) -> dict:
+    """Each point's fastest repeat (`seconds`) and median (`seconds_median`): sim.cost.point picks one."""
+    return {"seconds": [[min(r) for r in row] for row in repeats],
+            "seconds_median": [[statistics.median(r) for r in row] for row in repeats]}
 
 
 def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:

@@ -59,6 +59,9 @@ FIGURES = (("output_throughput_tok_s", "rel"), ("ttft_p50_ms", "rel"), ("ttft_p9
 TARGETS = {"output_throughput_tok_s": 0.10, "ttft_p50_ms": 0.10, "cache_hit_rate": 0.02}
 JUDGED = ("output_throughput_tok_s", "ttft_p50_ms", "cache_hit_rate")     # sim median inside the real range
 EXTRA = ("sglang_cache_hit_rate_run", "sglang_cache_hit_rate", "total_throughput_tok_s")   # reported, not judged
+# the work audit (reported, not judged): the engines' CPU seconds in steps by kind (real: their threads' CPU; sim: the
+# cost model's prices of the same kinds of steps), and the HTTP workers' processes' CPU
+WORK = ("extend_cpu_s", "decode_cpu_s", "server_process_cpu_s", "requests_completed")
 
 
 class Background:
@@ -192,7 +195,7 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
     out = []
     for name in dict.fromkeys(c["case"] for rep in repeats for c in rep):
         runs = [c for rep in repeats for c in rep if c["case"] == name]
-        keys = [k for k, _ in FIGURES] + list(EXTRA)
+        keys = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK)
         real = {k: spread([r["real"].get(k) for r in runs]) for k in keys}
         sim = {k: spread([r["sim"].get(k) for r in runs]) for k in keys}
         inside = {k: (real[k]["min"] is not None and sim[k]["median"] is not None
@@ -233,6 +236,27 @@ def range_table(cells: list[dict], load: dict) -> str:
     return "\n".join(lines)
 
 
+def work_table(cells: list[dict]) -> str:
+    """Where the time goes, real against simulated (medians over the repeats): the engines' step CPU by kind against
+    the prices of the simulated steps of that kind, and the HTTP workers' CPU outside their steps per request (the
+    HTTP side of a one-rank worker: its process less its engine thread's steps)."""
+    def med(c, side, k):
+        return c[f"{side}_spread"][k]["median"]
+    lines = ["| cell | extend CPU s real / priced | ratio | decode CPU s real / priced | ratio | "
+             "worker CPU outside steps, ms per request |", "|---|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        row = [c["case"]]
+        for k in ("extend_cpu_s", "decode_cpu_s"):
+            r, s = med(c, "real", k), med(c, "sim", k)
+            row += (["-", "-"] if r is None or s is None else
+                    [f"{r:.2f} / {s:.2f}", f"{r / s:.2f}" if s else "-"])
+        proc, n = med(c, "real", "server_process_cpu_s"), med(c, "real", "requests_completed")
+        steps = [med(c, "real", k) for k in ("extend_cpu_s", "decode_cpu_s")]
+        row.append("-" if proc is None or None in steps or not n else f"{(proc - sum(steps)) / n * 1e3:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def host_check() -> dict:
     """The calibration profile's host stamp against this host now: simulated seconds compare with real ones only
     when they match (the profile prices steps in its host's seconds)."""
@@ -250,8 +274,8 @@ def host_line(host: dict) -> str:
             else "calibration profile's host: " + "; ".join(host["problems"]))
 
 
-KEEP = [k for k, _ in FIGURES] + list(EXTRA) + ["requests_completed", "duration_s", "steps", "retractions",
-                                               "sim_wall_s"]                  # each run's figures in results.json
+KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "steps", "retractions",
+                                                             "sim_wall_s"]   # each run's figures in results.json
 
 
 def resimulate(stored: dict, sim_args: list[str]) -> tuple[list[dict], str]:
@@ -284,6 +308,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
+    ap.add_argument("--point", choices=["fastest", "median"], default="fastest",
+                    help="sim.cost.point: each profiled point's fastest or median repeat (plugins/cost/calibrated.py)")
+    ap.add_argument("--extend", choices=["batch", "per_request"], default="batch",
+                    help="sim.cost.extend: a multi-request extend batch priced as one request or per request")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -301,7 +329,7 @@ def main() -> None:
     t0 = time.time()
     host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    sim_args = SIM + [f"sim.cost.between={args.between}", f"sim.answers={args.answers[0]}"]
+    sim_args = SIM + pricing(args) + [f"sim.answers={args.answers[0]}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
@@ -315,6 +343,7 @@ def main() -> None:
         c["errors"] = errors(c)
     print(table(cells))
     print(range_table(cells, load))
+    print(work_table(cells))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, args.out / "sim_vs_real.png")
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
@@ -328,9 +357,15 @@ def main() -> None:
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n")
+    (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n\n" + work_table(cells)
+                                       + "\n")
     print(f"results: {args.out / 'results.json'}  table: {args.out / 'table.md'}  plot: {args.out / 'sim_vs_real.png'}"
           f"  ({out['wall_s']:.0f} s)")
+
+
+def pricing(args) -> list[str]:
+    """The calibrated cost model's switches this run simulates with."""
+    return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}"]
 
 
 def resimulate_main(args) -> None:
@@ -340,16 +375,17 @@ def resimulate_main(args) -> None:
     out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
            "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
     for answers in args.answers:
-        sim_args = SIM + [f"sim.cost.between={args.between}", f"sim.answers={answers}"]
+        sim_args = SIM + pricing(args) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args)
-        print(f"sim.answers={answers}, sim.cost.between={args.between} ({time.time() - t0:.0f} s)\n{text}\n",
-              flush=True)
+        print(f"sim.answers={answers}, {' '.join(pricing(args))} ({time.time() - t0:.0f} s)\n{text}\n"
+              f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
-        args.resim_out = HERE / f"resim_{args.between}_{'_'.join(args.answers)}.json"
+        pricing_name = "_".join([args.between] + [v for v in (args.point, args.extend) if v not in ("fastest", "batch")])
+        args.resim_out = HERE / f"resim_{pricing_name}_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.resim_out}")

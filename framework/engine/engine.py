@@ -16,7 +16,7 @@ from framework.engine.kv_pool import KVPool
 from framework.engine.request import Req
 from framework.engine.sampling import sample
 from framework.engine.scheduler import Scheduler
-from framework.engine.stats import rank_snapshot
+from framework.engine.stats import rank_snapshot, step_cpu_key
 from framework.engine.step import InstanceStep, StepPlan
 from framework.model.config import ModelConfig
 from framework.model.model import build_model
@@ -98,7 +98,9 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed * 1009 + par.dp_rank)
         self.requests = 0              # requests this rank took
         self.logit_hook = None         # verify mode: called with (req, logits row) for each sampled token
-        self.timing = {"schedule_s": 0.0, "forward_s": 0.0}
+        # wall seconds in scheduling and in the forward; this thread's CPU seconds in steps whose batch extends and in
+        # the others (the simulator reports its priced seconds under the same keys: sim_fidelity compares them)
+        self.timing = {"schedule_s": 0.0, "forward_s": 0.0, "extend_cpu_s": 0.0, "decode_cpu_s": 0.0}
         self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
                                   self.scheduler.max_running, self.device)
         if engine_cfg.cuda_graph and self.device.type == "cuda":
@@ -121,13 +123,14 @@ class Engine:
     def step(self) -> list[Req] | None:
         """Run one instance step on this rank (framework/engine/step.py, with `execute` as its forward). Returns the
         requests that got a token (None when no step ran)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         plan = self.instance_step.start(self)
         if plan is None:
             return None
         out = self.instance_step.finish(plan, time.perf_counter())
         self.timing["forward_s"] += plan.seconds
         self.timing["schedule_s"] += time.perf_counter() - t0 - plan.seconds
+        self.timing[step_cpu_key(plan.batches)] += time.thread_time() - c0
         return out
 
     def execute(self, plan: StepPlan) -> None:

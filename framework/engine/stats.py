@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from framework.contracts.batch import ForwardMode
 from framework.engine.cuda_graph import GRAPH_COUNTERS
 from framework.model.moe_stats import PLACEMENT_KEYS, combine_rank_counts, load_stats
 
@@ -21,12 +22,21 @@ STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_ran
 GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
 GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps",             # one scheduler per DP group
                   "cache_hit_tokens", "cache_prefill_tokens")
-RANK_COUNTERS = ("idle_steps", "skipped_idle_steps", "schedule_s", "forward_s")   # every rank's own
+# every rank's own; the step CPU keys: the rank's CPU seconds in steps by kind (step_cpu_key); in the simulator, the
+# cost model's priced seconds of those steps (what the step costs a host to itself)
+STEP_CPU_KEYS = ("extend_cpu_s", "decode_cpu_s")
+RANK_COUNTERS = ("idle_steps", "skipped_idle_steps", "schedule_s", "forward_s", *STEP_CPU_KEYS)
 # the same on every rank: rank 0's (graph counters: every rank replays the same steps; under DP attention the eager
 # reason is rank 0's own, e.g. `disagree` where the rank in extend counts `mode`)
 STEP_COUNTERS = ("steps", "graph_eligible_steps", *GRAPH_COUNTERS)
 RUN_COUNTERS = ("retractions", "steps", "idle_steps", "graph_eligible_steps", *GRAPH_COUNTERS, "schedule_s",
-                "forward_s")
+                "forward_s", *STEP_CPU_KEYS)
+
+
+def step_cpu_key(batches) -> str:
+    """Which step CPU key a rank's step counts under: extend_cpu_s when a batch of its DP group(s) extends (a
+    mixed step too), else decode_cpu_s (DECODE, or IDLE joining another group's step)."""
+    return "extend_cpu_s" if any(b.mode is ForwardMode.EXTEND for b in batches) else "decode_cpu_s"
 
 
 def rank_snapshot(scheduler, scheme: dict, rank: int, dp_rank: int, leads: bool, memory, requests: int,
@@ -87,6 +97,8 @@ def engine_figures(before: list[dict], after: list[dict], start: float | None = 
     out["max_running_requests"] = max(a["max_running_requests"] for _, a in pairs)
     out.update({k: delta(k) for k in RUN_COUNTERS if k not in ("schedule_s", "forward_s")})
     out["graph_eligible_frac"] = out["graph_eligible_steps"] / max(out["steps"], 1)
+    if all("server_process_cpu_s" in a for _, a in pairs):   # HTTP workers: their processes' CPU over the run
+        out["server_process_cpu_s"] = delta("server_process_cpu_s")
     busy = delta("schedule_s") + delta("forward_s")
     out["scheduler_overhead_frac"] = delta("schedule_s") / busy if busy > 0 else 0.0
     out["requests_per_rank"] = [sum(col) for col in zip(*(

@@ -285,6 +285,7 @@ class WorkerServer:
         info = self.engine.stats()
         info.setdefault("model_name", self.model_name)
         info["http_in_flight"] = self.in_flight
+        info["server_process_cpu_s"] = time.process_time()   # this process's CPU: the HTTP side, and a one-rank engine
         return web.json_response({**info, **self.extra_info})
 
     async def handle_sglang_server_info(self, request: web.Request) -> web.Response:

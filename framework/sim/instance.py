@@ -18,7 +18,7 @@ from framework.engine.engine import plan_memory
 from framework.engine.kv_pool import CountingKVPool
 from framework.engine.request import Req
 from framework.engine.scheduler import Scheduler
-from framework.engine.stats import instance_stats, rank_snapshot
+from framework.engine.stats import STEP_CPU_KEYS, instance_stats, rank_snapshot, step_cpu_key
 from framework.engine.step import InstanceStep, StepPlan
 from framework.model.tokenizer import ByteTokenizer
 from framework.core.registry import MOE, PARALLELISM
@@ -54,6 +54,7 @@ class SimInstance:
                                  [par_cls.dp_rank_of(cfg.parallel, r) for r in range(self.size)], policies)
         self.executor = CostExecutor(cost_model, self.answers, self._forward_done)
         self.forward_s = 0.0
+        self.step_cpu = [dict.fromkeys(STEP_CPU_KEYS, 0.0) for _ in range(dp_size)]   # per DP group: priced, by kind
         # EPLB's weight moves as the cost model prices them (`placement_moves`): forward passes so far, and the
         # moves' counters over them (the real path's MoEBackend.stats keys; absent when no experts are placed)
         self.forward_passes, self.placement = 0, {}
@@ -106,6 +107,8 @@ class SimInstance:
             return None
         self._plan = plan
         self.forward_s += plan.seconds
+        for spent, batch in zip(self.step_cpu, plan.batches):   # each group's ranks spend the step, as it counts there
+            spent[step_cpu_key((batch,))] += plan.seconds
         return plan.seconds
 
     def finish_step(self, now: float) -> list[Req]:
@@ -147,6 +150,9 @@ class SimInstance:
         answers = self.answers
         out = self.step.advance(k, lambda r, n: answers[r.rid][len(r.output_ids):len(r.output_ids) + n], end)
         self.forward_s += sum(times)         # run_times priced the stalls: only count the moves here
+        for spent in self.step_cpu:
+            for t in times:                  # one at a time: the very sum of stepping one by one
+                spent["decode_cpu_s"] += t
         for _ in range(k):
             self._forward_done()
         self._forget_finished(out)
@@ -170,7 +176,7 @@ class SimInstance:
             dp = self.par_cls.dp_rank_of(self.par_cfg, rank)
             leads = rank == 0 or self.par_cls.dp_rank_of(self.par_cfg, rank - 1) != dp
             counters = {**self.step.counters[dp], **self.step.policies[dp].stats, "forward_s": self.forward_s,
-                        "schedule_s": 0.0, "skipped_idle_steps": 0, **self.placement}
+                        "schedule_s": 0.0, "skipped_idle_steps": 0, **self.step_cpu[dp], **self.placement}
             ranks.append(rank_snapshot(self.groups[dp], scheme, rank, dp, leads, self.memory,
                                        self.dispatcher.assigned[dp], counters))
         return instance_stats(ranks, self.step.peak_running)

@@ -20,6 +20,9 @@ inside the measured grid by the measured points, bilinear between them (each poi
 repeats), and past the grid's edges by the fit's growth from the nearest edge point: a lookup of what was measured
 (Vidur fits a random forest to its points instead), with the fit only where nothing was measured.
 
+``point=fastest`` (the default, as every committed figure was priced) reads each point's fastest repeat, the
+instance's own cost; ``point=median`` its median repeat, what a step typically takes on the profiled host.
+
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
 from __future__ import annotations
@@ -46,10 +49,12 @@ class CalibratedConfig(CostConfig):
     path: str = DEFAULT_PATH          # the profile (relative: to the repository)
     between: str = "fit"              # how a step between the measured points is priced: fit | grid (module doc)
     extend: str = "batch"             # a multi-request extend batch: batch (one request of its total) | per_request
+    point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
 
 
 BETWEEN = ("fit", "grid")
 EXTEND = ("batch", "per_request")
+POINTS = {"fastest": "seconds", "median": "seconds_median"}     # sim.cost.point -> the profile's key
 
 
 PREFILL_TERMS = (lambda n, p: 1.0, lambda n, p: n, lambda n, p: n * p, lambda n, p: n * n)
@@ -132,8 +137,16 @@ class CalibratedCost(CostModel):
         super().__init__(cfg, instance)
         prof = load_profile(cfg.path, instance)
         pre, dec = prof["prefill"], prof["decode"]
-        self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre["seconds"])
-        self.decode = Fit(DECODE_TERMS, dec["batch"], dec["context"], dec["seconds"])
+        if cfg.point not in POINTS:
+            raise ValueError(f"sim.cost.point={cfg.point!r} is not one of {tuple(POINTS)}")
+        key = POINTS[cfg.point]
+        if key not in pre or key not in dec:
+            raise ValueError(f"sim.cost.point={cfg.point}: the profile {cfg.path} holds only each point's fastest "
+                             f"repeat (profiled before medians were kept); re-profile with "
+                             f"experiments/calibrate/run.py, or use sim.cost.point=fastest")
+        pre_s, dec_s = pre[key], dec[key]
+        self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre_s)
+        self.decode = Fit(DECODE_TERMS, dec["batch"], dec["context"], dec_s)
         self._pc, self._dc = self.prefill.coef, self.decode.coef
         if cfg.between not in BETWEEN:
             raise ValueError(f"sim.cost.between={cfg.between!r} is not one of {BETWEEN}")
@@ -143,8 +156,8 @@ class CalibratedCost(CostModel):
         self._prefill_time = partial(prefill_time, self._pc)
         self._decode_time = partial(decode_time, self._dc)
         if cfg.between == "grid":  # the measured points, with the fit past them
-            self._prefill_time = Grid(pre["new"], pre["prefix"], pre["seconds"], self._prefill_time)
-            self._decode_time = Grid(dec["batch"], dec["context"], dec["seconds"], self._decode_time)
+            self._prefill_time = Grid(pre["new"], pre["prefix"], pre_s, self._prefill_time)
+            self._decode_time = Grid(dec["batch"], dec["context"], dec_s, self._decode_time)
 
     def step_time(self, step: Step) -> float:
         groups, t = len(step.batches), 0.0
