@@ -62,6 +62,9 @@ class SimConfig:
     # flight; measured 0.05 (0.28 CPU-s of both over a 5.9-s multi-turn cache-aware run of 4 workers, /proc); 2 was
     # an unmeasured guess (both fully busy)
     host_side_procs: float = 0.05
+    # with host_cores: how the busy processes share the cores (framework/sim/cluster.py): at_start (a step keeps the
+    # stretch of its start) | fair (processor sharing, re-timed as the busy processes change: work-conserving)
+    host_sharing: str = "at_start"
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

@@ -153,7 +153,7 @@ def main() -> None:
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
-           "profiles": profiles}
+           "profiles": profiles, **({"serving": old["serving"]} if "serving" in old else {})}   # serving.py's
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} in {out['wall_s']:.0f} s (load average {out['loadavg_1m']:.1f})")

@@ -312,6 +312,10 @@ def main() -> None:
                     help="sim.cost.point: each profiled point's fastest or median repeat (plugins/cost/calibrated.py)")
     ap.add_argument("--extend", choices=["batch", "per_request"], default="batch",
                     help="sim.cost.extend: a multi-request extend batch priced as one request or per request")
+    ap.add_argument("--serving", choices=["none", "measured"], default="none",
+                    help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
+    ap.add_argument("--sharing", choices=["at_start", "fair"], default="at_start",
+                    help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -329,7 +333,7 @@ def main() -> None:
     t0 = time.time()
     host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    sim_args = SIM + pricing(args) + [f"sim.answers={args.answers[0]}"]
+    sim_args = SIM + switches(args) + [f"sim.answers={args.answers[0]}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
@@ -363,9 +367,10 @@ def main() -> None:
           f"  ({out['wall_s']:.0f} s)")
 
 
-def pricing(args) -> list[str]:
-    """The calibrated cost model's switches this run simulates with."""
-    return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}"]
+def switches(args) -> list[str]:
+    """The calibrated cost model's switches and the host's sharing this run simulates with."""
+    return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
+            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
 
 
 def resimulate_main(args) -> None:
@@ -375,17 +380,19 @@ def resimulate_main(args) -> None:
     out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
            "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
     for answers in args.answers:
-        sim_args = SIM + pricing(args) + [f"sim.answers={answers}"]
+        sim_args = SIM + switches(args) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args)
-        print(f"sim.answers={answers}, {' '.join(pricing(args))} ({time.time() - t0:.0f} s)\n{text}\n"
+        print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
-        pricing_name = "_".join([args.between] + [v for v in (args.point, args.extend) if v not in ("fastest", "batch")])
-        args.resim_out = HERE / f"resim_{pricing_name}_{'_'.join(args.answers)}.json"
+        name = "_".join([args.between] + [v for v in (args.point, args.extend, args.sharing)
+                                           if v not in ("fastest", "batch", "at_start")]
+                        + (["serving"] if args.serving == "measured" else []))
+        args.resim_out = HERE / f"resim_{name}_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.resim_out}")

@@ -97,6 +97,12 @@ class CostModel(ABC):
         return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
                                           for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
 
+    def request_host_s(self, output_tokens: int) -> float:
+        """Host CPU seconds an HTTP worker spends on a request of `output_tokens` answer tokens outside its engine's
+        steps (parsing, tokenizing, streaming), in series with the steps (one process, one GIL): mode=sim adds it
+        to the step that follows the request's arrival. Default 0: not priced."""
+        return 0.0
+
     def placement_moves(self, forward_pass: int) -> dict[str, float]:
         """Expert re-placement (EPLB) at the end of the instance's `forward_pass`-th forward pass (from 1): the MoE
         contract's counters (framework.model.moe_stats.PLACEMENT_KEYS) and `eplb_stall_s`, the seconds serving stops

@@ -67,7 +67,7 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     role_costs = role_cost_models(cfg, cost, role_cfgs, set(roles))
     cfgs = {n: role_cfgs.get(r, cfg) if r is Role.mixed else instance_config(role_cfgs.get(r, cfg), r)
             for n, r in zip(names, roles)}
-    instances = {n: SimInstance(n, cfgs[n], role_costs.get(r, cost), cfg.seed) for n, r in zip(names, roles)}
+    instances = {n: SimInstance(n, cfgs[n], role_costs.get(r, cost), cfg.seed, http=http) for n, r in zip(names, roles)}
     policy_cfg, service = split_router_config(cfg.router)
     try:
         block_size = kv_block_size(cfg.cluster, policy_cfg)
@@ -83,7 +83,7 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
-                     background=s.host_background, itl=s.itl, progress=progress)
+                     background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim

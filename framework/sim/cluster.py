@@ -8,11 +8,16 @@ formed when it starts (an arrival joins at the next step, as in the engine) and 
 `fast_forward`, a run of plain decode steps is one event; an arrival during the run cuts it after the step it falls
 in, so the decisions and times are those of stepping one at a time.
 
-`host_cores` > 0 models instances that share a CPU host (this machine): a step is stretched by the processes busy at
-its start over the cores (processor sharing), when they outnumber the cores: the busy instances' ranks, and
-`side_procs` more (the router process and the load client over HTTP: `sim.host_side_procs`) while any request is
-in flight, and
-`background` busy processes of other work all along.
+`host_cores` > 0 models instances that share a CPU host (this machine). The busy processes are the busy instances'
+ranks, `side_procs` more (the router process and the load client over HTTP: `sim.host_side_procs`) while any request
+is in flight, and `background` busy processes of other work all along. How they share the cores (`sim.host_sharing`):
+- `at_start` (the default, as every committed figure): a step is stretched by the busy processes at its start over
+  the cores, when they outnumber them, and keeps that stretch to its end. Not work-conserving: a long step begun
+  while few were busy runs at full speed after others start, so the host can do more work than it has cores for;
+- `fair`: processor sharing as the kernel's scheduler approximates it. Every busy process progresses at cores / busy
+  (at most 1) of its unstretched speed, re-timed whenever the number of busy processes changes, so the host never
+  does more than its cores' work. Steps are taken one at a time (no fast-forwarded runs: each step's end moves with
+  the sharing).
 
 Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
 decode instance alone, and moves the KV between them on the simulated links; the hooks here hand it the prefill
@@ -37,6 +42,7 @@ from framework.sim.frontend import FrontEnd
 from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
+HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
 PD_EVENT = 6                                  # a KV transfer drained or landed (framework/sim/pd.py)
 MAX_RUN = 64                                  # decode steps one event advances at most
 
@@ -62,16 +68,24 @@ class _State:
     ends: list[float] | None = None
     times: list[float] | None = None
     held: list = field(default_factory=list)      # arrivals during a run: queued when it ends, as the engine would
+    left: float = 0.0                             # host_sharing=fair: the step's unstretched seconds still to run...
+    since: float = 0.0                            # ...as of this time
 
 
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
-                 background: float = 0.0, itl: bool = True, progress: bool = False):
+                 background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start"):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
         self.side_procs, self.background = side_procs, background
+        if host_sharing not in HOST_SHARING:
+            raise ValueError(f"sim.host_sharing={host_sharing!r} is not one of {HOST_SHARING}")
+        self.fair = bool(host_cores) and host_sharing == "fair"
+        self.rate = 1.0                             # fair sharing: each busy process's speed now (cores / busy, <= 1)
+        if self.fair:
+            self.ff = False                         # a run's steps would move with the sharing: one at a time
         self.state = {name: _State() for name in instances}
         self.frontends = {name: FrontEnd(getattr(inst.cost, "cfg", None)) for name, inst in instances.items()}
         self.progress = progress
@@ -106,10 +120,13 @@ class Simulation:
         handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain,
                     POLL: self._poll, HOLD: self._hold_over, PD_EVENT: lambda t, *a: self.pd.on_event(t, *a)}
         heap = self.heap
+        fair = self.fair
         while heap:
             t, kind, _, payload = heapq.heappop(heap)
             self.now = t
             handlers[kind](t, *payload)
+            if fair:
+                self._reshare(t)
         self.bar.close()
         if self.flights or self.pending:      # the engine would spin: say so rather than lose requests
             raise RuntimeError(f"the simulation stalled with {len(self.flights)} request(s) in flight on idle "
@@ -227,13 +244,31 @@ class Simulation:
         except ValueError as e:
             self._fail(now, flight, str(e))
 
+    def _busy(self) -> float:
+        """The processes busy on the host now."""
+        return self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
+
+    def _reshare(self, now: float) -> None:
+        """host_sharing=fair, after each event: when the busy processes changed, every step in flight has run at the
+        old speed until now and runs at the new one from here (its end event moves)."""
+        busy = self._busy()
+        rate = min(1.0, self.cores / busy) if busy > 0 else 1.0
+        if rate == self.rate:
+            return
+        for worker, st in self.state.items():
+            if st.busy and st.left > 0:
+                st.left = max(st.left - (now - st.since) * self.rate, 0.0)
+                st.since = now
+                st.version += 1
+                self.push(now + st.left / rate, STEP, worker, st.version)
+        self.rate = rate
+
     def _start(self, now: float, worker: str) -> None:
         inst, st = self.instances[worker], self.state[worker]
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        busy = self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
-        stretch = max(1.0, busy / self.cores) if self.cores else 1.0
+        stretch = max(1.0, self._busy() / self.cores) if self.cores else 1.0
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
             st.times = [t * stretch for t in inst.run_times(k)]
@@ -248,6 +283,10 @@ class Simulation:
             st.busy = False
             self.busy_ranks -= inst.size
             return
+        if self.fair:                             # at this instant's speed; _reshare moves it if the sharing changes
+            st.left, st.since = d, now
+            self.push(now + d / self.rate, STEP, worker, st.version)
+            return
         self.push(now + d * stretch, STEP, worker, st.version)
 
     def kick(self, now: float, worker: str) -> None:
@@ -259,6 +298,7 @@ class Simulation:
         inst, st = self.instances[worker], self.state[worker]
         if version != st.version:
             return                                        # a run that an arrival cut short
+        st.left = 0.0
         if st.ends is not None:
             out = inst.advance(len(st.ends), st.times, now)
             ends = st.ends

@@ -28,9 +28,12 @@ from framework.sim.answers import answer_source
 
 
 class SimInstance:
-    def __init__(self, name: str, cfg, cost_model, seed: int = 0):
-        """cfg: the run's RootConfig (model, engine, parallel, moe)."""
+    def __init__(self, name: str, cfg, cost_model, seed: int = 0, http: bool = False):
+        """cfg: the run's RootConfig (model, engine, parallel, moe). http: an HTTP worker's instance, whose serving
+        work per request (`cost_model.request_host_s`) runs in series with its steps."""
         self.name, self.cost, self.seed = name, cost_model, seed
+        self.http = http
+        self.host_pending_s = 0.0            # serving work of the requests that arrived since the last step
         par_cls, moe_cls = PARALLELISM.get(cfg.parallel.name), MOE.get(cfg.moe.name)
         self.par_cls, self.par_cfg = par_cls, cfg.parallel
         self.memory = plan_memory(cfg.model, cfg.engine, par_cls, cfg.parallel, moe_cls, cfg.moe)
@@ -66,6 +69,8 @@ class SimInstance:
         ValueError when it can never run there)."""
         group = self.groups[self.dispatcher.assign(dp_rank, req.prompt_ids)]   # the loads it sees: the last step's, as the engine's
         group.add(req)
+        if self.http:
+            self.host_pending_s += self.cost.request_host_s(req.params.max_new_tokens)
         self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
 
     def add_paired(self, req: Req) -> None:
@@ -74,6 +79,8 @@ class SimInstance:
         group = self.groups[self.dispatcher.assign(None, req.prompt_ids)]
         self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
         group.add_paired(req)
+        if self.http:
+            self.host_pending_s += self.cost.request_host_s(req.params.max_new_tokens)
 
     def has_work(self) -> bool:
         return any(g.has_work() for g in self.groups)
@@ -109,7 +116,8 @@ class SimInstance:
         self.forward_s += plan.seconds
         for spent, batch in zip(self.step_cpu, plan.batches):   # each group's ranks spend the step, as it counts there
             spent[step_cpu_key((batch,))] += plan.seconds
-        return plan.seconds
+        pending, self.host_pending_s = self.host_pending_s, 0.0  # the serving work since the last step, before it
+        return plan.seconds + pending
 
     def finish_step(self, now: float) -> list[Req]:
         """The step in flight ends at `now`: every group takes its tokens. Returns the requests that got one."""

@@ -23,6 +23,10 @@ repeats), and past the grid's edges by the fit's growth from the nearest edge po
 ``point=fastest`` (the default, as every committed figure was priced) reads each point's fastest repeat, the
 instance's own cost; ``point=median`` its median repeat, what a step typically takes on the profiled host.
 
+``serving=measured`` prices an HTTP worker's own CPU per request outside its engine's steps (parsing, tokenizing,
+streaming, the rank loop's turns between steps: experiments/calibrate/serving.py), in series with the steps (one
+process, one GIL; framework/sim/instance.py adds it to the step after the request arrives); ``none`` (the default).
+
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
 from __future__ import annotations
@@ -50,11 +54,13 @@ class CalibratedConfig(CostConfig):
     between: str = "fit"              # how a step between the measured points is priced: fit | grid (module doc)
     extend: str = "batch"             # a multi-request extend batch: batch (one request of its total) | per_request
     point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
+    serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
 
 
 BETWEEN = ("fit", "grid")
 EXTEND = ("batch", "per_request")
 POINTS = {"fastest": "seconds", "median": "seconds_median"}     # sim.cost.point -> the profile's key
+SERVING = ("none", "measured")
 
 
 PREFILL_TERMS = (lambda n, p: 1.0, lambda n, p: n, lambda n, p: n * p, lambda n, p: n * n)
@@ -115,16 +121,30 @@ class Grid:
 
 
 def load_profile(path: str, instance: InstanceShape) -> dict:
-    p = REPO_ROOT / path  # an absolute path stays itself
-    if not p.exists():
-        raise ValueError(f"sim.cost.path={path}: no calibration there; run experiments/calibrate/run.py first")
-    data = json.loads(p.read_text())
+    data = read_calibration(path)
     key = config_key(instance.parallel, instance.size, instance.moe)
     if instance.model.name != data["model"] or key not in data["profiles"]:
         raise ValueError(f"sim.cost=calibrated has no profile of model={instance.model.name} {key} in {path} "
                          f"(calibrated: model={data['model']} with {', '.join(data['profiles'])}); profile it with "
                          f"experiments/calibrate/run.py, or use sim.cost=roofline")
     return data["profiles"][key]
+
+
+def read_calibration(path: str) -> dict:
+    p = REPO_ROOT / path  # an absolute path stays itself
+    if not p.exists():
+        raise ValueError(f"sim.cost.path={path}: no calibration there; run experiments/calibrate/run.py first")
+    return json.loads(p.read_text())
+
+
+def serving_cpu_s(path: str) -> tuple[float, float]:
+    """The profile's HTTP worker CPU outside its steps (experiments/calibrate/serving.py): (per request, per answer
+    token)."""
+    serving = read_calibration(path).get("serving")
+    if not serving:
+        raise ValueError(f"sim.cost.serving=measured: {path} holds no serving measurement; measure it with "
+                         f"experiments/calibrate/serving.py, or use sim.cost.serving=none")
+    return serving["request_cpu_s"], serving["token_cpu_s"]
 
 
 @COST.register("calibrated")
@@ -153,6 +173,9 @@ class CalibratedCost(CostModel):
         if cfg.extend not in EXTEND:
             raise ValueError(f"sim.cost.extend={cfg.extend!r} is not one of {EXTEND}")
         self.per_request = cfg.extend == "per_request"
+        if cfg.serving not in SERVING:
+            raise ValueError(f"sim.cost.serving={cfg.serving!r} is not one of {SERVING}")
+        self._serving = serving_cpu_s(cfg.path) if cfg.serving == "measured" else (0.0, 0.0)
         self._prefill_time = partial(prefill_time, self._pc)
         self._decode_time = partial(decode_time, self._dc)
         if cfg.between == "grid":  # the measured points, with the fit past them
@@ -175,6 +198,10 @@ class CalibratedCost(CostModel):
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
         return t
+
+    def request_host_s(self, output_tokens: int) -> float:
+        per_request, per_token = self._serving
+        return per_request + per_token * output_tokens
 
     def _per_request_share(self, new: int, attended: int, squares: int) -> float:
         """The fit's price of a batch attended request by request over its price as one request of the same tokens."""

@@ -35,6 +35,19 @@ def test_calibrate_smoke(tmp_path):
     assert all(s > 0 for row in prof["decode"]["seconds"] for s in row)
 
 
+@pytest.mark.long
+def test_calibrate_serving_smoke(tmp_path):
+    """A real worker's CPU outside its steps, at two answer lengths: a line whose terms price them again."""
+    out = tmp_path / "c.json"
+    _run("calibrate/serving.py", "--quick", "--out", str(out))
+    serving = json.loads(out.read_text())["serving"]
+    assert serving["request_cpu_s"] >= 0 and serving["token_cpu_s"] >= 0
+    assert all(v > 0 for runs in serving["per_request_by_output"].values() for v in runs)
+    for tokens, runs in serving["per_request_by_output"].items():
+        if serving["request_cpu_s"] > 0 and serving["token_cpu_s"] > 0:   # neither term clamped at 0
+            assert serving["request_cpu_s"] + serving["token_cpu_s"] * int(tokens) == pytest.approx(runs[0])
+
+
 @pytest.mark.slow
 def test_sim_fidelity_smoke(tmp_path):
     _run("sim_fidelity/run.py", "--quick", "--out", str(tmp_path), "--work", str(tmp_path / "runs"), timeout=900)

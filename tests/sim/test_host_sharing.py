@@ -1,0 +1,73 @@
+"""The simulated CPU host (sim.host_cores): fair sharing never does more work than the cores can, and changes
+nothing while the cores are not oversubscribed; an HTTP worker's serving CPU (sim.cost.serving=measured) runs in
+series with its steps."""
+import json
+
+import pytest
+
+from framework.config import compose
+from framework.core.paths import REPO_ROOT
+from framework.runs.sim import simulate
+from plugins.cost.calibrated import DEFAULT_PATH
+
+BUSY = ["mode=sim", "sim.cost=calibrated", "logger.mode=disabled", "cluster.instances=4", "workload=random",
+        "workload.num_prompts=48", "workload.input_len=512", "workload.output_len=8", "workload.max_concurrency=12",
+        "sim.host_side_procs=0"]
+
+
+def _records(results_records):
+    return [r.__dict__ for r in results_records[1]]
+
+
+def test_fair_sharing_does_no_more_work_than_the_cores():
+    for cores in (1, 2):
+        results, _ = simulate(compose(BUSY + [f"sim.host_cores={cores}", "sim.host_sharing=fair"]))
+        work = results["extend_cpu_s"] + results["decode_cpu_s"]      # the priced seconds of every step
+        assert work <= cores * results["duration_s"] * (1 + 1e-9)
+        assert work >= 0.9 * cores * results["duration_s"]               # and the cores stay busy: 12 clients, 4 ranks
+
+
+def test_fair_sharing_changes_nothing_while_the_cores_suffice():
+    fair = simulate(compose(BUSY + ["sim.host_cores=64", "sim.host_sharing=fair"]))
+    at_start = simulate(compose(BUSY + ["sim.host_cores=64"]))
+    assert _records(fair) == _records(at_start)
+
+
+def test_an_unknown_host_sharing_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"host_sharing='even'.*\('at_start', 'fair'\)"):
+        simulate(compose(BUSY + ["sim.host_cores=2", "sim.host_sharing=even"]))
+
+
+def _profile_with_serving(tmp_path, per_request: float, per_token: float):
+    data = json.loads((REPO_ROOT / DEFAULT_PATH).read_text())
+    data["serving"] = {"request_cpu_s": per_request, "token_cpu_s": per_token}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+ONE_BY_ONE = ["mode=sim", "sim.cost=calibrated", "logger.mode=disabled", "cluster.instances=1", "workload=random",
+              "workload.num_prompts=6", "workload.input_len=64", "workload.output_len=4", "workload.max_concurrency=1",
+              "workload.range_ratio=1"]
+
+
+def test_serving_cpu_runs_in_series_with_the_steps(tmp_path):
+    """One request at a time on one HTTP worker: each request's first token comes exactly its serving work later
+    (the step after its arrival carries it); in-process (no HTTP worker) nothing changes."""
+    path = _profile_with_serving(tmp_path, 0.004, 0.0005)
+    base = ONE_BY_ONE + [f"sim.cost.path={path}"]
+    off, on = (simulate(compose(base + [f"sim.cost.serving={v}"]))[1] for v in ("none", "measured"))
+    assert len(off) == len(on) == 6
+    for a, b in zip(off, on):
+        assert b.ttft_s - a.ttft_s == pytest.approx(0.004 + 0.0005 * 4)
+    local = [simulate(compose(base + ["cluster.http=false", f"sim.cost.serving={v}"]))[1] for v in ("none", "measured")]
+    assert [r.ttft_s for r in local[0]] == [r.ttft_s for r in local[1]]
+
+
+def test_serving_without_a_measurement_says_how_to_measure_it(tmp_path):
+    data = json.loads((REPO_ROOT / DEFAULT_PATH).read_text())
+    data.pop("serving", None)
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"serving=measured.*experiments/calibrate/serving.py"):
+        simulate(compose(ONE_BY_ONE + [f"sim.cost.path={path}", "sim.cost.serving=measured"]))
