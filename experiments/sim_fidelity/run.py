@@ -22,7 +22,10 @@ beside this file (or --out).
         --answers printable measured                               # its real runs simulated again, no real run
 
 `--answers` is `sim.answers` (framework/sim/answers.py: printable ASCII answers, or the real engine's measured ones,
-the default since the round of experiments/sim_fidelity/protocol_host.md).
+the default since the round of experiments/sim_fidelity/protocol_host.md). `--point median --sharing fair --serving
+measured` (each profiled point's median, fair sharing of the cores, the HTTP worker's serving CPU) are the defaults
+since the round of protocol_sharing.md (judged 485aa0c); `--point fastest --sharing at_start --serving none` simulate
+as the rounds before it.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's `--between` and each `--answers`, and writes --resim-out.
 """
@@ -308,13 +311,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
-    ap.add_argument("--point", choices=["fastest", "median"], default="fastest",
+    ap.add_argument("--point", choices=["fastest", "median"], default="median",
                     help="sim.cost.point: each profiled point's fastest or median repeat (plugins/cost/calibrated.py)")
     ap.add_argument("--extend", choices=["batch", "per_request"], default="batch",
                     help="sim.cost.extend: a multi-request extend batch priced as one request or per request")
-    ap.add_argument("--serving", choices=["none", "measured"], default="none",
+    ap.add_argument("--serving", choices=["none", "measured"], default="measured",
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
-    ap.add_argument("--sharing", choices=["at_start", "fair"], default="at_start",
+    ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
                     help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
@@ -389,9 +392,7 @@ def resimulate_main(args) -> None:
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
-        name = "_".join([args.between] + [v for v in (args.point, args.extend, args.sharing)
-                                           if v not in ("fastest", "batch", "at_start")]
-                        + (["serving"] if args.serving == "measured" else []))
+        name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"])
         args.resim_out = HERE / f"resim_{name}_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
