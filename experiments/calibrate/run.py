@@ -9,11 +9,12 @@ collectives included):
   every DP group), on an idle instance: its time to first token, the fastest and the median of --repeats;
 - decode: `b` requests (prompts of `c` tokens, no shared prefix) decoding together: the mean gap between one's
   tokens once every one of them decodes (tokens that arrive together count as one gap each: a slow poll does not
-  matter), the fastest of --repeats (DP attention: the dispatcher spreads them over the DP groups).
+  matter), the fastest and the median of --repeats (DP attention: the dispatcher spreads them over the DP groups).
 
-The fastest, not medians: the machine is shared with other work, which stretches steps at random; the profile
-should be this instance's own cost, and mode=sim models the sharing it knows about (`sim.host_cores`). The profile
-records the load average it ran under.
+Both are kept (`seconds`, `seconds_median`) and `sim.cost.point` picks one. The fastest is the instance's own cost
+with nothing else stretching it; the median is what a step typically takes on this host, whose speed wanders (the
+profile of 8fa7f27: the median is 1.01-1.52x the fastest, 1.09-1.18x at the median point). The profile records the
+load average it ran under.
 
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
@@ -131,7 +132,7 @@ def stamp(before: dict, after: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--repeats", type=int, default=5)   # the fastest of 5: fewer points stretched by other work
+    ap.add_argument("--repeats", type=int, default=5)   # each point's fastest and median of 5
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()

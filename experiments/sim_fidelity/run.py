@@ -27,7 +27,8 @@ measured` (each profiled point's median, fair sharing of the cores, the HTTP wor
 since the round of protocol_sharing.md (judged 485aa0c); `--point fastest --sharing at_start --serving none` simulate
 as the rounds before it.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
-deterministic), with this run's `--between` and each `--answers`, and writes --resim-out.
+deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
+`--answers`, and writes --resim-out.
 """
 from __future__ import annotations
 
@@ -393,7 +394,7 @@ def resimulate_main(args) -> None:
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
         name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"])
-        args.resim_out = HERE / f"resim_{name}_{'_'.join(args.answers)}.json"
+        args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.resim_out}")

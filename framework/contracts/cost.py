@@ -97,11 +97,12 @@ class CostModel(ABC):
         return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
                                           for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
 
-    def request_host_s(self, output_tokens: int) -> float:
-        """Host CPU seconds an HTTP worker spends on a request of `output_tokens` answer tokens outside its engine's
-        steps (parsing, tokenizing, streaming), in series with the steps (one process, one GIL): mode=sim adds it
-        to the step that follows the request's arrival. Default 0: not priced."""
-        return 0.0
+    def serving_host_s(self) -> tuple[float, float]:
+        """Host CPU seconds a one-rank HTTP worker spends outside its engine's steps, in series with them (one
+        process, one GIL): (per request: parsing, tokenizing; per answer token: detokenizing, streaming). mode=sim
+        adds a request's to the step after its arrival and a token's to the step that samples it. Default (0, 0):
+        not priced."""
+        return 0.0, 0.0
 
     def placement_moves(self, forward_pass: int) -> dict[str, float]:
         """Expert re-placement (EPLB) at the end of the instance's `forward_pass`-th forward pass (from 1): the MoE

@@ -42,9 +42,9 @@ from framework.sim.frontend import FrontEnd
 from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
-HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
 PD_EVENT = 6                                  # a KV transfer drained or landed (framework/sim/pd.py)
 MAX_RUN = 64                                  # decode steps one event advances at most
+HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
 
 
 @dataclass(eq=False)  # a flight is itself: found by identity
@@ -66,7 +66,8 @@ class _State:
     version: int = 0
     run_start: float = 0.0
     ends: list[float] | None = None
-    times: list[float] | None = None
+    times: list[float] | None = None              # the run's steps as they take on the host (stretched)...
+    priced: list[float] | None = None             # ...and as the cost model priced them (what the instance counts)
     held: list = field(default_factory=list)      # arrivals during a run: queued when it ends, as the engine would
     left: float = 0.0                             # host_sharing=fair: the step's unstretched seconds still to run...
     since: float = 0.0                            # ...as of this time
@@ -225,7 +226,7 @@ class Simulation:
             st.held.append(flight)
             m = bisect_left([st.run_start] + st.ends[:-1], now)
             if m < len(st.ends):
-                st.ends, st.times = st.ends[:m], st.times[:m]
+                st.ends, st.times, st.priced = st.ends[:m], st.times[:m], st.priced[:m]
                 st.version += 1
                 self.push(st.ends[-1], STEP, worker, st.version)
             return
@@ -271,7 +272,8 @@ class Simulation:
         stretch = max(1.0, self._busy() / self.cores) if self.cores else 1.0
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
-            st.times = [t * stretch for t in inst.run_times(k)]
+            st.priced, host = inst.run_times(k), inst.run_host_s()
+            st.times = [(t + host) * stretch for t in st.priced]
             st.run_start, st.ends = now, list(accumulate(st.times, initial=now))[1:]   # as steps one by one add up
             self.push(st.ends[-1], STEP, worker, st.version)
             return
@@ -300,7 +302,7 @@ class Simulation:
             return                                        # a run that an arrival cut short
         st.left = 0.0
         if st.ends is not None:
-            out = inst.advance(len(st.ends), st.times, now)
+            out = inst.advance(len(st.ends), st.priced, now)
             ends = st.ends
         else:
             out = inst.finish_step(now)

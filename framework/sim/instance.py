@@ -29,10 +29,12 @@ from framework.sim.answers import answer_source
 
 class SimInstance:
     def __init__(self, name: str, cfg, cost_model, seed: int = 0, http: bool = False):
-        """cfg: the run's RootConfig (model, engine, parallel, moe). http: an HTTP worker's instance, whose serving
-        work per request (`cost_model.request_host_s`) runs in series with its steps."""
+        """cfg: the run's RootConfig (model, engine, parallel, moe). http: an HTTP worker's instance; with one rank
+        its serving work (`cost_model.serving_host_s`) runs in series with its steps, in its one process (a
+        multi-rank worker's ranks are processes of their own: its HTTP side runs beside them, not priced)."""
         self.name, self.cost, self.seed = name, cost_model, seed
-        self.http = http
+        self.request_host_s, self.token_host_s = (cost_model.serving_host_s() if http and cfg.parallel.size == 1
+                                                  else (0.0, 0.0))
         self.host_pending_s = 0.0            # serving work of the requests that arrived since the last step
         par_cls, moe_cls = PARALLELISM.get(cfg.parallel.name), MOE.get(cfg.moe.name)
         self.par_cls, self.par_cfg = par_cls, cfg.parallel
@@ -69,8 +71,7 @@ class SimInstance:
         ValueError when it can never run there)."""
         group = self.groups[self.dispatcher.assign(dp_rank, req.prompt_ids)]   # the loads it sees: the last step's, as the engine's
         group.add(req)
-        if self.http:
-            self.host_pending_s += self.cost.request_host_s(req.params.max_new_tokens)
+        self.host_pending_s += self.request_host_s
         self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
 
     def add_paired(self, req: Req) -> None:
@@ -79,8 +80,7 @@ class SimInstance:
         group = self.groups[self.dispatcher.assign(None, req.prompt_ids)]
         self.answers[req.rid] = self.answer_tokens(self.seed, req.rid, req.params.max_new_tokens)
         group.add_paired(req)
-        if self.http:
-            self.host_pending_s += self.cost.request_host_s(req.params.max_new_tokens)
+        self.host_pending_s += self.request_host_s
 
     def has_work(self) -> bool:
         return any(g.has_work() for g in self.groups)
@@ -116,7 +116,10 @@ class SimInstance:
         self.forward_s += plan.seconds
         for spent, batch in zip(self.step_cpu, plan.batches):   # each group's ranks spend the step, as it counts there
             spent[step_cpu_key((batch,))] += plan.seconds
-        pending, self.host_pending_s = self.host_pending_s, 0.0  # the serving work since the last step, before it
+        # the serving work of the arrivals since the last step before it, and of the tokens it samples after it
+        pending, self.host_pending_s = self.host_pending_s, 0.0
+        if self.token_host_s:
+            pending += self.token_host_s * sum(sum(b.sample) for b in plan.batches)
         return plan.seconds + pending
 
     def finish_step(self, now: float) -> list[Req]:
@@ -137,6 +140,8 @@ class SimInstance:
         through them); 0 when the next step may differ. The last of them may finish requests."""
         if any(g.disagg is not None and g.disagg.waiting_slots for g in self.groups):
             return 0           # a decode instance pre-allocates slots at each step: step one at a time meanwhile
+        if self.host_pending_s:
+            return 0           # serving work of arrivals goes into the next step: price it one step at a time
         return self.step.run_ahead()
 
     def run_times(self, k: int) -> list[float]:
@@ -149,10 +154,14 @@ class SimInstance:
         n = self.forward_passes
         return [t + self.cost.placement_moves(n + i).get("eplb_stall_s", 0.0) for i, t in enumerate(times, 1)]
 
+    def run_host_s(self) -> float:
+        """The serving work each step of a run adds in series (run_ahead: no arrival's waits): its tokens'."""
+        return self.token_host_s * sum(len(g.running) for g in self.groups)
+
     def advance(self, k: int, times: list[float], end: float) -> list[Req]:
-        """Run k DECODE steps of the given durations, the last ending at `end` (the same effects as k
-        start_step/finish_step rounds). Returns the requests of the run (each got k tokens; the last step may have
-        finished some)."""
+        """Run k DECODE steps priced `times` (run_times': unstretched by a shared host), the last ending at `end`
+        (the same effects as k start_step/finish_step rounds). Returns the requests of the run (each got k tokens;
+        the last step may have finished some)."""
         if len(self.groups) > 1:
             self.dispatcher.update([g.num_requests() for g in self.groups])
         answers = self.answers

@@ -23,9 +23,10 @@ repeats), and past the grid's edges by the fit's growth from the nearest edge po
 ``point=fastest`` (the default, as every committed figure was priced) reads each point's fastest repeat, the
 instance's own cost; ``point=median`` its median repeat, what a step typically takes on the profiled host.
 
-``serving=measured`` prices an HTTP worker's own CPU per request outside its engine's steps (parsing, tokenizing,
-streaming, the rank loop's turns between steps: experiments/calibrate/serving.py), in series with the steps (one
-process, one GIL; framework/sim/instance.py adds it to the step after the request arrives); ``none`` (the default).
+``serving=measured`` prices a one-rank HTTP worker's own CPU outside its engine's steps (parsing, tokenizing,
+streaming, the rank loop's turns between steps: experiments/calibrate/serving.py), per request and per answer token,
+in series with the steps (one process, one GIL; framework/sim/instance.py adds a request's to the step after its
+arrival and a token's to the step that samples it); ``none`` (the default).
 
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
@@ -199,9 +200,8 @@ class CalibratedCost(CostModel):
             t = bt if bt > t else t
         return t
 
-    def request_host_s(self, output_tokens: int) -> float:
-        per_request, per_token = self._serving
-        return per_request + per_token * output_tokens
+    def serving_host_s(self) -> tuple[float, float]:
+        return self._serving
 
     def _per_request_share(self, new: int, attended: int, squares: int) -> float:
         """The fit's price of a batch attended request by request over its price as one request of the same tokens."""

@@ -51,17 +51,33 @@ ONE_BY_ONE = ["mode=sim", "sim.cost=calibrated", "logger.mode=disabled", "cluste
               "workload.range_ratio=1"]
 
 
-def test_serving_cpu_runs_in_series_with_the_steps(tmp_path):
-    """One request at a time on one HTTP worker: each request's first token comes exactly its serving work later
-    (the step after its arrival carries it); in-process (no HTTP worker) nothing changes."""
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_serving_cpu_runs_in_series_with_the_steps(tmp_path, fast_forward):
+    """One request at a time on one HTTP worker: its first token comes its per-request work and one token's later
+    (the step after its arrival carries the first, the step that samples it the second), its last token its
+    per-request work and all its tokens' later; in-process (no HTTP worker) nothing changes."""
     path = _profile_with_serving(tmp_path, 0.004, 0.0005)
-    base = ONE_BY_ONE + [f"sim.cost.path={path}"]
+    base = ONE_BY_ONE + [f"sim.cost.path={path}", f"sim.fast_forward={str(fast_forward).lower()}"]
     off, on = (simulate(compose(base + [f"sim.cost.serving={v}"]))[1] for v in ("none", "measured"))
     assert len(off) == len(on) == 6
     for a, b in zip(off, on):
-        assert b.ttft_s - a.ttft_s == pytest.approx(0.004 + 0.0005 * 4)
+        assert b.completion_tokens == 4
+        assert b.ttft_s - a.ttft_s == pytest.approx(0.004 + 0.0005)
+        assert b.e2e_s - a.e2e_s == pytest.approx(0.004 + 0.0005 * 4)
     local = [simulate(compose(base + ["cluster.http=false", f"sim.cost.serving={v}"]))[1] for v in ("none", "measured")]
     assert [r.ttft_s for r in local[0]] == [r.ttft_s for r in local[1]]
+
+
+def test_serving_work_waits_for_no_run_of_decode_steps(tmp_path):
+    """Requests that queue behind a full batch: their serving work lands in the step after their arrival whether
+    decode steps advance one at a time or in runs (the very records)."""
+    path = _profile_with_serving(tmp_path, 0.004, 0.0005)
+    base = ["mode=sim", "sim.cost=calibrated", "logger.mode=disabled", "cluster.instances=1", "workload=random",
+            "workload.num_prompts=24", "workload.input_len=64", "workload.output_len=16", "workload.max_concurrency=0",
+            "workload.request_rate=30", "engine.max_running_requests=2", f"sim.cost.path={path}",
+            "sim.cost.serving=measured", "sim.host_cores=2"]
+    fast, slow = (simulate(compose(base + [f"sim.fast_forward={v}"]))[1] for v in ("true", "false"))
+    assert [r.__dict__ for r in fast] == [r.__dict__ for r in slow]
 
 
 def test_serving_without_a_measurement_says_how_to_measure_it(tmp_path):
