@@ -18,7 +18,8 @@ from parallel_helpers import assert_no_rank_left, make_cfg
 PROMPTS = ["one engine seam", "x", "a request per rank and a request per group"]
 CLUSTER_ONLY = {"workers", "load_imbalance", "router_decision_p50_us", "router_decision_p99_us", "router_retries",
                 "router_estimated_hit_rate", "router_confirmed_hit_rate", "router_reasons", "per_worker",
-                "client_retries", "worker_load_timeline", "worker_restarts", "router_restarts", "workers_given_up"}
+                "client_retries", "worker_load_timeline", "worker_restarts", "router_restarts", "workers_given_up",
+                "server_process_cpu_s"}   # the HTTP workers' processes' CPU: no server process in-process
 
 
 def test_a_one_rank_engine_is_an_instance_handle_and_serves_what_stepping_it_directly_does():
