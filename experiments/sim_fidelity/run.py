@@ -26,6 +26,10 @@ the default since the round of experiments/sim_fidelity/protocol_host.md). `--po
 measured` (each profiled point's median, fair sharing of the cores, the HTTP worker's serving CPU) are the defaults
 since the round of protocol_sharing.md (judged 485aa0c); `--point fastest --sharing at_start --serving none` simulate
 as the rounds before it.
+`--contention measured` (the round of protocol_contention.md) measures, before the first real run, how much slower
+this host's cores run when all are busy than alone (framework/core/host_probe.contention: the probe's work pinned to
+each core alone, then to all at once) and simulates with it (`sim.host_contention`); `none` (the default): 1, as the
+rounds before; a number: that factor.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
 `--answers`, and writes --resim-out.
@@ -51,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.core.host_probe import mismatch, probe  # noqa: E402
+from framework.core.host_probe import contention, mismatch, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
@@ -320,6 +324,9 @@ def main() -> None:
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
                     help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
+    ap.add_argument("--contention", default="none",
+                    help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
+                         "real runs; with --resimulate: the stored run's), or a factor")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -337,7 +344,11 @@ def main() -> None:
     t0 = time.time()
     host = host_check()
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    sim_args = SIM + switches(args) + [f"sim.answers={args.answers[0]}"]
+    cores = contention() if args.contention == "measured" else None
+    if cores is not None:
+        print(f"host contention: {cores['contention']:.3f} (the probe alone {[round(x * 1e3, 1) for x in cores['alone_s']]}"
+              f" ms, together {[round(x * 1e3, 1) for x in cores['together_s']]} ms)", flush=True)
+    sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
@@ -346,6 +357,8 @@ def main() -> None:
         print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
         repeats.append(cases)
     load["after"] = os.getloadavg()
+    if cores is not None:
+        cores["after"] = contention()             # a check of how it held over the run (not used)
     cells = combine(repeats)
     for c in cells:
         c["errors"] = errors(c)
@@ -356,6 +369,7 @@ def main() -> None:
     plot(cells, args.out / "sim_vs_real.png")
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
            "repeats": args.repeats, "sim_args": sim_args, "load_average": load, "profile_host_check": host,
+           "host_contention": cores,
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
@@ -371,10 +385,12 @@ def main() -> None:
           f"  ({out['wall_s']:.0f} s)")
 
 
-def switches(args) -> list[str]:
-    """The calibrated cost model's switches and the host's sharing this run simulates with."""
+def switches(args, cores: dict | None = None) -> list[str]:
+    """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
+    --contention factor) this run simulates with."""
+    factor = cores["contention"] if cores else (1.0 if args.contention in ("none", "measured") else float(args.contention))
     return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
-            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
+            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}", f"sim.host_contention={factor:.4f}"]
 
 
 def resimulate_main(args) -> None:
@@ -383,8 +399,11 @@ def resimulate_main(args) -> None:
     stored = json.loads(args.resimulate.read_text())
     out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
            "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
+    cores = stored.get("host_contention") if args.contention == "measured" else None
+    if args.contention == "measured" and not cores:
+        sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
     for answers in args.answers:
-        sim_args = SIM + switches(args) + [f"sim.answers={answers}"]
+        sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args)
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
@@ -393,7 +412,8 @@ def resimulate_main(args) -> None:
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
-        name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"])
+        name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
+                        + ([] if args.contention == "none" else [f"contention_{args.contention}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")

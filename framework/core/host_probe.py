@@ -5,11 +5,19 @@ describes one host on one day: this shared VM ran the same code about 3x slower 
 under the same name and CPU model. A profile is therefore stamped with a probe: the CPU model, the core count and the
 time of a fixed piece of work shaped like the engine's CPU steps (small single-thread matmuls and the Python around
 them). Comparing a fresh probe with the stamp says whether simulated seconds can be compared with real ones here.
+
+``contention`` measures what the stamp cannot: how much slower a core runs while the others are busy too (cores that
+share a physical core or its caches). The probe's work pinned to each core alone, then on every core at once: on this
+VM's two vCPUs (2026-12-03) 9.0 and 10.3-12.5 ms alone, 10.7-10.9 and 12.6-15.7 together, 1.2x. A single probe moves
+between those alone speeds as the scheduler places it, which is most of its flicker.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +62,44 @@ def probe(repeats: int = 5) -> dict:
     return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "probe_s": seconds}
 
 
+def contention(seconds: float = 3.0) -> dict:
+    """The host's cores alone and together: the probe's work repeated for ``seconds`` pinned to each core alone, then
+    to every core at once (a process each); ``contention`` = the mean time together / the mean alone (1.0 where cores
+    cannot be pinned: one core, or no sched_setaffinity)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        return {"contention": 1.0, "cpus": cpus, "alone_s": [], "together_s": []}
+
+    def start(cpu: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--seconds",
+                                 str(seconds)], stdout=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parents[2])
+
+    def mean_s(proc: subprocess.Popen) -> float:
+        out, _ = proc.communicate(timeout=120 + 10 * seconds)
+        if proc.returncode:
+            raise RuntimeError(f"the host probe pinned to a core failed (exit {proc.returncode})")
+        return float(out)
+
+    alone = [mean_s(start(cpu)) for cpu in cpus]
+    procs = [start(cpu) for cpu in cpus]
+    together = [mean_s(p) for p in procs]
+    return {"contention": statistics.fmean(together) / statistics.fmean(alone), "cpus": cpus, "alone_s": alone,
+            "together_s": together}
+
+
+def _pinned(cpu: int, seconds: float) -> float:
+    """The probe's work pinned to ``cpu``, repeated for ``seconds`` after a warm-up: its mean time."""
+    import torch
+    os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    _work()
+    times, end = [], time.perf_counter() + seconds
+    while not times or time.perf_counter() < end:
+        times.append(_work())
+    return statistics.fmean(times)
+
+
 def mismatch(stamp: dict | None, now: dict) -> list[str]:
     """Why a profile stamped `stamp` does not describe this host now (empty: it does, within TOLERANCE)."""
     if not stamp:
@@ -69,3 +115,11 @@ def mismatch(stamp: dict | None, now: dict) -> list[str]:
         problems.append(f"the probe takes {ratio:.2f}x its time at profiling ({now['probe_s'] * 1e3:.1f} ms vs "
                         f"{stamp['probe_s'] * 1e3:.1f} ms)")
     return problems
+
+
+if __name__ == "__main__":           # one pinned measurement of ``contention``
+    ap = argparse.ArgumentParser(description="the probe's work pinned to one core: its mean time over --seconds")
+    ap.add_argument("--cpu", type=int, required=True)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args()
+    print(_pinned(args.cpu, args.seconds))

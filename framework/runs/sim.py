@@ -83,7 +83,8 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
-                     background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing)
+                     background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
+                     host_contention=s.host_contention)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim

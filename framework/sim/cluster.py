@@ -18,6 +18,11 @@ is in flight, and `background` busy processes of other work all along. How they 
   (at most 1) of its unstretched speed, re-timed whenever the number of busy processes changes, so the host never
   does more than its cores' work. Steps are taken one at a time (no fast-forwarded runs: each step's end moves with
   the sharing).
+With `host_contention` c > 1 (`sim.host_contention`), a busy core also runs slower the more cores are busy: by
+1 + (c - 1) (used - 1) / (cores - 1), used = min(busy, cores) (cores that share a physical core or its caches; this
+VM's two vCPUs: 1.2x with both busy). A price was measured with its own ranks busy (experiments/calibrate: one
+instance alone), so an instance's steps stretch by that factor now over the factor at its ranks (min(size, cores)):
+a one-rank instance priced alone slows when the others are busy, a two-rank one on two cores was priced so already.
 
 Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
 decode instance alone, and moves the KV between them on the simulated links; the hooks here hand it the prefill
@@ -76,7 +81,8 @@ class _State:
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
-                 background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start"):
+                 background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
+                 host_contention: float = 1.0):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -84,6 +90,11 @@ class Simulation:
         if host_sharing not in HOST_SHARING:
             raise ValueError(f"sim.host_sharing={host_sharing!r} is not one of {HOST_SHARING}")
         self.fair = bool(host_cores) and host_sharing == "fair"
+        if not host_contention > 0:
+            raise ValueError(f"sim.host_contention={host_contention} must be > 0 (1: cores that do not slow each other)")
+        self.contention = host_contention
+        # each instance's contention when it was priced (its own ranks busy): its steps stretch by the factor now / this
+        self.priced_slow = {name: self._slow(inst.size) for name, inst in instances.items()}
         self.rate = 1.0                             # fair sharing: each busy process's speed now (cores / busy, <= 1)
         if self.fair:
             self.ff = False                         # a run's steps would move with the sharing: one at a time
@@ -249,19 +260,27 @@ class Simulation:
         """The processes busy on the host now."""
         return self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
 
+    def _slow(self, busy: float) -> float:
+        """How much slower a busy core runs with ``busy`` processes busy than with one (``host_contention``)."""
+        if self.contention == 1.0 or self.cores < 2:
+            return 1.0
+        used = min(max(busy, 1.0), self.cores)
+        return 1.0 + (self.contention - 1.0) * (used - 1.0) / (self.cores - 1)
+
     def _reshare(self, now: float) -> None:
         """host_sharing=fair, after each event: when the busy processes changed, every step in flight has run at the
         old speed until now and runs at the new one from here (its end event moves)."""
         busy = self._busy()
-        rate = min(1.0, self.cores / busy) if busy > 0 else 1.0
+        rate = min(1.0, self.cores / busy) / self._slow(busy) if busy > 0 else 1.0
         if rate == self.rate:
             return
         for worker, st in self.state.items():
             if st.busy and st.left > 0:
-                st.left = max(st.left - (now - st.since) * self.rate, 0.0)
+                priced = self.priced_slow[worker]          # (1 unless host_contention)
+                st.left = max(st.left - (now - st.since) * self.rate * priced, 0.0)
                 st.since = now
                 st.version += 1
-                self.push(now + st.left / rate, STEP, worker, st.version)
+                self.push(now + st.left / (rate * priced), STEP, worker, st.version)
         self.rate = rate
 
     def _start(self, now: float, worker: str) -> None:
@@ -269,7 +288,8 @@ class Simulation:
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        stretch = max(1.0, self._busy() / self.cores) if self.cores else 1.0
+        busy = self._busy()
+        stretch = max(1.0, busy / self.cores) * self._slow(busy) / self.priced_slow[worker] if self.cores else 1.0
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
             st.priced, host = inst.run_times(k), inst.run_host_s()
@@ -287,7 +307,7 @@ class Simulation:
             return
         if self.fair:                             # at this instant's speed; _reshare moves it if the sharing changes
             st.left, st.since = d, now
-            self.push(now + d / self.rate, STEP, worker, st.version)
+            self.push(now + d / (self.rate * self.priced_slow[worker]), STEP, worker, st.version)
             return
         self.push(now + d * stretch, STEP, worker, st.version)
 

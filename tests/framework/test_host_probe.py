@@ -20,3 +20,15 @@ def test_another_speed_another_cpu_or_no_stamp_each_named():
     assert any("4 cores" in p for p in mismatch(now, {**now, "cpu_count": 4}))
     no_stamp, = mismatch(None, now)
     assert "experiments/calibrate/run.py" in no_stamp
+
+
+def test_contention_pins_the_probe_to_each_core_alone_then_to_all():
+    import os
+    from framework.core.host_probe import contention
+    out = contention(seconds=0.05)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        assert out["contention"] == 1.0
+        return
+    assert out["cpus"] == cpus and len(out["alone_s"]) == len(out["together_s"]) == len(cpus)
+    assert out["contention"] == sum(out["together_s"]) / sum(out["alone_s"]) > 0

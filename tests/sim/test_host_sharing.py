@@ -87,3 +87,34 @@ def test_serving_without_a_measurement_says_how_to_measure_it(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"serving=measured.*experiments/calibrate/serving.py"):
         simulate(compose(ONE_BY_ONE + [f"sim.cost.path={path}", "sim.cost.serving=measured"]))
+
+
+EXACT = ONE_BY_ONE + ["sim.host_cores=2", "sim.network_latency_s=0", "sim.router_overhead_s=0", "sim.host_side_procs=0"]
+
+
+def _latencies(overrides):
+    return [r.e2e_s for r in simulate(compose(overrides))[1]]
+
+
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
+def test_contention_slows_a_rank_priced_alone_by_its_factor_once_every_core_is_busy(sharing):
+    """One request at a time on a one-rank instance, beside one busy process of other work on 2 cores: every step
+    runs at 1/c of its price (both cores busy); with the other core idle, or c = 1, nothing changes."""
+    base = EXACT + [f"sim.host_sharing={sharing}"]
+    plain = _latencies(base + ["sim.host_background=1"])
+    slowed = _latencies(base + ["sim.host_background=1", "sim.host_contention=1.5"])
+    assert slowed == pytest.approx([1.5 * t for t in plain])
+    assert _latencies(base + ["sim.host_contention=1.5"]) == _latencies(base)           # the other core idle
+    halfway = _latencies(base + ["sim.host_background=0.5", "sim.host_contention=1.5"])  # 1.5 cores busy: 1.25x
+    assert halfway == pytest.approx([1.25 * t for t in _latencies(base + ["sim.host_background=0.5"])])
+
+
+def test_contention_leaves_an_instance_priced_with_its_ranks_on_every_core_as_priced():
+    """A two-rank instance on 2 cores was profiled with both busy: its steps already hold the contention."""
+    tp = EXACT + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "cluster.http=false"]
+    assert _latencies(tp + ["sim.host_contention=1.5"]) == _latencies(tp)
+
+
+def test_a_contention_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match=r"host_contention=0.0 must be > 0"):
+        simulate(compose(EXACT + ["sim.host_contention=0"]))
