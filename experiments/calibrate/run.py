@@ -16,6 +16,15 @@ with nothing else stretching it; the median is what a step typically takes on th
 profile of 8fa7f27: the median is 1.01-1.52x the fastest, 1.09-1.18x at the median point). The profile records the
 load average it ran under.
 
+The host's speed moves while it is profiled (on 2026-12-03 the probe moved 10.9 -> 16.3 ms over one 13-minute
+profile, and the host ran 1.5x faster an hour later), so before each point the host's speed is taken with
+framework/core/host_probe.pinned (0.3 s of the probe's work on each core in turn: no placement in it), and each point's
+seconds are expressed at one reference speed: x (the reference / the host's speed then), the reference being the mean
+of every point's, which the profile carries as `host_probe.pinned_s`. The host's speed at a point is the mean of its
+own and its 3 neighbours' each side in measuring order (`pinned_s_smoothed`). The seconds as measured stay beside them
+(`*_raw`, with each point's own in `pinned_s`). `--normalize none` keeps them as measured (the profiles before
+2026-12-03), stamped with the reference all the same.
+
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
 
@@ -40,7 +49,7 @@ from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
-from framework.core.host_probe import mismatch, probe  # noqa: E402
+from framework.core.host_probe import mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
@@ -56,6 +65,13 @@ GRID = {"new": [8, 32, 128, 256, 512], "prefix": [0, 256, 1024], "batch": [1, 2,
         "context": [32, 256, 1024]}
 QUICK = {"new": [8, 64], "prefix": [0, 64], "batch": [1, 4], "context": [32, 128]}
 DECODE_TOKENS = 16
+SMOOTH = 3              # neighbours each side whose speeds, with the point's own, give the host's speed at a point
+POINT_PINNED_S = 0.3    # seconds of the probe's work on each core before each point
+
+
+def config_key_of(name: str) -> str:
+    cfg = compose(CONFIGS[name])
+    return config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name)
 
 
 def _text(rng: random.Random, n: int) -> list[int]:
@@ -78,6 +94,12 @@ def _serve(face: SyncFace, prompts: list[list[int]], max_new: int) -> list[list[
     return [[start] + times[r.rid] for r in reqs]
 
 
+def _probed(measure, speeds: list[float]):
+    """``measure()``, after taking the host's speed (appended to ``speeds``)."""
+    speeds.append(pinned(POINT_PINNED_S))
+    return measure()
+
+
 def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> dict:
     cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])   # the largest batch fits
     handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
@@ -85,22 +107,55 @@ def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> di
     try:
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
         dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
-        prefill = [[[_prefill(face, rng, n, p, dp) for _ in range(repeats)] for p in grid["prefix"]]
-                   for n in grid["new"]]
-        decode = [[[_decode(face, rng, b, c) for _ in range(repeats)] for c in grid["context"]]
-                  for b in grid["batch"]]
+        pre_speeds, dec_speeds = [], []
+        prefill = [[_probed(lambda: [_prefill(face, rng, n, p, dp) for _ in range(repeats)], pre_speeds)
+                    for p in grid["prefix"]] for n in grid["new"]]
+        decode = [[_probed(lambda: [_decode(face, rng, b, c) for _ in range(repeats)], dec_speeds)
+                   for c in grid["context"]] for b in grid["batch"]]
     finally:
         handle.close()
         handle.terminate()
     return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
-            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill)},
-            "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode)}}
+            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, _rows(pre_speeds, prefill))},
+            "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode, _rows(dec_speeds, decode))}}
 
 
-def _points(repeats: list[list[list[float]]]) -> dict:
-    """Each point's fastest repeat (`seconds`) and median (`seconds_median`): sim.cost.point picks one."""
-    return {"seconds": [[min(r) for r in row] for row in repeats],
-            "seconds_median": [[statistics.median(r) for r in row] for row in repeats]}
+def _rows(flat: list[float], shape: list[list]) -> list[list[float]]:
+    """The points' speeds, flat in measuring order, as the grid's rows."""
+    it = iter(flat)
+    return [[next(it) for _ in row] for row in shape]
+
+
+def _points(repeats: list[list[list[float]]], speeds: list[list[float]] | None = None) -> dict:
+    """Each point's fastest repeat (`seconds`) and median (`seconds_median`): sim.cost.point picks one; and the host's
+    speed before it (`pinned_s`: ``normalize`` rescales by it once every config is measured)."""
+    out = {"seconds": [[min(r) for r in row] for row in repeats],
+           "seconds_median": [[statistics.median(r) for r in row] for row in repeats]}
+    if speeds is not None:
+        out["pinned_s"] = speeds
+    return out
+
+
+def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
+    """The reference speed of the profiles measured now, the mean of their points' (returned: the stamp); ``apply``:
+    each point's seconds x reference / the host's speed then (the mean of its own and its SMOOTH neighbours' each
+    side, in measuring order: a config's prefill points, then its decode points), the seconds as measured kept
+    (`*_raw`)."""
+    grids = [profiles[n][kind] for n in names for kind in ("prefill", "decode")]
+    ref = statistics.fmean(x for g in grids for row in g["pinned_s"] for x in row)
+    if not apply:
+        return ref
+    for n in names:
+        pre, dec = profiles[n]["prefill"], profiles[n]["decode"]
+        flat = [x for g in (pre, dec) for row in g["pinned_s"] for x in row]      # measuring order
+        smooth = iter([statistics.fmean(flat[max(0, i - SMOOTH):i + SMOOTH + 1]) for i in range(len(flat))])
+        for g in (pre, dec):
+            g["pinned_s_smoothed"] = [[next(smooth) for _ in row] for row in g["pinned_s"]]
+            for key in ("seconds", "seconds_median"):
+                g[f"{key}_raw"] = g[key]
+                g[key] = [[s * ref / sp for s, sp in zip(row, srow)]
+                          for row, srow in zip(g[key], g["pinned_s_smoothed"])]
+    return ref
 
 
 def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:
@@ -120,13 +175,16 @@ def _decode(face: SyncFace, rng: random.Random, b: int, c: int) -> float:
     return (times[-1] - times[0]) / (len(times) - 1)
 
 
-def stamp(before: dict, after: dict) -> dict:
+def stamp(before: dict, after: dict, pinned_s: float, normalized: bool) -> dict:
     """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp (a host whose
-    speed moved during the profile is said: the profile then mixes two speeds)."""
+    speed moved during the profile is said: the profile then mixes two speeds, unless ``normalized``); and
+    ``pinned_s``, the reference speed of ``normalize``."""
     for problem in mismatch(before, after):
-        print(f"WARNING: the host changed during profiling (probe after vs before): {problem}", flush=True)
+        print(f"WARNING: the host changed during profiling (probe after vs before): {problem}"
+              + ("; each point is expressed at the reference speed" if normalized else ""), flush=True)
     return {**before, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
-            "probe_s_before_after": [before["probe_s"], after["probe_s"]]}
+            "probe_s_before_after": [before["probe_s"], after["probe_s"]], "pinned_s": pinned_s,
+            "normalized": "pinned" if normalized else "none"}
 
 
 def main() -> None:
@@ -134,6 +192,8 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--repeats", type=int, default=5)   # each point's fastest and median of 5
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
+    ap.add_argument("--normalize", choices=["pinned", "none"], default="pinned",
+                    help="each point at the reference speed (module doc), or as measured")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
     import torch
@@ -143,14 +203,20 @@ def main() -> None:
     before = probe()          # the host as profiled, stamped on the profile (sim_fidelity checks it against its own)
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
+    kept = set(profiles) - {config_key_of(n) for n in args.configs}
+    if kept:
+        print(f"WARNING: {sorted(kept)} are kept from an earlier profile, at its host's speed then", flush=True)
+    keys = []
     for name in args.configs:
         p = profile(CONFIGS[name], grid, repeats)
+        keys.append(p["key"])
         profiles[p["key"]] = p
         print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms (n={grid['new'][0]}),"
               f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
               flush=True)
+    reference = normalize(profiles, keys, apply=args.normalize == "pinned")
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe()),
+           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, args.normalize == "pinned"),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",

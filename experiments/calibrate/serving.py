@@ -6,7 +6,9 @@ run's) at two answer lengths. Over each run, the worker process's CPU (`server_p
 rank loop between steps, and its one-rank engine) less its engine thread's CPU in steps (`extend_cpu_s` +
 `decode_cpu_s`) is the serving work; a line through (answer tokens, CPU per request) gives a per-request and a
 per-token term. Medians of --repeats. Written into the calibration profile (data/calibration/cpu.json, key
-`serving`) with this host's probe.
+`serving`) with this host's probe. Where the profile's points are expressed at its reference speed (experiments/
+calibrate/run.py `--normalize pinned`), so is this: each run is preceded by the host's speed (host_probe.pinned), and
+the CPU is scaled by the reference / their mean; the CPU as measured stays beside it (`per_request_by_output_raw`).
 
     python experiments/calibrate/serving.py                 # ~2 minutes on the shared 2-core CPU
     python experiments/calibrate/serving.py --quick --out /tmp/c.json
@@ -26,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from framework.cluster.cluster import Cluster  # noqa: E402
 from framework.cluster.figures import bench  # noqa: E402
 from framework.config import compose  # noqa: E402
-from framework.core.host_probe import probe  # noqa: E402
+from framework.core.host_probe import pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import WORKLOAD  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
@@ -58,25 +60,33 @@ def main() -> None:
     cfgs = {o: compose(BASE + [f"workload.num_prompts={n}", f"workload.output_len={o}"]
                        + (["workload.input_len=32"] if args.quick else [])) for o in OUTPUTS}
     t0, host = time.perf_counter(), probe()
-    per_request: dict[int, list[float]] = {o: [] for o in OUTPUTS}
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    stamp = data.get("host_probe") or {}
+    ref = stamp.get("pinned_s") if stamp.get("normalized") == "pinned" else None    # the profile's reference speed
+    raw: dict[int, list[float]] = {o: [] for o in OUTPUTS}
+    speeds: list[float] = []
     cluster = Cluster(cfgs[OUTPUTS[0]])
     try:
         cluster.start()
         cluster.warm_up()
         for _ in range(repeats):                    # interleaved: both lengths see the same drift
             for o, cfg in cfgs.items():
-                per_request[o].append(measure(cluster, cfg))
+                speeds.append(pinned())
+                raw[o].append(measure(cluster, cfg))
     finally:
         cluster.stop()
+    scale = ref / statistics.fmean(speeds) if ref else 1.0                      # to the profile's reference speed
+    per_request = {o: [v * scale for v in vs] for o, vs in raw.items()}
     med = {o: statistics.median(v) for o, v in per_request.items()}
     (o1, o2) = OUTPUTS
     per_token = max((med[o2] - med[o1]) / (o2 - o1), 0.0)
     request = max(med[o1] - per_token * o1, 0.0)
     serving = {"request_cpu_s": request, "token_cpu_s": per_token,
-               "per_request_by_output": {str(o): v for o, v in per_request.items()}, "overrides": BASE,
+               "per_request_by_output": {str(o): v for o, v in per_request.items()},
+               "per_request_by_output_raw": {str(o): v for o, v in raw.items()}, "pinned_s": speeds,
+               "normalized_to_pinned_s": ref, "overrides": BASE,
                "requests": n, "repeats": repeats, "host_probe": host, "git_sha": git_sha(),
                "wall_s": time.perf_counter() - t0}
-    data = json.loads(args.out.read_text()) if args.out.exists() else {}
     data["serving"] = serving
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")

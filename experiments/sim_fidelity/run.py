@@ -30,6 +30,11 @@ as the rounds before it.
 this host's cores run when all are busy than alone (framework/core/host_probe.contention: the probe's work pinned to
 each core alone, then to all at once) and simulates with it (`sim.host_contention`); `none` (the default): 1, as the
 rounds before; a number: that factor.
+`--host-scale pinned` (the round of protocol_pinned.md) takes the host's speed around each real block
+(framework/core/host_probe.pinned: the probe's work on each core in turn, 1 s each, before and after the block, on the
+idle host) and simulates the block with every calibrated second scaled by their mean over the profile's reference
+(`host_probe.pinned_s`; `sim.cost.host_scale`); `none` (the default) prices the profile's seconds as they are. The
+scale comes from the probe alone, never from a real run's figures or CPU.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
 `--answers`, and writes --resim-out.
@@ -55,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.core.host_probe import contention, mismatch, probe  # noqa: E402
+from framework.core.host_probe import contention, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
@@ -69,6 +74,7 @@ JUDGED = ("output_throughput_tok_s", "ttft_p50_ms", "cache_hit_rate")     # sim 
 EXTRA = ("sglang_cache_hit_rate_run", "sglang_cache_hit_rate", "total_throughput_tok_s")   # reported, not judged
 # the work audit (reported, not judged): the engines' CPU seconds in steps by kind (real: their threads' CPU; sim: the
 # cost model's prices of the same kinds of steps), and the HTTP workers' processes' CPU
+PINNED_S = 1.0     # --host-scale pinned: seconds of the probe's work per core before and after each real block
 WORK = ("extend_cpu_s", "decode_cpu_s", "server_process_cpu_s", "requests_completed")
 
 
@@ -97,30 +103,55 @@ def _own_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float):
-    """The simulated run of a real one: its overrides, mode=sim's, and the background measured during it (the
-    in-process TP/DP driver has no network or router)."""
+class HostSpeed:
+    """The host's slowness around a block against the calibration profile's reference speed (``reference_s``): the
+    host's speed (host_probe.pinned, PINNED_S a core) before and after the block, their mean / the reference
+    (``scale``; 1.0 when ``reference_s`` is None: off)."""
+
+    def __init__(self, reference_s: float | None) -> None:
+        self.reference_s, self.scale, self.speeds = reference_s, 1.0, None
+
+    def __enter__(self) -> "HostSpeed":
+        if self.reference_s is not None:
+            self.speeds = [pinned(PINNED_S)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.reference_s is not None:
+            self.speeds.append(pinned(PINNED_S))
+            self.scale = statistics.fmean(self.speeds) / self.reference_s
+
+
+def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float, host_scale: float = 1.0):
+    """The simulated run of a real one: its overrides, mode=sim's, the background measured during it (the
+    in-process TP/DP driver has no network or router) and the host's speed then (``HostSpeed``)."""
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
-    return compose(overrides + sim_args + local + [f"sim.host_background={background:.3f}"])
+    return compose(overrides + sim_args + local + [f"sim.host_background={background:.3f}",
+                                                    f"sim.cost.host_scale={host_scale:.4f}"])
 
 
-def router_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
+def _host(background: "Background", speed: HostSpeed) -> dict:
+    """A case's record of the host during its real run."""
+    return {"host_background": background.procs, "host_scale": speed.scale, "host_pinned_s": speed.speeds}
+
+
+def router_cases(quick: bool, out: Path, sim_args: list[str], reference_s: float | None = None) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
            *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
-    with Background() as background:
+    with HostSpeed(reference_s) as speed, Background() as background:
         subprocess.run(cmd, check=True, cwd=ROOT)
     real = json.loads((out / "router_ablation" / "results.json").read_text())
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.scale))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
-                      "overrides": overrides, "real": trial, "sim": sim, "host_background": background.procs})
+                      "overrides": overrides, "real": trial, "sim": sim, **_host(background, speed)})
     return cases
 
 
-def scheme_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
+def scheme_cases(quick: bool, out: Path, sim_args: list[str], reference_s: float | None = None) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
     sys.path.insert(0, str(ROOT / "experiments" / "dp_attn_vs_tp"))
     from run import bench                                      # experiments/dp_attn_vs_tp/run.py
@@ -129,11 +160,11 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str]) -> list[dict]:
     cases = []
     for scheme in SCHEMES:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
-        with contextlib.redirect_stdout(io.StringIO()), Background() as background:
+        with contextlib.redirect_stdout(io.StringIO()), HostSpeed(reference_s) as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs))
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.scale))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, "host_background": background.procs})
+                      "sim": sim, **_host(background, speed)})
     return cases
 
 
@@ -209,9 +240,11 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
         inside = {k: (real[k]["min"] is not None and sim[k]["median"] is not None
                       and real[k]["min"] <= sim[k]["median"] <= real[k]["max"]) for k in JUDGED}
         bg = [r["host_background"] for r in runs]
+        scales = [r.get("host_scale", 1.0) for r in runs]
         out.append({"case": name, "study": runs[0]["study"], "overrides": runs[0]["overrides"], "repeats": len(runs),
                     "real_spread": real, "sim_spread": sim, "inside_real_range": inside,
                     "host_background": statistics.median(bg), "host_background_range": [min(bg), max(bg)],
+                    "host_scales": scales,
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
     return out
 
@@ -224,8 +257,8 @@ def range_table(cells: list[dict], load: dict) -> str:
         return f"{fmt(r['median'])} [{fmt(r['min'])}-{fmt(r['max'])}] | {fmt(s['median'])}{flag}"
     f1, f3 = (lambda v: f"{v:,.1f}"), (lambda v: f"{v:.3f}")
     lines = ["| cell | n | out tok/s real median [min-max] | sim | TTFT p50 ms real [min-max] | sim | "
-             "hit rate real [min-max] | sim | SGLang's hit rate (this run) real / sim | bg procs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "hit rate real [min-max] | sim | SGLang's hit rate (this run) real / sim | bg procs | host x |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cells:
         run = c["real"].get("sglang_cache_hit_rate_run") is not None    # older runs: only since the workers started
         key = "sglang_cache_hit_rate_run" if run else "sglang_cache_hit_rate"
@@ -233,7 +266,7 @@ def range_table(cells: list[dict], load: dict) -> str:
         lines.append(f"| {c['case']} | {c['repeats']} | {cell(c, 'output_throughput_tok_s', f1)} | "
                      f"{cell(c, 'ttft_p50_ms', f1)} | {cell(c, 'cache_hit_rate', f3)} | "
                      f"{'-' if sr is None else f3(sr)}{'' if run else ' (since start)'} / {'-' if ss is None else f3(ss)} | "
-                     f"{c['host_background']:.2f} |")
+                     f"{c['host_background']:.2f} | {'/'.join(f'{x:.2f}' for x in c.get('host_scales') or [1.0])} |")
     inside = {k: sum(c["inside_real_range"][k] for c in cells) for k in JUDGED}
     lines.append("")
     lines.append(f"simulated median inside the real range: throughput {inside['output_throughput_tok_s']}/"
@@ -286,7 +319,7 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
                                                              "sim_wall_s"]   # each run's figures in results.json
 
 
-def resimulate(stored: dict, sim_args: list[str]) -> tuple[list[dict], str]:
+def resimulate(stored: dict, sim_args: list[str], scaled: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table."""
     meta = {c["case"]: c for c in stored["cases"]}
@@ -295,9 +328,11 @@ def resimulate(stored: dict, sim_args: list[str]) -> tuple[list[dict], str]:
         cases = []
         for run in rep:
             c = meta[run["case"]]
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"]))
+            scale = run.get("host_scale", 1.0) if scaled else 1.0     # (--host-scale pinned: the run's, if it took one)
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
-                          "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"]})
+                          "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
+                          "host_scale": scale})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -324,6 +359,8 @@ def main() -> None:
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
                     help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
+    ap.add_argument("--host-scale", choices=["none", "pinned"], default="none",
+                    help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs; with --resimulate: the stored run's), or a factor")
@@ -343,6 +380,10 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.time()
     host = host_check()
+    reference_s = (host["profile"] or {}).get("pinned_s") if args.host_scale == "pinned" else None
+    if args.host_scale == "pinned" and reference_s is None:
+        sys.exit("--host-scale pinned: the calibration profile carries no reference speed (host_probe.pinned_s); "
+                 "re-profile with experiments/calibrate/run.py")
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
     cores = contention() if args.contention == "measured" else None
     if cores is not None:
@@ -352,8 +393,8 @@ def main() -> None:
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
         work = args.work / f"repeat{k}"
-        cases = (router_cases(args.quick, work, sim_args) if "router_ablation" in args.studies else []) + \
-            (scheme_cases(args.quick, work, sim_args) if "dp_attn_vs_tp" in args.studies else [])
+        cases = (router_cases(args.quick, work, sim_args, reference_s) if "router_ablation" in args.studies else []) \
+            + (scheme_cases(args.quick, work, sim_args, reference_s) if "dp_attn_vs_tp" in args.studies else [])
         print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
         repeats.append(cases)
     load["after"] = os.getloadavg()
@@ -375,7 +416,9 @@ def main() -> None:
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
                                         "inside_real_range", "errors", "host_background", "host_background_range",
                                         "real", "sim")} for c in cells],
-           "runs": [[{"case": c["case"], "host_background": c["host_background"],
+           "host_scale": args.host_scale,
+           "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
+                      "host_pinned_s": c["host_pinned_s"],
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -405,7 +448,7 @@ def resimulate_main(args) -> None:
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
-        cells, text = resimulate(stored, sim_args)
+        cells, text = resimulate(stored, sim_args, args.host_scale == "pinned")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text,
@@ -413,7 +456,8 @@ def resimulate_main(args) -> None:
                                                               "errors")} for c in cells]}
     if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
         name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
-                        + ([] if args.contention == "none" else [f"contention_{args.contention}"]))
+                        + ([] if args.contention == "none" else [f"contention_{args.contention}"])
+                        + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")

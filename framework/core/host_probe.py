@@ -9,7 +9,8 @@ them). Comparing a fresh probe with the stamp says whether simulated seconds can
 ``contention`` measures what the stamp cannot: how much slower a core runs while the others are busy too (cores that
 share a physical core or its caches). The probe's work pinned to each core alone, then on every core at once: on this
 VM's two vCPUs (2026-12-03) 9.0 and 10.3-12.5 ms alone, 10.7-10.9 and 12.6-15.7 together, 1.2x. A single probe moves
-between those alone speeds as the scheduler places it, which is most of its flicker.
+between those alone speeds as the scheduler places it, which is most of its flicker. ``pinned`` measures the
+alone speed that way, core by core, in this process: a speed to compare across minutes without the placement in it.
 """
 from __future__ import annotations
 
@@ -86,6 +87,31 @@ def contention(seconds: float = 3.0) -> dict:
     together = [mean_s(p) for p in procs]
     return {"contention": statistics.fmean(together) / statistics.fmean(alone), "cpus": cpus, "alone_s": alone,
             "together_s": together}
+
+
+def pinned(seconds: float = 0.3) -> float:
+    """The host's speed without the scheduler's placement in it: the probe's work repeated for ``seconds`` with this
+    thread pinned to each core in turn, the mean over the cores of each one's mean time (the thread's affinity is
+    restored after; a single probe moves between the cores' speeds as it is placed)."""
+    import torch
+    if not hasattr(os, "sched_getaffinity"):
+        return probe()["probe_s"]
+    cpus = os.sched_getaffinity(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    means = []
+    try:
+        for cpu in sorted(cpus):
+            os.sched_setaffinity(0, {cpu})
+            _work()                                                    # warm-up on this core
+            times, end = [], time.perf_counter() + seconds
+            while not times or time.perf_counter() < end:
+                times.append(_work())
+            means.append(statistics.fmean(times))
+    finally:
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(threads)
+    return statistics.fmean(means)
 
 
 def _pinned(cpu: int, seconds: float) -> float:

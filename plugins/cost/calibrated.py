@@ -28,6 +28,12 @@ streaming, the rank loop's turns between steps: experiments/calibrate/serving.py
 in series with the steps (one process, one GIL; framework/sim/instance.py adds a request's to the step after its
 arrival and a token's to the step that samples it); ``none`` (the default).
 
+``host_scale`` (1.0 by default: the host at its profile's speed) multiplies every priced second, steps and serving
+alike: the host's slowness now against its profiling, as framework/core/host_probe.pinned measures it (a fixed piece
+of work shaped like the engine's steps, on each core in turn), for a host whose speed moves between the profile and
+the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that probe around each real block, never from
+the run).
+
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
 from __future__ import annotations
@@ -56,6 +62,7 @@ class CalibratedConfig(CostConfig):
     extend: str = "batch"             # a multi-request extend batch: batch (one request of its total) | per_request
     point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
     serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
+    host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
 
 
 BETWEEN = ("fit", "grid")
@@ -176,7 +183,11 @@ class CalibratedCost(CostModel):
         self.per_request = cfg.extend == "per_request"
         if cfg.serving not in SERVING:
             raise ValueError(f"sim.cost.serving={cfg.serving!r} is not one of {SERVING}")
-        self._serving = serving_cpu_s(cfg.path) if cfg.serving == "measured" else (0.0, 0.0)
+        if not cfg.host_scale > 0:
+            raise ValueError(f"sim.cost.host_scale={cfg.host_scale} must be > 0 (the host's probe now / at profiling)")
+        self.scale = cfg.host_scale
+        request_s, token_s = serving_cpu_s(cfg.path) if cfg.serving == "measured" else (0.0, 0.0)
+        self._serving = (request_s * self.scale, token_s * self.scale)
         self._prefill_time = partial(prefill_time, self._pc)
         self._decode_time = partial(decode_time, self._dc)
         if cfg.between == "grid":  # the measured points, with the fit past them
@@ -198,7 +209,7 @@ class CalibratedCost(CostModel):
                 if self.per_request and n > 1:
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
-        return t
+        return t * self.scale
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving
@@ -212,9 +223,9 @@ class CalibratedCost(CostModel):
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
                      graph: bool = False) -> list[float]:
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
-        groups, price = len(sizes), self._decode_time
+        groups, price, scale = len(sizes), self._decode_time, self.scale
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]
         if len(busy) == 1:
             (b, n, c), = busy
-            return [price(b, (c + j * n) / n) for j in range(k)]
-        return [max(price(b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
+            return [price(b, (c + j * n) / n) * scale for j in range(k)]
+        return [max(price(b, (c + j * n) / n) for b, n, c in busy) * scale for j in range(k)]

@@ -1,0 +1,65 @@
+"""sim.cost.host_scale: every priced second of the calibrated model (steps, fast-forwarded decode runs and the HTTP
+worker's serving CPU) times the host's slowness against its profile; 1.0 by default. The calibration's reference
+speed (experiments/calibrate/run.py normalize) and the pinned probe it is taken with."""
+import pytest
+
+from framework.config import compose
+from framework.contracts.cost import BatchShape, Step
+from framework.core.registry import COST
+from framework.runs.sim import cost_instance
+
+
+def _cost(**kw):
+    cfg = COST.get("calibrated").Config(between="grid", point="median", serving="measured", **kw)
+    return COST.build("calibrated", cfg, cost_instance(compose(["logger.mode=disabled"])))
+
+
+def test_host_scale_multiplies_every_priced_second_and_one_is_the_default():
+    plain, slow = _cost(), _cost(host_scale=1.37)
+    assert COST.get("calibrated").Config().host_scale == 1.0
+    steps = [Step(batches=(BatchShape("extend", (300, 40), (128, 0)),)),
+             Step(batches=(BatchShape("decode", (1,) * 6, (200,) * 6),))]
+    for step in steps:
+        assert plain.step_time(step) > 0
+        assert slow.step_time(step) == pytest.approx(1.37 * plain.step_time(step))
+    run_plain, run_slow = plain.decode_times((6,), (1200,), 5), slow.decode_times((6,), (1200,), 5)
+    assert run_slow == pytest.approx([1.37 * t for t in run_plain])
+    assert run_plain[0] == pytest.approx(plain.step_time(steps[1]))   # a run prices its steps as step_time does
+    assert all(s == pytest.approx(1.37 * p) for s, p in zip(slow.serving_host_s(), plain.serving_host_s()))
+    assert min(plain.serving_host_s()) > 0
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0])
+def test_a_host_scale_that_is_not_positive_is_refused(bad):
+    with pytest.raises(ValueError, match=r"host_scale=.*must be > 0"):
+        _cost(host_scale=bad)
+
+
+def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
+    import importlib.util
+    from framework.core.paths import REPO_ROOT
+    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    _points, normalize = calibrate._points, calibrate.normalize
+    # one config: 9 prefill points measured at a speed of 10 ms, then 9 decode points at 20 ms (the host slowed)
+    prefill = _points([[[1.0, 2.0, 3.0]] * 9], [[0.010] * 9])
+    decode = _points([[[4.0, 4.0, 8.0]] * 9], [[0.020] * 9])
+    profiles = {"x": {"prefill": prefill, "decode": decode}}
+    assert normalize(profiles, ["x"], apply=False) == pytest.approx(0.015) and "seconds_raw" not in prefill
+    assert normalize(profiles, ["x"]) == pytest.approx(0.015)            # the mean of the points' speeds
+    # far from the change, a point is scaled by its own speed (its 3 neighbours each side measured alike)
+    assert prefill["seconds"][0][0] == pytest.approx(1.0 * 1.5)          # measured fast: counts as slower
+    assert prefill["seconds_median"][0][0] == pytest.approx(2.0 * 1.5)
+    assert decode["seconds"][0][-1] == pytest.approx(4.0 * 0.75)         # measured slow: counts as faster
+    # beside it, by the mean of its neighbourhood: the last prefill point's 7 hold 4 at 10 ms and 3 at 20
+    assert prefill["pinned_s_smoothed"][0][-1] == pytest.approx((4 * 0.010 + 3 * 0.020) / 7)
+    assert prefill["seconds_raw"][0] == [1.0] * 9 and decode["seconds_median_raw"][0] == [4.0] * 9
+
+
+def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_back():
+    import os
+    from framework.core.host_probe import pinned
+    cpus = os.sched_getaffinity(0)
+    assert pinned(0.02) > 0
+    assert os.sched_getaffinity(0) == cpus
