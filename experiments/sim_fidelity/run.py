@@ -454,8 +454,9 @@ def resimulate_main(args) -> None:
         out["runs"][answers] = {"sim_args": sim_args, "table": text,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors")} for c in cells]}
-    if args.resim_out is None:     # named by what it simulated, so one re-simulation never overwrites another's
-        name = "_".join([args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
+    if args.resim_out is None:     # named by the run and the switches, so one re-simulation never overwrites another's
+        run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)
+        name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
                         + ([] if args.contention == "none" else [f"contention_{args.contention}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
