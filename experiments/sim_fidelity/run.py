@@ -304,6 +304,8 @@ def host_check() -> dict:
     from plugins.cost.calibrated import DEFAULT_PATH
     stamp = json.loads((ROOT / DEFAULT_PATH).read_text()).get("host_probe")
     now = probe()
+    if stamp and stamp.get("pinned_s"):          # the profile's reference speed: compared pinned, as it was taken
+        now["pinned_s"] = pinned(PINNED_S)
     problems = mismatch(stamp, now)
     for p in problems:
         print(f"WARNING: the calibration profile ({DEFAULT_PATH}) may not describe this host: {p}", flush=True)

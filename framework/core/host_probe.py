@@ -136,10 +136,12 @@ def mismatch(stamp: dict | None, now: dict) -> list[str]:
         problems.append(f"CPU model {now['cpu_model']!r}, profiled on {stamp.get('cpu_model')!r}")
     if stamp.get("cpu_count") != now["cpu_count"]:
         problems.append(f"{now['cpu_count']} cores, profiled on {stamp.get('cpu_count')}")
-    ratio = now["probe_s"] / stamp["probe_s"]
+    key, what = ("pinned_s", "the pinned probe") if stamp.get("pinned_s") and now.get("pinned_s") else \
+        ("probe_s", "the probe")       # pinned where both have it: the unpinned probe moves as it is placed
+    ratio = now[key] / stamp[key]
     if abs(ratio - 1) > TOLERANCE:
-        problems.append(f"the probe takes {ratio:.2f}x its time at profiling ({now['probe_s'] * 1e3:.1f} ms vs "
-                        f"{stamp['probe_s'] * 1e3:.1f} ms)")
+        problems.append(f"{what} takes {ratio:.2f}x its time at profiling ({now[key] * 1e3:.1f} ms vs "
+                        f"{stamp[key] * 1e3:.1f} ms)")
     return problems
 
 

@@ -32,3 +32,12 @@ def test_contention_pins_the_probe_to_each_core_alone_then_to_all():
         return
     assert out["cpus"] == cpus and len(out["alone_s"]) == len(out["together_s"]) == len(cpus)
     assert out["contention"] == sum(out["together_s"]) / sum(out["alone_s"]) > 0
+
+
+def test_a_stamp_with_a_pinned_speed_is_checked_pinned():
+    now = {"cpu_model": "AMD EPYC", "cpu_count": 2, "probe_s": 0.015, "pinned_s": 0.0100}
+    stamp = {**now, "probe_s": 0.009, "pinned_s": 0.0101}        # the unpinned probe placed on the fast core then
+    assert mismatch(stamp, now) == []
+    slower, = mismatch({**stamp, "pinned_s": 0.005}, now)
+    assert "pinned probe takes 2.00x" in slower
+    assert mismatch({k: v for k, v in stamp.items() if k != "pinned_s"}, now)   # no pinned stamp: the probe's 1.67x
