@@ -66,8 +66,9 @@ class SimConfig:
     # stretch of its start) | fair (processor sharing, re-timed as the busy processes change: work-conserving)
     host_sharing: str = "at_start"
     # with host_cores: how much slower each busy core runs once every core is busy than with one busy (cores that
-    # share a physical core or its caches: this VM's 2 measured 1.2x, framework/core/host_probe.contention); 1: none
+    # share a physical core or its caches: this VM's 2 measured 0.93-1.25x at different times, framework/core/host_probe.contention); 1: none
     host_contention: float = 1.0
+    host_contention_extend: Optional[float] = None   # extend steps' own factor (None: host_contention's)
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

@@ -175,6 +175,31 @@ def _decode(face: SyncFace, rng: random.Random, b: int, c: int) -> float:
     return (times[-1] - times[0]) / (len(times) - 1)
 
 
+def rebase(profiles: dict, kept: set[str], serving: dict | None, old_stamp: dict, reference: float) -> dict | None:
+    """The configs and serving measurement kept from the earlier profile, at the new ``reference`` speed: x (new /
+    old reference) where the old profile was normalized; otherwise they are at their host's speed then, which is
+    said (the serving measurement is dropped then: re-measure it with experiments/calibrate/serving.py)."""
+    old = old_stamp.get("pinned_s") if old_stamp.get("normalized") == "pinned" else None
+    if old is None:
+        if kept:
+            print(f"WARNING: {sorted(kept)} are kept from a profile not normalized to a reference speed", flush=True)
+        if serving:
+            print("WARNING: the serving measurement was not normalized: dropped; re-measure it with "
+                  "experiments/calibrate/serving.py", flush=True)
+        return None
+    k = reference / old
+    for key in kept:
+        for kind in ("prefill", "decode"):
+            g = profiles[key][kind]
+            for name in ("seconds", "seconds_median"):
+                if name in g:
+                    g[name] = [[s * k for s in row] for row in g[name]]
+    if serving:
+        serving = {**serving, "request_cpu_s": serving["request_cpu_s"] * k, "token_cpu_s": serving["token_cpu_s"] * k,
+                   "normalized_to_pinned_s": reference}
+    return serving
+
+
 def stamp(before: dict, after: dict, pinned_s: float, normalized: bool) -> dict:
     """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp (a host whose
     speed moved during the profile is said: the profile then mixes two speeds, unless ``normalized``); and
@@ -203,9 +228,7 @@ def main() -> None:
     before = probe()          # the host as profiled, stamped on the profile (sim_fidelity checks it against its own)
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
-    kept = set(profiles) - {config_key_of(n) for n in args.configs}
-    if kept:
-        print(f"WARNING: {sorted(kept)} are kept from an earlier profile, at its host's speed then", flush=True)
+    kept = set(profiles) - {config_key_of(n) for n in args.configs}     # (moved to this profile's speed: rebase)
     keys = []
     for name in args.configs:
         p = profile(CONFIGS[name], grid, repeats)
@@ -215,12 +238,15 @@ def main() -> None:
               f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
               flush=True)
     reference = normalize(profiles, keys, apply=args.normalize == "pinned")
+    serving = old.get("serving")
+    if args.normalize == "pinned":           # what is kept was expressed at the old reference: move it to the new one
+        serving = rebase(profiles, kept, serving, (old.get("host_probe") or {}), reference)
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
            "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, args.normalize == "pinned"),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
-           "profiles": profiles, **({"serving": old["serving"]} if "serving" in old else {})}   # serving.py's
+           "profiles": profiles, **({"serving": serving} if serving else {})}   # serving.py's
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} in {out['wall_s']:.0f} s (load average {out['loadavg_1m']:.1f})")

@@ -29,7 +29,9 @@ as the rounds before it.
 `--contention measured` (the round of protocol_contention.md) measures, before the first real run, how much slower
 this host's cores run when all are busy than alone (framework/core/host_probe.contention: the probe's work pinned to
 each core alone, then to all at once) and simulates with it (`sim.host_contention`); `none` (the default): 1, as the
-rounds before; a number: that factor.
+rounds before; a number: that factor; `engine` (the round of protocol_engine_contention.md) measures it on the engine's
+own steps, per kind (experiments/calibrate/contention.py: extend and decode steps alone, then beside another busy
+engine), before the first real run: `sim.host_contention_extend` and `sim.host_contention`.
 `--host-scale pinned` (the round of protocol_pinned.md) takes the host's speed around each real block
 (framework/core/host_probe.pinned: the probe's work on each core in turn, 1 s each, before and after the block, on the
 idle host) and simulates the block with every calibrated second scaled by their mean over the profile's reference
@@ -365,7 +367,8 @@ def main() -> None:
                     help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
-                         "real runs; with --resimulate: the stored run's), or a factor")
+                         "real runs), engine (experiments/calibrate/contention.py: per step kind), or a factor; "
+                         "with --resimulate, measured or engine: the stored run's")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -383,12 +386,15 @@ def main() -> None:
     t0 = time.time()
     host = host_check()
     reference_s = (host["profile"] or {}).get("pinned_s") if args.host_scale == "pinned" else None
-    if args.host_scale == "pinned" and reference_s is None:
-        sys.exit("--host-scale pinned: the calibration profile carries no reference speed (host_probe.pinned_s); "
-                 "re-profile with experiments/calibrate/run.py")
+    if args.host_scale == "pinned" and (reference_s is None or host["profile"].get("normalized") != "pinned"):
+        sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
+                 "normalized 'pinned'); re-profile with experiments/calibrate/run.py")
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    cores = contention() if args.contention == "measured" else None
-    if cores is not None:
+    cores = contention() if args.contention == "measured" else engine_contention() if args.contention == "engine" \
+        else None
+    if cores is not None and "extend" in cores:
+        print(f"engine contention: extend {cores['extend']:.3f}, decode {cores['contention']:.3f}", flush=True)
+    elif cores is not None:
         print(f"host contention: {cores['contention']:.3f} (the probe alone {[round(x * 1e3, 1) for x in cores['alone_s']]}"
               f" ms, together {[round(x * 1e3, 1) for x in cores['together_s']]} ms)", flush=True)
     sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
@@ -400,8 +406,8 @@ def main() -> None:
         print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
         repeats.append(cases)
     load["after"] = os.getloadavg()
-    if cores is not None:
-        cores["after"] = contention()             # a check of how it held over the run (not used)
+    if cores is not None:                         # a check of how it held over the run (not used)
+        cores["after"] = engine_contention() if args.contention == "engine" else contention()
     cells = combine(repeats)
     for c in cells:
         c["errors"] = errors(c)
@@ -417,7 +423,7 @@ def main() -> None:
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
                                         "inside_real_range", "errors", "host_background", "host_background_range",
-                                        "real", "sim")} for c in cells],
+                                        "host_scales", "real", "sim")} for c in cells],
            "host_scale": args.host_scale,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"],
@@ -430,12 +436,23 @@ def main() -> None:
           f"  ({out['wall_s']:.0f} s)")
 
 
+def engine_contention() -> dict:
+    """experiments/calibrate/contention.py's factors, measured now: ``contention`` (decode) and ``extend``."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/calibrate/contention.py")], check=True, cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    measured = json.loads(out.splitlines()[0])
+    return {**measured, "contention": measured["decode"], "alone_s": [], "together_s": []}
+
+
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
-    factor = cores["contention"] if cores else (1.0 if args.contention in ("none", "measured") else float(args.contention))
+    named = ("none", "measured", "engine")
+    factor = cores["contention"] if cores else (1.0 if args.contention in named else float(args.contention))
+    extend = [f"sim.host_contention_extend={cores['extend']:.4f}"] if cores and "extend" in cores else []
     return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
-            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}", f"sim.host_contention={factor:.4f}"]
+            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}",
+            f"sim.host_contention={factor:.4f}", *extend]
 
 
 def resimulate_main(args) -> None:
@@ -444,8 +461,11 @@ def resimulate_main(args) -> None:
     stored = json.loads(args.resimulate.read_text())
     out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
            "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
-    cores = stored.get("host_contention") if args.contention == "measured" else None
-    if args.contention == "measured" and not cores:
+    if args.host_scale == "pinned" and stored.get("host_scale") != "pinned":
+        sys.exit(f"--host-scale pinned: {args.resimulate} took no host speed around its blocks (run without "
+                 f"--host-scale pinned); give --host-scale none")
+    cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
+    if args.contention in ("measured", "engine") and not cores:
         sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
@@ -453,9 +473,10 @@ def resimulate_main(args) -> None:
         cells, text = resimulate(stored, sim_args, args.host_scale == "pinned")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
-        out["runs"][answers] = {"sim_args": sim_args, "table": text,
+        out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
+                                "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
-                                                              "errors")} for c in cells]}
+                                                              "errors", "host_scales")} for c in cells]}
     if args.resim_out is None:     # named by the run and the switches, so one re-simulation never overwrites another's
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)
         name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]

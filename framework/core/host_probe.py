@@ -72,19 +72,28 @@ def contention(seconds: float = 3.0) -> dict:
         return {"contention": 1.0, "cpus": cpus, "alone_s": [], "together_s": []}
 
     def start(cpu: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--seconds",
-                                 str(seconds)], stdout=subprocess.PIPE, text=True,
+        proc = subprocess.Popen([sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--seconds",
+                                 str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parents[2])
+        if proc.stdout.readline().strip() != "ready":                 # imported and warmed up
+            raise RuntimeError("the host probe pinned to a core did not start")
+        return proc
+
+    def go(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
+        for proc in procs:                                            # all start timing together
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return procs
 
     def mean_s(proc: subprocess.Popen) -> float:
-        out, _ = proc.communicate(timeout=120 + 10 * seconds)
+        out = proc.stdout.read()
+        proc.wait(timeout=120 + 10 * seconds)
         if proc.returncode:
             raise RuntimeError(f"the host probe pinned to a core failed (exit {proc.returncode})")
         return float(out)
 
-    alone = [mean_s(start(cpu)) for cpu in cpus]
-    procs = [start(cpu) for cpu in cpus]
-    together = [mean_s(p) for p in procs]
+    alone = [mean_s(go([start(cpu)])[0]) for cpu in cpus]
+    together = [mean_s(p) for p in go([start(cpu) for cpu in cpus])]
     return {"contention": statistics.fmean(together) / statistics.fmean(alone), "cpus": cpus, "alone_s": alone,
             "together_s": together}
 
@@ -120,6 +129,8 @@ def _pinned(cpu: int, seconds: float) -> float:
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
     _work()
+    print("ready", flush=True)                 # then timed once told to go: every core's window together
+    sys.stdin.readline()
     times, end = [], time.perf_counter() + seconds
     while not times or time.perf_counter() < end:
         times.append(_work())

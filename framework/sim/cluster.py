@@ -20,9 +20,11 @@ is in flight, and `background` busy processes of other work all along. How they 
   the sharing).
 With `host_contention` c > 1 (`sim.host_contention`), a busy core also runs slower the more cores are busy: by
 1 + (c - 1) (used - 1) / (cores - 1), used = min(busy, cores) (cores that share a physical core or its caches; this
-VM's two vCPUs: 1.2x with both busy). A price was measured with its own ranks busy (experiments/calibrate: one
+VM's two vCPUs: 0.93-1.25x with both busy, by the hour). A price was measured with its own ranks busy (experiments/calibrate: one
 instance alone), so an instance's steps stretch by that factor now over the factor at its ranks (min(size, cores)):
 a one-rank instance priced alone slows when the others are busy, a two-rank one on two cores was priced so already.
+`host_contention_extend` (when set) is the factor of steps that extend, `host_contention` then the decode steps'
+(this VM: the real engines' extend CPU rose 1.07x under load, their decode CPU 1.2-1.4x).
 
 Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
 decode instance alone, and moves the KV between them on the simulated links; the hooks here hand it the prefill
@@ -75,14 +77,16 @@ class _State:
     priced: list[float] | None = None             # ...and as the cost model priced them (what the instance counts)
     held: list = field(default_factory=list)      # arrivals during a run: queued when it ends, as the engine would
     left: float = 0.0                             # host_sharing=fair: the step's unstretched seconds still to run...
-    since: float = 0.0                            # ...as of this time
+    since: float = 0.0                            # ...as of this time, ...
+    speed: float = 1.0                            # ...at this speed against its price, ...
+    kind: str = "decode_cpu_s"                    # ...a step of this kind (STEP_CPU_KEYS)
 
 
 class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
-                 host_contention: float = 1.0):
+                 host_contention: float = 1.0, host_contention_extend: float | None = None):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -90,12 +94,12 @@ class Simulation:
         if host_sharing not in HOST_SHARING:
             raise ValueError(f"sim.host_sharing={host_sharing!r} is not one of {HOST_SHARING}")
         self.fair = bool(host_cores) and host_sharing == "fair"
-        if not host_contention > 0:
-            raise ValueError(f"sim.host_contention={host_contention} must be > 0 (1: cores that do not slow each other)")
-        self.contention = host_contention
-        # each instance's contention when it was priced (its own ranks busy): its steps stretch by the factor now / this
-        self.priced_slow = {name: self._slow(inst.size) for name, inst in instances.items()}
-        self.rate = 1.0                             # fair sharing: each busy process's speed now (cores / busy, <= 1)
+        extend = host_contention if host_contention_extend is None else host_contention_extend
+        for key, c in (("host_contention", host_contention), ("host_contention_extend", extend)):
+            if not c > 0:
+                raise ValueError(f"sim.{key}={c} must be > 0 (1: cores that do not slow each other)")
+        self.contention = {"decode_cpu_s": host_contention, "extend_cpu_s": extend}   # by step kind (STEP_CPU_KEYS)
+        self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
             self.ff = False                         # a run's steps would move with the sharing: one at a time
         self.state = {name: _State() for name in instances}
@@ -260,40 +264,49 @@ class Simulation:
         """The processes busy on the host now."""
         return self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
 
-    def _slow(self, busy: float) -> float:
-        """How much slower a busy core runs with ``busy`` processes busy than with one (``host_contention``)."""
-        if self.contention == 1.0 or self.cores < 2:
+    def _slow(self, busy: float, c: float) -> float:
+        """How much slower a busy core runs with ``busy`` processes busy than with one (``c``: its contention)."""
+        if c == 1.0 or self.cores < 2:
             return 1.0
         used = min(max(busy, 1.0), self.cores)
-        return 1.0 + (self.contention - 1.0) * (used - 1.0) / (self.cores - 1)
+        return 1.0 + (c - 1.0) * (used - 1.0) / (self.cores - 1)
+
+    def _speed(self, worker: str, kind: str, busy: float) -> float:
+        """A step of ``kind`` (a STEP_CPU_KEYS key) on ``worker``, with ``busy`` processes busy: its speed against its
+        price (the cores' share, and the contention now over the contention at its own ranks when it was priced)."""
+        c = self.contention[kind]
+        share = min(1.0, self.cores / busy) if busy > 0 else 1.0
+        return share * self._slow(self.instances[worker].size, c) / self._slow(busy, c)
 
     def _reshare(self, now: float) -> None:
         """host_sharing=fair, after each event: when the busy processes changed, every step in flight has run at the
         old speed until now and runs at the new one from here (its end event moves)."""
         busy = self._busy()
-        rate = min(1.0, self.cores / busy) / self._slow(busy) if busy > 0 else 1.0
-        if rate == self.rate:
+        if busy == self.shared_busy:
             return
+        self.shared_busy = busy
         for worker, st in self.state.items():
             if st.busy and st.left > 0:
-                priced = self.priced_slow[worker]          # (1 unless host_contention)
-                st.left = max(st.left - (now - st.since) * self.rate * priced, 0.0)
-                st.since = now
+                speed = self._speed(worker, st.kind, busy)
+                if speed == st.speed:
+                    continue
+                st.left = max(st.left - (now - st.since) * st.speed, 0.0)
+                st.since, st.speed = now, speed
                 st.version += 1
-                self.push(now + st.left / (rate * priced), STEP, worker, st.version)
-        self.rate = rate
+                self.push(now + st.left / speed, STEP, worker, st.version)
 
     def _start(self, now: float, worker: str) -> None:
         inst, st = self.instances[worker], self.state[worker]
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        busy = self._busy()
-        stretch = max(1.0, busy / self.cores) * self._slow(busy) / self.priced_slow[worker] if self.cores else 1.0
+        busy = self._busy()       # at_start: a step keeps the stretch of its start (a run: decode steps)
+        stretch = (lambda kind: 1.0 / self._speed(worker, kind, busy)) if self.cores else (lambda kind: 1.0)
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
             st.priced, host = inst.run_times(k), inst.run_host_s()
-            st.times = [(t + host) * stretch for t in st.priced]
+            run_stretch = stretch("decode_cpu_s")
+            st.times = [(t + host) * run_stretch for t in st.priced]
             st.run_start, st.ends = now, list(accumulate(st.times, initial=now))[1:]   # as steps one by one add up
             self.push(st.ends[-1], STEP, worker, st.version)
             return
@@ -305,11 +318,13 @@ class Simulation:
             st.busy = False
             self.busy_ranks -= inst.size
             return
-        if self.fair:                             # at this instant's speed; _reshare moves it if the sharing changes
-            st.left, st.since = d, now
-            self.push(now + d / (self.rate * self.priced_slow[worker]), STEP, worker, st.version)
+        kind = inst.step_kind
+        if self.fair:                             # at the sharing last set; _reshare moves it if the sharing changes
+            st.left, st.since, st.kind = d, now, kind
+            st.speed = self._speed(worker, kind, self.shared_busy)
+            self.push(now + d / st.speed, STEP, worker, st.version)
             return
-        self.push(now + d * stretch, STEP, worker, st.version)
+        self.push(now + d * stretch(kind), STEP, worker, st.version)
 
     def kick(self, now: float, worker: str) -> None:
         """Something freed room on an idle instance (a transfer let a prefill's KV go): let it step."""

@@ -60,6 +60,7 @@ class SimInstance:
         self.executor = CostExecutor(cost_model, self.answers, self._forward_done)
         self.forward_s = 0.0
         self.step_cpu = [dict.fromkeys(STEP_CPU_KEYS, 0.0) for _ in range(dp_size)]   # per DP group: priced, by kind
+        self.step_kind = "decode_cpu_s"     # the last step's kind (STEP_CPU_KEYS): how the host prices its sharing
         # EPLB's weight moves as the cost model prices them (`placement_moves`): forward passes so far, and the
         # moves' counters over them (the real path's MoEBackend.stats keys; absent when no experts are placed)
         self.forward_passes, self.placement = 0, {}
@@ -116,6 +117,7 @@ class SimInstance:
         self.forward_s += plan.seconds
         for spent, batch in zip(self.step_cpu, plan.batches):   # each group's ranks spend the step, as it counts there
             spent[step_cpu_key((batch,))] += plan.seconds
+        self.step_kind = step_cpu_key(plan.batches)             # the step's kind on the host (framework/sim/cluster.py)
         # the serving work of the arrivals since the last step before it, and of the tokens it samples after it
         pending, self.host_pending_s = self.host_pending_s, 0.0
         if self.token_host_s:

@@ -39,6 +39,7 @@ Only what was profiled can be priced: another model or config is refused with th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -148,10 +149,16 @@ def read_calibration(path: str) -> dict:
 def serving_cpu_s(path: str) -> tuple[float, float]:
     """The profile's HTTP worker CPU outside its steps (experiments/calibrate/serving.py): (per request, per answer
     token)."""
-    serving = read_calibration(path).get("serving")
+    data = read_calibration(path)
+    serving, stamp = data.get("serving"), data.get("host_probe") or {}
     if not serving:
         raise ValueError(f"sim.cost.serving=measured: {path} holds no serving measurement; measure it with "
                          f"experiments/calibrate/serving.py, or use sim.cost.serving=none")
+    at = serving.get("normalized_to_pinned_s")
+    if stamp.get("normalized") == "pinned" and not (at and math.isclose(at, stamp["pinned_s"])):
+        raise ValueError(f"sim.cost.serving=measured: {path}'s serving measurement is not at its profile's reference "
+                         f"speed ({at} against {stamp['pinned_s']} s): re-measure it with experiments/calibrate/"
+                         f"serving.py")
     return serving["request_cpu_s"], serving["token_cpu_s"]
 
 

@@ -2,6 +2,8 @@
 stamped profile not describe it."""
 from __future__ import annotations
 
+import pytest
+
 from framework.core.host_probe import TOLERANCE, mismatch, probe
 
 
@@ -31,7 +33,7 @@ def test_contention_pins_the_probe_to_each_core_alone_then_to_all():
         assert out["contention"] == 1.0
         return
     assert out["cpus"] == cpus and len(out["alone_s"]) == len(out["together_s"]) == len(cpus)
-    assert out["contention"] == sum(out["together_s"]) / sum(out["alone_s"]) > 0
+    assert out["contention"] == pytest.approx(sum(out["together_s"]) / sum(out["alone_s"])) and out["contention"] > 0
 
 
 def test_a_stamp_with_a_pinned_speed_is_checked_pinned():

@@ -24,6 +24,8 @@ def test_host_scale_multiplies_every_priced_second_and_one_is_the_default():
         assert slow.step_time(step) == pytest.approx(1.37 * plain.step_time(step))
     run_plain, run_slow = plain.decode_times((6,), (1200,), 5), slow.decode_times((6,), (1200,), 5)
     assert run_slow == pytest.approx([1.37 * t for t in run_plain])
+    groups_plain, groups_slow = plain.decode_times((3, 2), (500, 900), 4), slow.decode_times((3, 2), (500, 900), 4)
+    assert groups_slow == pytest.approx([1.37 * t for t in groups_plain])            # a run over several groups
     assert run_plain[0] == pytest.approx(plain.step_time(steps[1]))   # a run prices its steps as step_time does
     assert all(s == pytest.approx(1.37 * p) for s, p in zip(slow.serving_host_s(), plain.serving_host_s()))
     assert min(plain.serving_host_s()) > 0
@@ -63,3 +65,19 @@ def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_b
     cpus = os.sched_getaffinity(0)
     assert pinned(0.02) > 0
     assert os.sched_getaffinity(0) == cpus
+
+
+def test_what_a_new_profile_keeps_is_moved_to_its_reference_speed(capsys):
+    import importlib.util
+    from framework.core.paths import REPO_ROOT
+    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    kept = {"old": {"prefill": {"seconds": [[1.0]], "seconds_median": [[2.0]]}, "decode": {"seconds": [[4.0]]}}}
+    serving = {"request_cpu_s": 0.002, "token_cpu_s": 0.0004, "normalized_to_pinned_s": 0.010}
+    moved = calibrate.rebase(kept, {"old"}, serving, {"normalized": "pinned", "pinned_s": 0.010}, 0.015)
+    assert kept["old"]["prefill"]["seconds_median"][0][0] == pytest.approx(3.0)
+    assert kept["old"]["decode"]["seconds"][0][0] == pytest.approx(6.0)
+    assert moved["request_cpu_s"] == pytest.approx(0.003) and moved["normalized_to_pinned_s"] == 0.015
+    assert calibrate.rebase({}, set(), serving, {"normalized": "none", "probe_s": 0.01}, 0.015) is None
+    assert "re-measure it with experiments/calibrate/serving.py" in capsys.readouterr().out

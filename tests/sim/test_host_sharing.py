@@ -40,7 +40,8 @@ def test_an_unknown_host_sharing_is_refused_with_the_choices():
 
 def _profile_with_serving(tmp_path, per_request: float, per_token: float):
     data = json.loads((REPO_ROOT / DEFAULT_PATH).read_text())
-    data["serving"] = {"request_cpu_s": per_request, "token_cpu_s": per_token}
+    data["serving"] = {"request_cpu_s": per_request, "token_cpu_s": per_token,      # at the profile's reference speed
+                       "normalized_to_pinned_s": data["host_probe"].get("pinned_s")}
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(data))
     return path
@@ -109,12 +110,40 @@ def test_contention_slows_a_rank_priced_alone_by_its_factor_once_every_core_is_b
     assert halfway == pytest.approx([1.25 * t for t in _latencies(base + ["sim.host_background=0.5"])])
 
 
-def test_contention_leaves_an_instance_priced_with_its_ranks_on_every_core_as_priced():
-    """A two-rank instance on 2 cores was profiled with both busy: its steps already hold the contention."""
-    tp = EXACT + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "cluster.http=false"]
-    assert _latencies(tp + ["sim.host_contention=1.5"]) == _latencies(tp)
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
+@pytest.mark.parametrize("background", [0, 1])
+def test_contention_leaves_an_instance_priced_with_its_ranks_on_every_core_as_priced(sharing, background):
+    """A two-rank instance on 2 cores was profiled with both busy: its steps already hold the contention (beside a
+    busy process of other work too: the cores are then shared, not slower)."""
+    tp = EXACT + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "cluster.http=false",
+                  f"sim.host_sharing={sharing}", f"sim.host_background={background}"]
+    assert _latencies(tp + ["sim.host_contention=1.5"]) == pytest.approx(_latencies(tp))
 
 
 def test_a_contention_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match=r"host_contention=0.0 must be > 0"):
         simulate(compose(EXACT + ["sim.host_contention=0"]))
+
+
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
+def test_extend_steps_take_their_own_contention(sharing):
+    """host_contention_extend: steps that extend slow by their own factor, decode steps by host_contention's. One
+    request at a time beside one busy process on 2 cores: its first token (the extend step) at 1.2x, the rest of it
+    (decode steps) at 1.5x."""
+    base = EXACT + [f"sim.host_sharing={sharing}", "sim.host_background=1"]
+    plain = simulate(compose(base))[1]
+    split = simulate(compose(base + ["sim.host_contention=1.5", "sim.host_contention_extend=1.2"]))[1]
+    for p, s in zip(plain, split):
+        assert s.ttft_s == pytest.approx(1.2 * p.ttft_s)
+        assert s.e2e_s - s.ttft_s == pytest.approx(1.5 * (p.e2e_s - p.ttft_s))
+    with pytest.raises(ValueError, match=r"host_contention_extend=-1.0 must be > 0"):
+        simulate(compose(base + ["sim.host_contention_extend=-1"]))
+
+
+def test_a_serving_measurement_at_another_reference_speed_is_refused(tmp_path):
+    path = _profile_with_serving(tmp_path, 0.004, 0.0005)
+    data = json.loads(path.read_text())
+    data["serving"]["normalized_to_pinned_s"] = data["host_probe"]["pinned_s"] * 1.5    # kept from an older profile
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"not at its profile's reference speed.*experiments/calibrate/serving.py"):
+        simulate(compose(ONE_BY_ONE + [f"sim.cost.path={path}", "sim.cost.serving=measured"]))
