@@ -120,6 +120,14 @@ def test_contention_leaves_an_instance_priced_with_its_ranks_on_every_core_as_pr
     assert _latencies(tp + ["sim.host_contention=1.5"]) == pytest.approx(_latencies(tp))
 
 
+def test_a_two_rank_step_re_timed_mid_step_keeps_its_priced_contention():
+    """Two two-rank instances on 2 cores: the sharing changes in the middle of one's steps as the other starts and
+    stops (fair sharing re-times them), and both still run at their priced contention."""
+    tp = EXACT + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "sim.host_sharing=fair", "cluster.instances=2",
+                  "workload.max_concurrency=3", "router=round_robin"]
+    assert _latencies(tp + ["sim.host_contention=1.5"]) == pytest.approx(_latencies(tp))
+
+
 def test_a_contention_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match=r"host_contention=0.0 must be > 0"):
         simulate(compose(EXACT + ["sim.host_contention=0"]))
