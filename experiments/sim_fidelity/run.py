@@ -392,11 +392,9 @@ def main() -> None:
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
     cores = contention() if args.contention == "measured" else engine_contention() if args.contention == "engine" \
         else None
-    if cores is not None and "extend" in cores:
-        print(f"engine contention: extend {cores['extend']:.3f}, decode {cores['contention']:.3f}", flush=True)
-    elif cores is not None:
-        print(f"host contention: {cores['contention']:.3f} (the probe alone {[round(x * 1e3, 1) for x in cores['alone_s']]}"
-              f" ms, together {[round(x * 1e3, 1) for x in cores['together_s']]} ms)", flush=True)
+    if cores is not None:
+        decode, extend = factors(cores)
+        print(f"contention ({args.contention}): decode steps {decode:.3f}, extend steps {extend:.3f}", flush=True)
     sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
     repeats = []
     for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
@@ -437,22 +435,26 @@ def main() -> None:
 
 
 def engine_contention() -> dict:
-    """experiments/calibrate/contention.py's factors, measured now: ``contention`` (decode) and ``extend``."""
+    """experiments/calibrate/contention.py's factors, measured now: ``decode`` and ``extend``."""
     out = subprocess.run([sys.executable, str(ROOT / "experiments/calibrate/contention.py")], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
-    measured = json.loads(out.splitlines()[0])
-    return {**measured, "contention": measured["decode"], "alone_s": [], "together_s": []}
+    return json.loads(out.splitlines()[0])
+
+
+def factors(cores: dict) -> tuple[float, float]:
+    """(decode, extend) contention from a measurement: contention.py's per kind, or host_probe's one for both."""
+    decode = cores.get("decode", cores.get("contention"))
+    return decode, cores.get("extend", decode)
 
 
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
-    named = ("none", "measured", "engine")
-    factor = cores["contention"] if cores else (1.0 if args.contention in named else float(args.contention))
-    extend = [f"sim.host_contention_extend={cores['extend']:.4f}"] if cores and "extend" in cores else []
+    factor = 1.0 if args.contention in ("none", "measured", "engine") else float(args.contention)
+    decode, extend = factors(cores) if cores else (factor, factor)
     return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
             f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}",
-            f"sim.host_contention={factor:.4f}", *extend]
+            f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"]
 
 
 def resimulate_main(args) -> None:

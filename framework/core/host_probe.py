@@ -113,10 +113,7 @@ def pinned(seconds: float = 0.3) -> float:
         for cpu in sorted(cpus):
             os.sched_setaffinity(0, {cpu})
             _work()                                                    # warm-up on this core
-            times, end = [], time.perf_counter() + seconds
-            while not times or time.perf_counter() < end:
-                times.append(_work())
-            means.append(statistics.fmean(times))
+            means.append(_window(seconds))
     finally:
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(threads)
@@ -131,6 +128,11 @@ def _pinned(cpu: int, seconds: float) -> float:
     _work()
     print("ready", flush=True)                 # then timed once told to go: every core's window together
     sys.stdin.readline()
+    return _window(seconds)
+
+
+def _window(seconds: float) -> float:
+    """The probe's work repeated for ``seconds`` (at least once): its mean time."""
     times, end = [], time.perf_counter() + seconds
     while not times or time.perf_counter() < end:
         times.append(_work())

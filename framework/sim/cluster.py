@@ -278,6 +278,10 @@ class Simulation:
         share = min(1.0, self.cores / busy) if busy > 0 else 1.0
         return share * self._slow(self.instances[worker].size, c) / self._slow(busy, c)
 
+    def _stretch(self, worker: str, kind: str, busy: float) -> float:
+        """sharing=at_start: a step of ``kind`` on ``worker`` keeps the stretch of the busy processes at its start."""
+        return 1.0 / self._speed(worker, kind, busy) if self.cores else 1.0
+
     def _reshare(self, now: float) -> None:
         """host_sharing=fair, after each event: when the busy processes changed, every step in flight has run at the
         old speed until now and runs at the new one from here (its end event moves)."""
@@ -300,13 +304,12 @@ class Simulation:
         if not st.busy:
             self.busy_ranks += inst.size
         st.busy = True
-        busy = self._busy()       # at_start: a step keeps the stretch of its start (a run: decode steps)
-        stretch = (lambda kind: 1.0 / self._speed(worker, kind, busy)) if self.cores else (lambda kind: 1.0)
+        busy = self._busy()
         k = min(inst.run_ahead(), MAX_RUN) if self.ff else 0
         if k >= 2:
             st.priced, host = inst.run_times(k), inst.run_host_s()
-            run_stretch = stretch("decode_cpu_s")
-            st.times = [(t + host) * run_stretch for t in st.priced]
+            stretch = self._stretch(worker, "decode_cpu_s", busy)     # a run: decode steps
+            st.times = [(t + host) * stretch for t in st.priced]
             st.run_start, st.ends = now, list(accumulate(st.times, initial=now))[1:]   # as steps one by one add up
             self.push(st.ends[-1], STEP, worker, st.version)
             return
@@ -324,7 +327,7 @@ class Simulation:
             st.speed = self._speed(worker, kind, self.shared_busy)
             self.push(now + d / st.speed, STEP, worker, st.version)
             return
-        self.push(now + d * stretch(kind), STEP, worker, st.version)
+        self.push(now + d * self._stretch(worker, kind, busy), STEP, worker, st.version)
 
     def kick(self, now: float, worker: str) -> None:
         """Something freed room on an idle instance (a transfer let a prefill's KV go): let it step."""

@@ -179,7 +179,10 @@ class CalibratedCost(CostModel):
             raise ValueError(f"sim.cost.point={cfg.point}: the profile {cfg.path} holds only each point's fastest "
                              f"repeat (profiled before medians were kept); re-profile with "
                              f"experiments/calibrate/run.py, or use sim.cost.point=fastest")
-        pre_s, dec_s = pre[key], dec[key]
+        if not cfg.host_scale > 0:
+            raise ValueError(f"sim.cost.host_scale={cfg.host_scale} must be > 0 (the host's probe now / at profiling)")
+        scale = cfg.host_scale       # every price below follows the measured seconds: scaled here, once
+        pre_s, dec_s = ([[s * scale for s in row] for row in grid[key]] for grid in (pre, dec))
         self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre_s)
         self.decode = Fit(DECODE_TERMS, dec["batch"], dec["context"], dec_s)
         self._pc, self._dc = self.prefill.coef, self.decode.coef
@@ -190,11 +193,8 @@ class CalibratedCost(CostModel):
         self.per_request = cfg.extend == "per_request"
         if cfg.serving not in SERVING:
             raise ValueError(f"sim.cost.serving={cfg.serving!r} is not one of {SERVING}")
-        if not cfg.host_scale > 0:
-            raise ValueError(f"sim.cost.host_scale={cfg.host_scale} must be > 0 (the host's probe now / at profiling)")
-        self.scale = cfg.host_scale
         request_s, token_s = serving_cpu_s(cfg.path) if cfg.serving == "measured" else (0.0, 0.0)
-        self._serving = (request_s * self.scale, token_s * self.scale)
+        self._serving = (request_s * scale, token_s * scale)
         self._prefill_time = partial(prefill_time, self._pc)
         self._decode_time = partial(decode_time, self._dc)
         if cfg.between == "grid":  # the measured points, with the fit past them
@@ -216,7 +216,7 @@ class CalibratedCost(CostModel):
                 if self.per_request and n > 1:
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
-        return t * self.scale
+        return t
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving
@@ -230,9 +230,9 @@ class CalibratedCost(CostModel):
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
                      graph: bool = False) -> list[float]:
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
-        groups, price, scale = len(sizes), self._decode_time, self.scale
+        groups, price = len(sizes), self._decode_time
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]
         if len(busy) == 1:
             (b, n, c), = busy
-            return [price(b, (c + j * n) / n) * scale for j in range(k)]
-        return [max(price(b, (c + j * n) / n) for b, n, c in busy) * scale for j in range(k)]
+            return [price(b, (c + j * n) / n) for j in range(k)]
+        return [max(price(b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
