@@ -74,7 +74,7 @@ def child(router: str, replays: int, record: str | None, opcodes: bool, parts: b
     import test_policy_state_replay as replay  # the operator's replay scenario: its trace and cluster
     from framework.sim.router import SimRouter
 
-    def send(self, text, token_ids, now):  # as the HTTP router: the text only
+    def send(self, text, token_ids, now, max_new_tokens=None):  # as the HTTP router: the text only
         self.now = now
         att = self.core.dispatch(text)
         return att, self.core.hold(att)
