@@ -24,6 +24,7 @@ def test_another_speed_another_cpu_or_no_stamp_each_named():
     assert "experiments/calibrate/run.py" in no_stamp
 
 
+@pytest.mark.long      # ~12 s on this host: four processes that each import torch
 def test_contention_pins_the_probe_to_each_core_alone_then_to_all():
     import os
     from framework.core.host_probe import contention
