@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import resource
 import statistics
@@ -241,10 +242,12 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
         sim = {k: spread([r["sim"].get(k) for r in runs]) for k in keys}
         inside = {k: (real[k]["min"] is not None and sim[k]["median"] is not None
                       and real[k]["min"] <= sim[k]["median"] <= real[k]["max"]) for k in JUDGED}
+        below = {k: (None if sim[k]["median"] is None else
+                     sum(v < sim[k]["median"] for r in runs if (v := r["real"].get(k)) is not None)) for k in JUDGED}
         bg = [r["host_background"] for r in runs]
         scales = [r.get("host_scale", 1.0) for r in runs]
         out.append({"case": name, "study": runs[0]["study"], "overrides": runs[0]["overrides"], "repeats": len(runs),
-                    "real_spread": real, "sim_spread": sim, "inside_real_range": inside,
+                    "real_spread": real, "sim_spread": sim, "inside_real_range": inside, "real_below_sim": below,
                     "host_background": statistics.median(bg), "host_background_range": [min(bg), max(bg)],
                     "host_scales": scales,
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
@@ -274,9 +277,26 @@ def range_table(cells: list[dict], load: dict) -> str:
     lines.append(f"simulated median inside the real range: throughput {inside['output_throughput_tok_s']}/"
                  f"{len(cells)}, TTFT p50 {inside['ttft_p50_ms']}/{len(cells)}, hit rate "
                  f"{inside['cache_hit_rate']}/{len(cells)} (`!`: outside)")
+    lines.append(chance_line(cells))
     lines.append(f"host load average (1 min) before / after: {load['before'][0]:.2f} / {load['after'][0]:.2f} on "
                  f"{load['cores']} cores; bg procs: other work's busy processes measured during the real runs")
     return "\n".join(lines)
+
+
+def chance_line(cells: list[dict]) -> str:
+    """What the range test can say at this many repeats: a simulator with no bias, whose median lies at the real
+    runs' own median, falls inside the range of n independent real repeats with probability 1 - 2^(1-n) (outside only
+    when all n fall on one side), so every varying figure at once with that to the power of their count (a figure
+    equal in every real run, a hit rate of 0, is inside or not by the model alone). And where each simulated median
+    fell: how many real repeats lie below it (0 or n: outside)."""
+    varying = [(c, k) for c in cells for k in JUDGED if c["real_spread"][k]["min"] != c["real_spread"][k]["max"]]
+    ns = [c["real_spread"][k]["n"] for c, k in varying]
+    p_all = math.prod(1 - 2.0 ** (1 - n) for n in ns)
+    ranks = "; ".join(f"{c['case']} " + "/".join("-" if c.get("real_below_sim", {}).get(k) is None
+                                                  else str(c["real_below_sim"][k]) for k in JUDGED) for c in cells)
+    return (f"a simulator with no bias lands inside each range with probability 1 - 2^(1-n) ({len(varying)} varying "
+            f"figures, n = {min(ns, default=0)}-{max(ns, default=0)} repeats: all at once {p_all:.0%}); real repeats "
+            f"below the simulated median (throughput/TTFT p50/hit rate): {ranks}")
 
 
 def work_table(cells: list[dict]) -> str:
@@ -420,7 +440,7 @@ def main() -> None:
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
-                                        "inside_real_range", "errors", "host_background", "host_background_range",
+                                        "inside_real_range", "real_below_sim", "errors", "host_background", "host_background_range",
                                         "host_scales", "real", "sim")} for c in cells],
            "host_scale": args.host_scale,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
