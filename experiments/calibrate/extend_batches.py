@@ -8,6 +8,7 @@ batch of them is priced (issue 19, item 9). Each shape: k requests of n new toke
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -63,4 +64,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

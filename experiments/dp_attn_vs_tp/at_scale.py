@@ -11,6 +11,7 @@ Prints the table, writes results_at_scale.json and at_scale.png beside this file
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -90,4 +91,5 @@ def plot(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

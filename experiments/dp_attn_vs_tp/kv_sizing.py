@@ -9,6 +9,7 @@ on H200s and H100s with SGLang v0.4's mem_fraction_static for 8 ranks (0.81 of t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -68,4 +69,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

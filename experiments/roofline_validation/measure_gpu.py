@@ -10,9 +10,9 @@ layers stream their weights from HBM), and `l2`, every copy reading the same wei
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 
 import torch
 
@@ -92,4 +92,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the JSON file to write")
+    main(ap.parse_args().out)

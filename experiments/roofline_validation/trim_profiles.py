@@ -8,10 +8,10 @@ kept; the row index, `rank` and `max_devices_per_node` columns are dropped. Outp
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import gzip
 import io
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,4 +43,6 @@ def main(src: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src_dir", type=Path, help="Vidur's profiles, renamed as above")
+    main(ap.parse_args().src_dir)

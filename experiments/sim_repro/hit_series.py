@@ -9,6 +9,7 @@ hit_series.md and plots/hit_series.png here.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -88,4 +89,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -29,6 +29,7 @@ and writes loads/sglang_blog_decode_balancedness.json (the steps read, their mea
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -120,4 +121,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
