@@ -12,7 +12,10 @@ The real runs share 2 CPU cores (and the machine with other work), so the simula
 interleaved (repeat k: the real runs, then their simulations with the background load measured during them), and
 each cell is judged against its real runs' own spread (issue 19, item 9): every simulated median must lie inside the
 real repeats' range [min, max] for output throughput, TTFT p50 and the cache hit rate; a median outside is flagged.
-The older targets (within 10% on throughput and TTFT p50, 0.02 on the hit rate, of the real median) are printed too.
+The older targets (within 10% on throughput and TTFT p50, 0.02 on the hit rate, of the real median) are printed too,
+and so are, per figure, the real repeats below the simulated median (0 or n: outside; the same count round after round:
+a bias) and the chance a simulator with no bias has of passing at this many repeats (1 - 2^(1-n) per figure: judge on
+7 or more; at 3, every varying figure at once passes 1 time in 100).
 The host's load average is recorded beside the table. Prints the table, writes results.json and sim_vs_real.png
 beside this file (or --out).
 
