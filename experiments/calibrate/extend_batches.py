@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
-from run import CONFIGS, ROOT, _serve, _text  # noqa: E402
+from run import CONFIGS, _serve, _text  # noqa: E402
 from framework.config import compose  # noqa: E402
 from framework.contracts.cost import BatchShape, Step  # noqa: E402
 from framework.core.host_probe import pinned  # noqa: E402
@@ -32,7 +32,7 @@ from framework.instance.client import open_engine  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.runs.sim import cost_instance  # noqa: E402
-from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s  # noqa: E402
 
 SHAPES = [(1, 512, 0), (2, 256, 0), (4, 128, 0), (8, 64, 0), (4, 64, 0), (2, 64, 0),     # (requests, new, prefix)
           (1, 104, 512), (2, 104, 512), (4, 104, 512), (4, 104, 256), (2, 256, 256)]   # each one step (<= 512 new)
@@ -46,8 +46,7 @@ def main() -> None:
     inst = cost_instance(cfg)
     prices = {(b, e): COST.build("calibrated", COST.get("calibrated").Config(between=b, extend=e), inst)
               for b in ("fit", "grid") for e in ("batch", "per_request")}
-    stamp = json.loads((ROOT / DEFAULT_PATH).read_text()).get("host_probe") or {}
-    reference = stamp["pinned_s"] if stamp.get("normalized") == "pinned" else None
+    reference = reference_pinned_s(read_calibration(DEFAULT_PATH).get("host_probe"))
     handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, 0))
     face, rng, rows = SyncFace(handle), random.Random(5), []
     try:

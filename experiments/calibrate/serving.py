@@ -31,7 +31,7 @@ from framework.config import compose  # noqa: E402
 from framework.core.host_probe import pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import WORKLOAD  # noqa: E402
-from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH, reference_pinned_s  # noqa: E402
 
 OUTPUTS = (8, 32)            # answer tokens: the two points of the line
 BASE = ["cluster.instances=1", "router=round_robin", "router.port=0", "logger.mode=disabled", "seed=0",
@@ -61,8 +61,7 @@ def main() -> None:
                        + (["workload.input_len=32"] if args.quick else [])) for o in OUTPUTS}
     t0, host = time.perf_counter(), probe()
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
-    stamp = data.get("host_probe") or {}
-    ref = stamp.get("pinned_s") if stamp.get("normalized") == "pinned" else None    # the profile's reference speed
+    ref = reference_pinned_s(data.get("host_probe"))
     raw: dict[int, list[float]] = {o: [] for o in OUTPUTS}
     speeds: list[float] = []
     cluster = Cluster(cfgs[OUTPUTS[0]])

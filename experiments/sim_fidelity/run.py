@@ -295,8 +295,8 @@ def chance_line(cells: list[dict]) -> str:
     varying = [(c, k) for c in cells for k in JUDGED if c["real_spread"][k]["min"] != c["real_spread"][k]["max"]]
     ns = [c["real_spread"][k]["n"] for c, k in varying]
     p_all = math.prod(1 - 2.0 ** (1 - n) for n in ns)
-    ranks = "; ".join(f"{c['case']} " + "/".join("-" if c.get("real_below_sim", {}).get(k) is None
-                                                  else str(c["real_below_sim"][k]) for k in JUDGED) for c in cells)
+    ranks = "; ".join(f"{c['case']} " + "/".join("-" if (b := c["real_below_sim"][k]) is None else str(b)
+                                                  for k in JUDGED) for c in cells)
     return (f"a simulator with no bias lands inside each range with probability 1 - 2^(1-n) ({len(varying)} varying "
             f"figures, n = {min(ns, default=0)}-{max(ns, default=0)} repeats: all at once {p_all:.0%}); real repeats "
             f"below the simulated median (throughput/TTFT p50/hit rate): {ranks}")
@@ -326,15 +326,15 @@ def work_table(cells: list[dict]) -> str:
 def host_check() -> dict:
     """The calibration profile's host stamp against this host now: simulated seconds compare with real ones only
     when they match (the profile prices steps in its host's seconds)."""
-    from plugins.cost.calibrated import DEFAULT_PATH
-    stamp = json.loads((ROOT / DEFAULT_PATH).read_text()).get("host_probe")
+    from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s
+    stamp = read_calibration(DEFAULT_PATH).get("host_probe")
     now = probe()
     if stamp and stamp.get("pinned_s"):          # the profile's reference speed: compared pinned, as it was taken
         now["pinned_s"] = pinned(PINNED_S)
     problems = mismatch(stamp, now)
     for p in problems:
         print(f"WARNING: the calibration profile ({DEFAULT_PATH}) may not describe this host: {p}", flush=True)
-    return {"profile": stamp, "now": now, "problems": problems}
+    return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp)}
 
 
 def host_line(host: dict) -> str:
@@ -408,8 +408,8 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.time()
     host = host_check()
-    reference_s = (host["profile"] or {}).get("pinned_s") if args.host_scale == "pinned" else None
-    if args.host_scale == "pinned" and (reference_s is None or host["profile"].get("normalized") != "pinned"):
+    reference_s = host["reference_s"] if args.host_scale == "pinned" else None
+    if args.host_scale == "pinned" and reference_s is None:
         sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
                  "normalized 'pinned'); re-profile with experiments/calibrate/run.py")
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}

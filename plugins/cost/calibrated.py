@@ -146,18 +146,26 @@ def read_calibration(path: str) -> dict:
     return json.loads(p.read_text())
 
 
+def reference_pinned_s(stamp: dict | None) -> float | None:
+    """The speed a profile's seconds are expressed at (framework/core/host_probe.pinned's seconds), from its host stamp
+    (its ``host_probe``), when experiments/calibrate normalized them to one (``--normalize pinned``); None: they are at
+    their host's speed then."""
+    stamp = stamp or {}
+    return stamp.get("pinned_s") if stamp.get("normalized") == "pinned" else None
+
+
 def serving_cpu_s(path: str) -> tuple[float, float]:
     """The profile's HTTP worker CPU outside its steps (experiments/calibrate/serving.py): (per request, per answer
     token)."""
     data = read_calibration(path)
-    serving, stamp = data.get("serving"), data.get("host_probe") or {}
+    serving, reference = data.get("serving"), reference_pinned_s(data.get("host_probe"))
     if not serving:
         raise ValueError(f"sim.cost.serving=measured: {path} holds no serving measurement; measure it with "
                          f"experiments/calibrate/serving.py, or use sim.cost.serving=none")
     at = serving.get("normalized_to_pinned_s")
-    if stamp.get("normalized") == "pinned" and not (at and math.isclose(at, stamp["pinned_s"])):
+    if reference is not None and not (at and math.isclose(at, reference)):
         raise ValueError(f"sim.cost.serving=measured: {path}'s serving measurement is not at its profile's reference "
-                         f"speed ({at} against {stamp['pinned_s']} s): re-measure it with experiments/calibrate/"
+                         f"speed ({at} against {reference} s): re-measure it with experiments/calibrate/"
                          f"serving.py")
     return serving["request_cpu_s"], serving["token_cpu_s"]
 

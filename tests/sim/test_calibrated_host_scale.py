@@ -81,3 +81,10 @@ def test_what_a_new_profile_keeps_is_moved_to_its_reference_speed(capsys):
     assert moved["request_cpu_s"] == pytest.approx(0.003) and moved["normalized_to_pinned_s"] == 0.015
     assert calibrate.rebase({}, set(), serving, {"normalized": "none", "probe_s": 0.01}, 0.015) is None
     assert "re-measure it with experiments/calibrate/serving.py" in capsys.readouterr().out
+
+
+def test_a_profiles_reference_speed_is_read_only_where_its_points_were_normalized_to_it():
+    from plugins.cost.calibrated import reference_pinned_s
+    assert reference_pinned_s({"pinned_s": 0.012, "normalized": "pinned"}) == 0.012
+    assert reference_pinned_s({"pinned_s": 0.012}) is None          # stamped, but its seconds are as measured
+    assert reference_pinned_s(None) is None                          # no stamp at all
