@@ -25,6 +25,14 @@ own and its 3 neighbours' each side in measuring order (`pinned_s_smoothed`). Th
 (`*_raw`, with each point's own in `pinned_s`). `--normalize none` keeps them as measured (the profiles before
 2026-12-03), stamped with the reference all the same.
 
+A step of several ranks is mostly waiting: on this VM one small all-reduce over gloo takes ~2 ms, and a two-rank
+step of the tiny model waits on ~12 of them (~25 ms of ~36), a latency that moves apart from the compute probe's
+speed. So before each point the host is taken with framework/core/host_probe.Cores (its speed alone, with every core
+busy, and one all-reduce's latency), the instance's collectives are counted over the point's steps, and a config of
+several ranks is split: its waits (collectives per step x latency) come off each point and only the compute is
+rescaled to the reference speed; plugins/cost/calibrated.py adds the waits back at the latency of the host it prices
+(`sim.cost.collective_s`).
+
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
 
@@ -49,7 +57,7 @@ from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.engine.request import Req, SamplingParams  # noqa: E402
-from framework.core.host_probe import mismatch, pinned, probe  # noqa: E402
+from framework.core.host_probe import Cores, mismatch, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.registry import PARALLELISM  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, config_key  # noqa: E402
@@ -67,6 +75,7 @@ QUICK = {"new": [8, 64], "prefix": [0, 64], "batch": [1, 4], "context": [32, 128
 DECODE_TOKENS = 16
 SMOOTH = 3              # neighbours each side whose speeds, with the point's own, give the host's speed at a point
 POINT_PINNED_S = 0.3    # seconds of the probe's work on each core before each point
+WAIT_FLOOR = 0.05       # a point whose waits on collectives seem to take it all keeps this share as its compute
 
 
 def config_key_of(name: str) -> str:
@@ -94,13 +103,21 @@ def _serve(face: SyncFace, prompts: list[list[int]], max_new: int) -> list[list[
     return [[start] + times[r.rid] for r in reqs]
 
 
-def _probed(measure, speeds: list[float]):
-    """``measure()``, after taking the host's speed (appended to ``speeds``)."""
-    speeds.append(pinned(POINT_PINNED_S))
-    return measure()
+def _probed(measure, handle, cores: Cores, speeds: list[dict]):
+    """``measure()``, after taking the host's speed, alone and with every core busy, and its collectives' latency
+    (host_probe.Cores), appended to ``speeds`` with the collectives the instance waited on per step meanwhile."""
+    host = cores.measure(POINT_PINNED_S)
+    before = handle.stats()
+    out = measure()
+    after = handle.stats()
+    steps = after["steps"] - before["steps"]
+    host["collectives_per_step"] = (after.get("collectives", 0) - before.get("collectives", 0)) / steps if steps \
+        else 0.0
+    speeds.append(host)
+    return out
 
 
-def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> dict:
+def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: int = 0) -> dict:
     cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])   # the largest batch fits
     handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
     face, rng = SyncFace(handle), random.Random(seed)
@@ -108,16 +125,16 @@ def profile(overrides: list[str], grid: dict, repeats: int, seed: int = 0) -> di
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
         dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
         pre_speeds, dec_speeds = [], []
-        prefill = [[_probed(lambda: [_prefill(face, rng, n, p, dp) for _ in range(repeats)], pre_speeds)
-                    for p in grid["prefix"]] for n in grid["new"]]
-        decode = [[_probed(lambda: [_decode(face, rng, b, c) for _ in range(repeats)], dec_speeds)
+        prefill = [[_probed(lambda: [_prefill(face, rng, n, p, dp) for _ in range(repeats)], handle, cores,
+                            pre_speeds) for p in grid["prefix"]] for n in grid["new"]]
+        decode = [[_probed(lambda: [_decode(face, rng, b, c) for _ in range(repeats)], handle, cores, dec_speeds)
                    for c in grid["context"]] for b in grid["batch"]]
     finally:
         handle.close()
         handle.terminate()
     return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
-            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, _rows(pre_speeds, prefill))},
-            "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode, _rows(dec_speeds, decode))}}
+            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, pre_speeds)},
+            "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode, dec_speeds)}}
 
 
 def _rows(flat: list[float], shape: list[list]) -> list[list[float]]:
@@ -126,35 +143,54 @@ def _rows(flat: list[float], shape: list[list]) -> list[list[float]]:
     return [[next(it) for _ in row] for row in shape]
 
 
-def _points(repeats: list[list[list[float]]], speeds: list[list[float]] | None = None) -> dict:
-    """Each point's fastest repeat (`seconds`) and median (`seconds_median`): sim.cost.point picks one; and the host's
-    speed before it (`pinned_s`: ``normalize`` rescales by it once every config is measured)."""
+def _points(repeats: list[list[list[float]]], speeds: list[dict] | None = None) -> dict:
+    """Each point's fastest repeat (`seconds`) and median (`seconds_median`): sim.cost.point picks one; and the host
+    before it (``_probed``, flat in measuring order): its speed (`pinned_s`), how much slower its cores ran all busy
+    than alone (`contention`: recorded), one collective's latency (`collective_s`) and the collectives per step
+    (`collectives_per_step`), which ``normalize`` uses once every config is measured."""
     out = {"seconds": [[min(r) for r in row] for row in repeats],
            "seconds_median": [[statistics.median(r) for r in row] for row in repeats]}
-    if speeds is not None:
-        out["pinned_s"] = speeds
+    for key in ("pinned_s", "contention", "collective_s", "collectives_per_step"):
+        if speeds is not None and key in speeds[0]:
+            out[key] = _rows([m[key] for m in speeds], repeats)
     return out
+
+
+def _smoothed(flat: list[float]) -> list[float]:
+    """Each of a measuring order's values as the mean of its own and its SMOOTH neighbours' each side."""
+    return [statistics.fmean(flat[max(0, i - SMOOTH):i + SMOOTH + 1]) for i in range(len(flat))]
 
 
 def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     """The reference speed of the profiles measured now, the mean of their points' (returned: the stamp); ``apply``:
     each point's seconds x reference / the host's speed then (the mean of its own and its SMOOTH neighbours' each
     side, in measuring order: a config's prefill points, then its decode points), the seconds as measured kept
-    (`*_raw`)."""
+    (`*_raw`). A config whose steps wait on collectives (several ranks) is split first: a point's waits (its
+    collectives per step x one collective's latency then, smoothed the same way) come off its seconds, and only the
+    rest, the compute, is rescaled; the config then carries its `collectives_per_step` (the points' median) and
+    `collective_s` (their mean latency), which plugins/cost/calibrated.py adds back to each step, at the latency of
+    the host it prices."""
     grids = [profiles[n][kind] for n in names for kind in ("prefill", "decode")]
     ref = statistics.fmean(x for g in grids for row in g["pinned_s"] for x in row)
     if not apply:
         return ref
     for n in names:
         pre, dec = profiles[n]["prefill"], profiles[n]["decode"]
-        flat = [x for g in (pre, dec) for row in g["pinned_s"] for x in row]      # measuring order
-        smooth = iter([statistics.fmean(flat[max(0, i - SMOOTH):i + SMOOTH + 1]) for i in range(len(flat))])
+        flat = lambda key: [x for g in (pre, dec) for row in g[key] for x in row]      # noqa: E731 (measuring order)
+        speed = iter(_smoothed(flat("pinned_s")))
+        split = "collective_s" in pre and None not in flat("collective_s") and max(flat("collectives_per_step")) > 0
+        if split:
+            latency, per_step = flat("collective_s"), flat("collectives_per_step")
+            waits = iter([k * c for k, c in zip(per_step, _smoothed(latency))])
+            profiles[n]["collectives_per_step"] = statistics.median(per_step)
+            profiles[n]["collective_s"] = statistics.fmean(latency)
         for g in (pre, dec):
-            g["pinned_s_smoothed"] = [[next(smooth) for _ in row] for row in g["pinned_s"]]
+            g["pinned_s_smoothed"] = [[next(speed) for _ in row] for row in g["pinned_s"]]
+            g["wait_s"] = [[next(waits) if split else 0.0 for _ in row] for row in g["pinned_s"]]
             for key in ("seconds", "seconds_median"):
                 g[f"{key}_raw"] = g[key]
-                g[key] = [[s * ref / sp for s, sp in zip(row, srow)]
-                          for row, srow in zip(g[key], g["pinned_s_smoothed"])]
+                g[key] = [[max(s - w, WAIT_FLOOR * s) * ref / sp for s, w, sp in zip(row, wrow, srow)]
+                          for row, wrow, srow in zip(g[key], g["wait_s"], g["pinned_s_smoothed"])]
     return ref
 
 
@@ -218,7 +254,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)   # each point's fastest and median of 5
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
     ap.add_argument("--normalize", choices=["pinned", "none"], default="pinned",
-                    help="each point at the reference speed (module doc), or as measured")
+                    help="each point at the reference speed, a config of several ranks split first (module doc); "
+                         "none: as measured")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
     import torch
@@ -230,19 +267,21 @@ def main() -> None:
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
     kept = set(profiles) - {config_key_of(n) for n in args.configs}     # (moved to this profile's speed: rebase)
     keys = []
-    for name in args.configs:
-        p = profile(CONFIGS[name], grid, repeats)
-        keys.append(p["key"])
-        profiles[p["key"]] = p
-        print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms (n={grid['new'][0]}),"
-              f" decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms (c={grid['context'][0]})",
-              flush=True)
-    reference = normalize(profiles, keys, apply=args.normalize == "pinned")
+    with Cores() as cores:
+        for name in args.configs:
+            p = profile(CONFIGS[name], grid, repeats, cores)
+            keys.append(p["key"])
+            profiles[p["key"]] = p
+            print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms "
+                  f"(n={grid['new'][0]}), decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms "
+                  f"(c={grid['context'][0]})", flush=True)
+    normalized = args.normalize != "none"
+    reference = normalize(profiles, keys, apply=normalized)
     serving = old.get("serving")
-    if args.normalize == "pinned":           # what is kept was expressed at the old reference: move it to the new one
+    if normalized:           # what is kept was expressed at the old reference: move it to the new one
         serving = rebase(profiles, kept, serving, (old.get("host_probe") or {}), reference)
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, args.normalize == "pinned"),
+           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, normalized),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",

@@ -35,6 +35,12 @@ each core alone, then to all at once) and simulates with it (`sim.host_contentio
 rounds before; a number: that factor; `engine` (the round of protocol_engine_contention.md) measures it on the engine's
 own steps, per kind (experiments/calibrate/contention.py: extend and decode steps alone, then beside another busy
 engine), before the first real run: `sim.host_contention_extend` and `sim.host_contention`.
+`--contention block` measures it around each real block instead, with the host's speed (host_probe.Cores: each core
+alone, then all at once, PINNED_S each, before and after the block), and simulates the block with the mean: the
+contention wanders by the hour (1.12 before round G's run, 1.32 after).
+`--collectives block` prices the waits of a two-rank instance's steps on its collectives (split off by
+experiments/calibrate) at one all-reduce's latency measured around each real block (host_probe.Cores, with its speed;
+`sim.cost.collective_s`); `none` (the default): at the profile's own.
 `--host-scale pinned` (the round of protocol_pinned.md) takes the host's speed around each real block
 (framework/core/host_probe.pinned: the probe's work on each core in turn, 1 s each, before and after the block, on the
 idle host) and simulates the block with every calibrated second scaled by their mean over the profile's reference
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -66,7 +73,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
-from framework.core.host_probe import contention, mismatch, pinned, probe  # noqa: E402
+from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
@@ -110,54 +117,76 @@ def _own_cpu_s() -> float:
 
 
 class HostSpeed:
-    """The host's slowness around a block against the calibration profile's reference speed (``reference_s``): the
-    host's speed (host_probe.pinned, PINNED_S a core) before and after the block, their mean / the reference
-    (``scale``; 1.0 when ``reference_s`` is None: off)."""
+    """The host around a block, measured before and after it with ``cores`` (host_probe.Cores: PINNED_S each core
+    alone, then all at once, and one all-reduce's latency; None: nothing measured). ``scale``: the mean speed alone
+    over the calibration profile's reference speed (``reference_s``; 1.0 when None: --host-scale none);
+    ``contention``: the mean contention, which the block is simulated with when ``per_block`` (--contention block;
+    None otherwise); ``collective``: the mean latency, simulated with when ``collectives`` (--collectives block)."""
 
-    def __init__(self, reference_s: float | None) -> None:
-        self.reference_s, self.scale, self.speeds = reference_s, 1.0, None
+    def __init__(self, cores: Cores | None = None, reference_s: float | None = None, per_block: bool = False,
+                 collectives: bool = False) -> None:
+        self.cores, self.reference_s, self.per_block, self.collectives = cores, reference_s, per_block, collectives
+        self.scale, self.speeds, self.contentions, self.contention = 1.0, None, None, None
+        self.latencies, self.collective = None, None
 
     def __enter__(self) -> "HostSpeed":
-        if self.reference_s is not None:
-            self.speeds = [pinned(PINNED_S)]
+        if self.cores is not None:
+            self.taken = [self.cores.measure(PINNED_S)]
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.cores is None:
+            return
+        self.taken.append(self.cores.measure(PINNED_S))
+        self.speeds = [m["pinned_s"] for m in self.taken]
+        self.contentions = [m["contention"] for m in self.taken]
         if self.reference_s is not None:
-            self.speeds.append(pinned(PINNED_S))
             self.scale = statistics.fmean(self.speeds) / self.reference_s
+        self.latencies = [m["collective_s"] for m in self.taken]
+        if self.per_block:
+            self.contention = statistics.fmean(self.contentions)
+        if self.collectives and None not in self.latencies:
+            self.collective = statistics.fmean(self.latencies)
 
 
-def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float, host_scale: float = 1.0):
+def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float, host_scale: float = 1.0,
+               contention: float | None = None, collective: float | None = None):
     """The simulated run of a real one: its overrides, mode=sim's, the background measured during it (the
-    in-process TP/DP driver has no network or router) and the host's speed then (``HostSpeed``)."""
+    in-process TP/DP driver has no network or router) and the host then (``HostSpeed``: its speed, its contention
+    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then)."""
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
-    return compose(overrides + sim_args + local + [f"sim.host_background={background:.3f}",
-                                                    f"sim.cost.host_scale={host_scale:.4f}"])
+    block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
+                                           f"sim.host_contention_extend={contention:.4f}"]
+    block += [] if collective is None else [f"sim.cost.collective_s={collective:.6f}"]
+    return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
+                                                            f"sim.cost.host_scale={host_scale:.4f}"])
 
 
 def _host(background: "Background", speed: HostSpeed) -> dict:
     """A case's record of the host during its real run."""
-    return {"host_background": background.procs, "host_scale": speed.scale, "host_pinned_s": speed.speeds}
+    return {"host_background": background.procs, "host_scale": speed.scale, "host_pinned_s": speed.speeds,
+            "host_contentions": speed.contentions, "block_contention": speed.contention,
+            "host_collective_s": speed.latencies, "block_collective_s": speed.collective}
 
 
-def router_cases(quick: bool, out: Path, sim_args: list[str], reference_s: float | None = None) -> list[dict]:
+def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
            *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
-    with HostSpeed(reference_s) as speed, Background() as background:
+    with host() as speed, Background() as background:
         subprocess.run(cmd, check=True, cwd=ROOT)
     real = json.loads((out / "router_ablation" / "results.json").read_text())
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.scale))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.scale,
+                                     speed.contention, speed.collective))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
                       "overrides": overrides, "real": trial, "sim": sim, **_host(background, speed)})
     return cases
 
 
-def scheme_cases(quick: bool, out: Path, sim_args: list[str], reference_s: float | None = None) -> list[dict]:
+def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
     sys.path.insert(0, str(ROOT / "experiments" / "dp_attn_vs_tp"))
     from run import bench                                      # experiments/dp_attn_vs_tp/run.py
@@ -166,9 +195,10 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], reference_s: float
     cases = []
     for scheme in SCHEMES:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
-        with contextlib.redirect_stdout(io.StringIO()), HostSpeed(reference_s) as speed, Background() as background:
+        with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.scale))
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.scale,
+                                     speed.contention, speed.collective))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, **_host(background, speed)})
     return cases
@@ -212,6 +242,9 @@ def plot(cases: list[dict], path: Path) -> None:
             ax.annotate(c["case"], (c["real"][key], c["sim"][key]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
         values = [c[w][key] for c in shown for w in ("real", "sim")]
+        if not values:                                    # (only the TP/DP cells: no hit rate to show)
+            ax.set(title=f"{label}: none", xticks=[], yticks=[])
+            continue
         lo, hi = min(values) * 0.8, max(values) * 1.2
         if key == "ttft_p50_ms":                          # from tens of ms to seconds
             ax.set(xscale="log", yscale="log")
@@ -346,7 +379,8 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
                                                              "sim_wall_s"]   # each run's figures in results.json
 
 
-def resimulate(stored: dict, sim_args: list[str], scaled: bool = False) -> tuple[list[dict], str]:
+def resimulate(stored: dict, sim_args: list[str], scaled: bool = False, per_block: bool = False,
+               collectives: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table."""
     meta = {c["case"]: c for c in stored["cases"]}
@@ -356,7 +390,10 @@ def resimulate(stored: dict, sim_args: list[str], scaled: bool = False) -> tuple
         for run in rep:
             c = meta[run["case"]]
             scale = run.get("host_scale", 1.0) if scaled else 1.0     # (--host-scale pinned: the run's, if it took one)
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale))
+            block = run["block_contention"] if per_block else None               # (--contention block: the block's)
+            latency = statistics.fmean(run["host_collective_s"]) if collectives else None     # (--collectives block: the block's)
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale, block,
+                                         latency))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_scale": scale})
@@ -390,8 +427,12 @@ def main() -> None:
                     help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
-                         "real runs), engine (experiments/calibrate/contention.py: per step kind), or a factor; "
-                         "with --resimulate, measured or engine: the stored run's")
+                         "real runs), block (host_probe.Cores around each real block, with its speed), engine "
+                         "(experiments/calibrate/contention.py: per step kind), or a factor; with --resimulate, "
+                         "measured, block or engine: the stored run's")
+    ap.add_argument("--collectives", choices=["none", "block"], default="none",
+                    help="sim.cost.collective_s: the profile's own latency of one collective (none), or the host's "
+                         "around each real block (host_probe.Cores; a two-rank profile split its steps' waits off)")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -413,22 +454,26 @@ def main() -> None:
         sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
                  "normalized 'pinned'); re-profile with experiments/calibrate/run.py")
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
-    cores = contention() if args.contention == "measured" else engine_contention() if args.contention == "engine" \
-        else None
-    if cores is not None:
-        decode, extend = factors(cores)
-        print(f"contention ({args.contention}): decode steps {decode:.3f}, extend steps {extend:.3f}", flush=True)
-    sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
-    repeats = []
-    for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
-        work = args.work / f"repeat{k}"
-        cases = (router_cases(args.quick, work, sim_args, reference_s) if "router_ablation" in args.studies else []) \
-            + (scheme_cases(args.quick, work, sim_args, reference_s) if "dp_attn_vs_tp" in args.studies else [])
-        print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
-        repeats.append(cases)
-    load["after"] = os.getloadavg()
-    if cores is not None:                         # a check of how it held over the run (not used)
-        cores["after"] = engine_contention() if args.contention == "engine" else contention()
+    per_block = args.contention == "block"
+    measured = reference_s is not None or args.contention in ("measured", "block") or args.collectives == "block"
+    with Cores() if measured else contextlib.nullcontext() as probes:
+        cores = probes.measure(3.0) if args.contention in ("measured", "block") else engine_contention() \
+            if args.contention == "engine" else None         # (block: recorded, for --resimulate --contention measured)
+        if cores is not None:
+            decode, extend = factors(cores)
+            print(f"contention ({args.contention}): decode steps {decode:.3f}, extend steps {extend:.3f}", flush=True)
+        sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
+        around = functools.partial(HostSpeed, probes, reference_s, per_block, args.collectives == "block")
+        repeats = []
+        for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
+            work = args.work / f"repeat{k}"
+            cases = (router_cases(args.quick, work, sim_args, around) if "router_ablation" in args.studies else []) \
+                + (scheme_cases(args.quick, work, sim_args, around) if "dp_attn_vs_tp" in args.studies else [])
+            print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
+            repeats.append(cases)
+        load["after"] = os.getloadavg()
+        if cores is not None:                         # a check of how it held over the run (not used)
+            cores["after"] = engine_contention() if args.contention == "engine" else probes.measure(3.0)
     cells = combine(repeats)
     for c in cells:
         c["errors"] = errors(c)
@@ -447,7 +492,9 @@ def main() -> None:
                                         "host_scales", "real", "sim")} for c in cells],
            "host_scale": args.host_scale,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
-                      "host_pinned_s": c["host_pinned_s"],
+                      "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
+                      "block_contention": c["block_contention"], "host_collective_s": c["host_collective_s"],
+                      "block_collective_s": c["block_collective_s"],
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -473,6 +520,9 @@ def factors(cores: dict) -> tuple[float, float]:
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
+    if args.contention == "block":                # each block's own (sim_config)
+        return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
+                f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
     factor = 1.0 if args.contention in ("none", "measured", "engine") else float(args.contention)
     decode, extend = factors(cores) if cores else (factor, factor)
     return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
@@ -492,10 +542,18 @@ def resimulate_main(args) -> None:
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
     if args.contention in ("measured", "engine") and not cores:
         sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
+    per_block = args.contention == "block"
+    if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
+                                           for r in rep):
+        sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
+    if per_block and any(r.get("block_contention") is None for rep in stored["runs"] for r in rep):
+        sys.exit(f"--contention block: {args.resimulate} took no contention around its blocks; give measured, a "
+                 f"factor, or none")
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
-        cells, text = resimulate(stored, sim_args, args.host_scale == "pinned")
+        cells, text = resimulate(stored, sim_args, args.host_scale == "pinned", per_block,
+                                 args.collectives == "block")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
@@ -506,6 +564,7 @@ def resimulate_main(args) -> None:
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)
         name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
                         + ([] if args.contention == "none" else [f"contention_{args.contention}"])
+                        + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 TOLERANCE = 0.25        # a probe more than 25% slower or faster than the stamp: another host, for this purpose
+COLLECTIVES = 100       # all-reduces timed per Cores.measure (~0.2 s at this VM's ~2 ms each)
 
 
 def cpu_model() -> str:
@@ -63,39 +64,88 @@ def probe(repeats: int = 5) -> dict:
     return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "probe_s": seconds}
 
 
-def contention(seconds: float = 3.0) -> dict:
-    """The host's cores alone and together: the probe's work repeated for ``seconds`` pinned to each core alone, then
-    to every core at once (a process each); ``contention`` = the mean time together / the mean alone (1.0 where cores
-    cannot be pinned: one core, or no sched_setaffinity)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < 2:
-        return {"contention": 1.0, "cpus": cpus, "alone_s": [], "together_s": []}
+class Cores:
+    """The host's cores measured from one warm process pinned to each (started once, so a measurement costs its
+    seconds, not a process start and torch's import: cheap enough before every profiled point). ``measure``: the
+    probe's work on each core alone in turn, then on every core at once, then the latency of one small all-reduce
+    among the processes over gloo (what a step of an instance of several ranks on this host waits on between its
+    kernels: this VM, 2026-12-03, ~2 ms each, ~12 of them in a two-rank step of the tiny model, against ~10 ms of
+    compute). Where cores cannot be pinned (one core, or no sched_setaffinity) no process starts: contention 1.0 and
+    no collective."""
 
-    def start(cpu: int) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--seconds",
-                                 str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parents[2])
-        if proc.stdout.readline().strip() != "ready":                 # imported and warmed up
-            raise RuntimeError("the host probe pinned to a core did not start")
-        return proc
+    def __init__(self) -> None:
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.procs: list[subprocess.Popen] = []
 
-    def go(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
-        for proc in procs:                                            # all start timing together
-            proc.stdin.write("go\n")
+    def __enter__(self) -> "Cores":
+        if len(self.cpus) < 2:
+            return self
+        import socket
+        with socket.socket() as sock:                                      # a free port for the processes' group
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        for rank, cpu in enumerate(self.cpus):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--rank", str(rank),
+                 "--world", str(len(self.cpus)), "--port", str(port)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2]))
+        for cpu, proc in zip(self.cpus, self.procs):                       # imported, warmed up, in their group
+            if proc.stdout.readline().strip() != "ready":
+                self.__exit__()
+                raise RuntimeError(f"the host probe pinned to core {cpu} did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.stdin.close()                                         # its loop ends at end of input
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
+
+    def _ask(self, procs: list[subprocess.Popen], line: str) -> list[float]:
+        for proc in procs:                                                 # all start together
+            proc.stdin.write(line + "\n")
             proc.stdin.flush()
-        return procs
+        out = [proc.stdout.readline() for proc in procs]
+        if not all(out):
+            raise RuntimeError("a host probe pinned to a core stopped answering")
+        return [float(x) for x in out]
 
-    def mean_s(proc: subprocess.Popen) -> float:
-        out = proc.stdout.read()
-        proc.wait(timeout=120 + 10 * seconds)
-        if proc.returncode:
-            raise RuntimeError(f"the host probe pinned to a core failed (exit {proc.returncode})")
-        return float(out)
+    def measure(self, seconds: float, collectives: int = COLLECTIVES) -> dict:
+        """``alone_s`` / ``together_s``: each core's mean probe time alone, then with every core busy; ``pinned_s``:
+        the mean alone (host_probe.pinned's speed); ``contention``: the mean together / the mean alone;
+        ``collective_s``: the mean seconds of one all-reduce among the cores' processes (``collectives`` of them;
+        None without pinned processes)."""
+        if not self.procs:
+            return {"contention": 1.0, "cpus": self.cpus, "alone_s": [], "together_s": [], "pinned_s": pinned(seconds),
+                    "collective_s": None}
+        alone = [self._ask([proc], f"work {seconds}")[0] for proc in self.procs]
+        together = self._ask(self.procs, f"work {seconds}")
+        collective = self._ask(self.procs, f"allreduce {collectives}")[0]
+        return {"contention": statistics.fmean(together) / statistics.fmean(alone), "cpus": self.cpus,
+                "alone_s": alone, "together_s": together, "pinned_s": statistics.fmean(alone),
+                "collective_s": collective}
 
-    alone = [mean_s(go([start(cpu)])[0]) for cpu in cpus]
-    together = [mean_s(p) for p in go([start(cpu) for cpu in cpus])]
-    return {"contention": statistics.fmean(together) / statistics.fmean(alone), "cpus": cpus, "alone_s": alone,
-            "together_s": together}
+
+def slowdown(c: float, used: float, cores: int) -> float:
+    """How much slower a busy core runs with ``used`` cores busy than alone, on a host of ``cores`` whose cores all
+    busy run ``c`` times slower than alone (``contention``): linear in the other cores busy."""
+    if c == 1.0 or cores < 2:
+        return 1.0
+    used = min(max(used, 1.0), cores)
+    return 1.0 + (c - 1.0) * (used - 1.0) / (cores - 1)
+
+
+def contention(seconds: float = 3.0) -> dict:
+    """The host's cores alone and together (``Cores.measure`` once): the probe's work repeated for ``seconds`` pinned
+    to each core alone, then to every core at once; ``contention`` = the mean time together / the mean alone (1.0
+    where cores cannot be pinned)."""
+    with Cores() as cores:
+        return cores.measure(seconds)
 
 
 def pinned(seconds: float = 0.3) -> float:
@@ -120,15 +170,31 @@ def pinned(seconds: float = 0.3) -> float:
     return statistics.fmean(means)
 
 
-def _pinned(cpu: int, seconds: float) -> float:
-    """The probe's work pinned to ``cpu``, repeated for ``seconds`` after a warm-up: its mean time."""
+def _serve_core(cpu: int, rank: int, world: int, port: int) -> None:
+    """A ``Cores`` process: pinned to ``cpu``, warmed up, in a gloo group of ``world`` (one per core); then for each
+    line of input, ``work S`` (the probe's work repeated S seconds: its mean time) or ``allreduce N`` (N all-reduces
+    of a small tensor after a barrier: the mean time of one), the figure printed; ends at end of input."""
     import torch
+    import torch.distributed as dist
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    x = torch.ones(8, 256)          # a few rows of hidden states: the size of a tiny model's step's exchange
     _work()
-    print("ready", flush=True)                 # then timed once told to go: every core's window together
-    sys.stdin.readline()
-    return _window(seconds)
+    for _ in range(5):
+        dist.all_reduce(x)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        what, arg = line.split()
+        if what == "work":
+            print(_window(float(arg)), flush=True)
+            continue
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(int(arg)):
+            dist.all_reduce(x)
+        print((time.perf_counter() - t0) / int(arg), flush=True)
+    dist.destroy_process_group()
 
 
 def _window(seconds: float) -> float:
@@ -158,9 +224,10 @@ def mismatch(stamp: dict | None, now: dict) -> list[str]:
     return problems
 
 
-if __name__ == "__main__":           # one pinned measurement of ``contention``
-    ap = argparse.ArgumentParser(description="the probe's work pinned to one core: its mean time over --seconds")
-    ap.add_argument("--cpu", type=int, required=True)
-    ap.add_argument("--seconds", type=float, default=3.0)
+if __name__ == "__main__":           # one of ``Cores``' pinned processes
+    ap = argparse.ArgumentParser(description="one of host_probe.Cores' processes: pinned to --cpu, rank --rank of "
+                                             "--world in a gloo group at 127.0.0.1:--port; answers its input's lines")
+    for flag in ("--cpu", "--rank", "--world", "--port"):
+        ap.add_argument(flag, type=int, required=True)
     args = ap.parse_args()
-    print(_pinned(args.cpu, args.seconds))
+    _serve_core(args.cpu, args.rank, args.world, args.port)

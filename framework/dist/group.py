@@ -46,6 +46,7 @@ class Group:
     timeout_s: every collective raises `CollectiveTimeout` after this many seconds. `None` disables the per-call
     timeout (on NCCL a timed wait blocks the CPU thread until the GPU finishes, which costs CPU/GPU overlap).
     step: a counter the caller sets each engine step; it is named in timeout messages.
+    collectives: how many collectives this rank has waited on.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class Group:
         self.timeout_s = timeout_s
         self.pg = pg
         self.step = 0
+        self.collectives = 0  # collectives waited on (a step's count prices its waits: experiments/calibrate)
 
     def __repr__(self) -> str:
         return f"Group(rank={self.rank}, size={self.size}, backend={self.backend!r}, device={str(self.device)!r})"
@@ -192,6 +194,7 @@ class Group:
     # ---------------------------------------------------------------- internals
 
     def _wait(self, work: Any, collective: str) -> None:
+        self.collectives += 1
         start = time.monotonic()
         try:
             if self.timeout_s is None:

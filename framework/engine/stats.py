@@ -77,6 +77,8 @@ def instance_stats(ranks: list[dict], peak_running: int | None = None) -> dict[s
         # EPLB's re-placements (a MoE backend's `stats`): every rank derives the same moves, so rank 0's are the
         # instance's
         **{k: first[k] for k in PLACEMENT_KEYS if k in first},
+        # the collectives rank 0 waited on (the engine's ranks; every rank of a step joins the same ones)
+        **({"collectives": first["collectives"]} if "collectives" in first else {}),
     })
     return out
 

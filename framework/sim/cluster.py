@@ -39,6 +39,7 @@ from itertools import accumulate
 
 from tqdm import tqdm
 
+from framework.core.host_probe import slowdown
 from framework.engine.request import Req, SamplingParams
 from framework.core.records import RequestRecord
 from framework.contracts.workload import Session
@@ -264,19 +265,12 @@ class Simulation:
         """The processes busy on the host now."""
         return self.busy_ranks + (self.side_procs if self.flights else 0) + self.background
 
-    def _slow(self, busy: float, c: float) -> float:
-        """How much slower a busy core runs with ``busy`` processes busy than with one (``c``: its contention)."""
-        if c == 1.0 or self.cores < 2:
-            return 1.0
-        used = min(max(busy, 1.0), self.cores)
-        return 1.0 + (c - 1.0) * (used - 1.0) / (self.cores - 1)
-
     def _speed(self, worker: str, kind: str, busy: float) -> float:
         """A step of ``kind`` (a STEP_CPU_KEYS key) on ``worker``, with ``busy`` processes busy: its speed against its
         price (the cores' share, and the contention now over the contention at its own ranks when it was priced)."""
         c = self.contention[kind]
         share = min(1.0, self.cores / busy) if busy > 0 else 1.0
-        return share * self._slow(self.instances[worker].size, c) / self._slow(busy, c)
+        return share * slowdown(c, self.instances[worker].size, self.cores) / slowdown(c, busy, self.cores)
 
     def _stretch(self, worker: str, kind: str, busy: float) -> float:
         """sharing=at_start: a step of ``kind`` on ``worker`` keeps the stretch of the busy processes at its start."""

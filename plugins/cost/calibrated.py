@@ -34,6 +34,11 @@ of work shaped like the engine's steps, on each core in turn), for a host whose 
 the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that probe around each real block, never from
 the run).
 
+A profile of several ranks splits each step (experiments/calibrate): the ranks' waits on their collectives (the
+profile's `collectives_per_step`, counted, each at `collective_s`, host_probe.Cores' all-reduce latency then) and the
+rest, the compute, which ``host_scale`` scales. The waits are priced at ``collective_s`` (None: the profile's own), as
+this VM's ~2 ms per collective made ~25 ms of a two-rank step of ~36 and moves apart from the compute probe.
+
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
 from __future__ import annotations
@@ -64,6 +69,7 @@ class CalibratedConfig(CostConfig):
     point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
     serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
     host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
+    collective_s: float | None = None  # one collective's seconds on the host now; None: the profile's (module doc)
 
 
 BETWEEN = ("fit", "grid")
@@ -189,6 +195,11 @@ class CalibratedCost(CostModel):
                              f"experiments/calibrate/run.py, or use sim.cost.point=fastest")
         if not cfg.host_scale > 0:
             raise ValueError(f"sim.cost.host_scale={cfg.host_scale} must be > 0 (the host's probe now / at profiling)")
+        if cfg.collective_s is not None and not cfg.collective_s > 0:
+            raise ValueError(f"sim.cost.collective_s={cfg.collective_s} must be > 0 (one collective's seconds), or "
+                             f"null for the profile's own")
+        collective = prof.get("collective_s") if cfg.collective_s is None else cfg.collective_s
+        self._wait = prof.get("collectives_per_step", 0) * (collective or 0.0)   # a step's waits on collectives
         scale = cfg.host_scale       # every price below follows the measured seconds: scaled here, once
         pre_s, dec_s = ([[s * scale for s in row] for row in grid[key]] for grid in (pre, dec))
         self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre_s)
@@ -224,7 +235,7 @@ class CalibratedCost(CostModel):
                 if self.per_request and n > 1:
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
-        return t
+        return t + self._wait if t else t
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving
@@ -240,7 +251,8 @@ class CalibratedCost(CostModel):
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
         groups, price = len(sizes), self._decode_time
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]
+        wait = self._wait
         if len(busy) == 1:
             (b, n, c), = busy
-            return [price(b, (c + j * n) / n) for j in range(k)]
-        return [max(price(b, (c + j * n) / n) for b, n, c in busy) for j in range(k)]
+            return [price(b, (c + j * n) / n) + wait for j in range(k)]
+        return [max(price(b, (c + j * n) / n) for b, n, c in busy) + wait for j in range(k)]

@@ -38,15 +38,11 @@ def test_a_host_scale_that_is_not_positive_is_refused(bad):
 
 
 def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
-    import importlib.util
-    from framework.core.paths import REPO_ROOT
-    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibrate)
+    calibrate = _calibrate()
     _points, normalize = calibrate._points, calibrate.normalize
     # one config: 9 prefill points measured at a speed of 10 ms, then 9 decode points at 20 ms (the host slowed)
-    prefill = _points([[[1.0, 2.0, 3.0]] * 9], [[0.010] * 9])
-    decode = _points([[[4.0, 4.0, 8.0]] * 9], [[0.020] * 9])
+    prefill = _points([[[1.0, 2.0, 3.0]] * 9], [{"pinned_s": 0.010, "contention": 1.2}] * 9)
+    decode = _points([[[4.0, 4.0, 8.0]] * 9], [{"pinned_s": 0.020, "contention": 1.2}] * 9)
     profiles = {"x": {"prefill": prefill, "decode": decode}}
     assert normalize(profiles, ["x"], apply=False) == pytest.approx(0.015) and "seconds_raw" not in prefill
     assert normalize(profiles, ["x"]) == pytest.approx(0.015)            # the mean of the points' speeds
@@ -57,6 +53,60 @@ def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
     # beside it, by the mean of its neighbourhood: the last prefill point's 7 hold 4 at 10 ms and 3 at 20
     assert prefill["pinned_s_smoothed"][0][-1] == pytest.approx((4 * 0.010 + 3 * 0.020) / 7)
     assert prefill["seconds_raw"][0] == [1.0] * 9 and decode["seconds_median_raw"][0] == [4.0] * 9
+    assert "collectives_per_step" not in profiles["x"] and prefill["contention"] == [[1.2] * 9]   # (recorded)
+
+
+def test_a_config_of_several_ranks_has_its_waits_on_collectives_split_off_before_rescaling():
+    calibrate = _calibrate()
+    host = {"pinned_s": 0.010, "contention": 1.2, "collective_s": 0.002, "collectives_per_step": 12.0}
+    # two ranks: 9 prefill points of 0.030 / 0.040 s, each step waiting on 12 collectives of 2 ms; 9 decode points
+    # measured while the host ran at half the speed: 0.024 s
+    prefill = calibrate._points([[[0.030, 0.040, 0.050]] * 9], [host] * 9)
+    decode = calibrate._points([[[0.036, 0.036, 0.040]] * 9], [{**host, "pinned_s": 0.020}] * 9)
+    two = {"prefill": prefill, "decode": decode}
+    assert calibrate.normalize({"tp": two}, ["tp"]) == pytest.approx(0.015)
+    assert two["collectives_per_step"] == 12.0 and two["collective_s"] == pytest.approx(0.002)
+    assert prefill["seconds"][0][0] == pytest.approx((0.030 - 0.024) * 1.5)           # the compute, rescaled
+    assert prefill["seconds_median"][0][0] == pytest.approx((0.040 - 0.024) * 1.5)
+    assert decode["seconds"][0][-1] == pytest.approx((0.036 - 0.024) * 0.75)
+    assert prefill["wait_s"][0][0] == pytest.approx(0.024) and prefill["seconds_raw"][0][0] == 0.030
+    # a point whose waits seem to take it all keeps a floor of compute
+    short = calibrate._points([[[0.020]] * 9], [host] * 9)
+    calibrate.normalize({"tp": {"prefill": short, "decode": calibrate._points([[[0.030]] * 9], [host] * 9)}}, ["tp"])
+    assert short["seconds"][0][0] == pytest.approx(calibrate.WAIT_FLOOR * 0.020)
+
+
+def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_path):
+    import json
+    from framework.core.paths import REPO_ROOT
+    from plugins.cost.calibrated import DEFAULT_PATH
+    data = json.loads((REPO_ROOT / DEFAULT_PATH).read_text())
+    prof = data["profiles"]["tpx2/triton_fused"]
+    prof["collectives_per_step"], prof["collective_s"] = 12.0, 0.002
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    tp = compose(["logger.mode=disabled", "parallel=tp", "parallel.size=2", "moe=triton_fused"])
+    shape = cost_instance(tp)
+
+    def cost(**kw):
+        cfg = COST.get("calibrated").Config(path=str(path), between="grid", point="median", **kw)
+        return COST.build("calibrated", cfg, shape)
+    own, slow, scaled = cost(), cost(collective_s=0.005), cost(host_scale=2.0)
+    step = Step(batches=(BatchShape("decode", (1,) * 4, (200,) * 4),))
+    assert slow.step_time(step) == pytest.approx(own.step_time(step) + 12 * 0.003)     # the waits at 5 ms, not 2
+    assert scaled.step_time(step) == pytest.approx(2 * own.step_time(step) - 12 * 0.002)   # the compute only scales
+    assert slow.decode_times((4,), (800,), 3)[0] == pytest.approx(slow.step_time(step))   # a run: the same
+    with pytest.raises(ValueError, match=r"collective_s=0.0 must be > 0"):
+        cost(collective_s=0.0)
+
+
+def _calibrate():
+    import importlib.util
+    from framework.core.paths import REPO_ROOT
+    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    return calibrate
 
 
 def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_back():
