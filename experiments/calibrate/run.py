@@ -167,8 +167,8 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     side, in measuring order: a config's prefill points, then its decode points), the seconds as measured kept
     (`*_raw`). A config whose steps wait on collectives (several ranks) is split first: a point's waits (its
     collectives per step x one collective's latency then, smoothed the same way) come off its seconds, and only the
-    rest, the compute, is rescaled; the config then carries its `collectives_per_step` (the points' median) and
-    `collective_s` (their mean latency), which plugins/cost/calibrated.py adds back to each step, at the latency of
+    rest, the compute, is rescaled; the config then carries its `collectives_per_step` (the median of its prefill
+    points', and of its decode points') and `collective_s` (their mean latency), which plugins/cost/calibrated.py adds back to each step, at the latency of
     the host it prices."""
     grids = [profiles[n][kind] for n in names for kind in ("prefill", "decode")]
     ref = statistics.fmean(x for g in grids for row in g["pinned_s"] for x in row)
@@ -182,7 +182,9 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
         if split:
             latency, per_step = flat("collective_s"), flat("collectives_per_step")
             waits = iter([k * c for k, c in zip(per_step, _smoothed(latency))])
-            profiles[n]["collectives_per_step"] = statistics.median(per_step)
+            profiles[n]["collectives_per_step"] = {kind: statistics.median(x for row in g["collectives_per_step"]
+                                                                           for x in row)
+                                                   for kind, g in (("prefill", pre), ("decode", dec))}
             profiles[n]["collective_s"] = statistics.fmean(latency)
         for g in (pre, dec):
             g["pinned_s_smoothed"] = [[next(speed) for _ in row] for row in g["pinned_s"]]

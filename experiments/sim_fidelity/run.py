@@ -379,19 +379,21 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
                                                              "sim_wall_s"]   # each run's figures in results.json
 
 
-def resimulate(stored: dict, sim_args: list[str], scaled: bool = False, per_block: bool = False,
+def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
-    cells (as `combine` makes them) and their range table."""
+    cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
+    speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
+    ``per_block`` / ``collectives``: the contention / collective latency measured around each block."""
     meta = {c["case"]: c for c in stored["cases"]}
     repeats = []
     for rep in stored["runs"]:
         cases = []
         for run in rep:
             c = meta[run["case"]]
-            scale = run.get("host_scale", 1.0) if scaled else 1.0     # (--host-scale pinned: the run's, if it took one)
+            scale = statistics.fmean(run["host_pinned_s"]) / reference_s if reference_s else 1.0
             block = run["block_contention"] if per_block else None               # (--contention block: the block's)
-            latency = statistics.fmean(run["host_collective_s"]) if collectives else None     # (--collectives block: the block's)
+            latency = statistics.fmean(run["host_collective_s"]) if collectives else None
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale, block,
                                          latency))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
@@ -539,6 +541,12 @@ def resimulate_main(args) -> None:
     if args.host_scale == "pinned" and stored.get("host_scale") != "pinned":
         sys.exit(f"--host-scale pinned: {args.resimulate} took no host speed around its blocks (run without "
                  f"--host-scale pinned); give --host-scale none")
+    reference_s = None
+    if args.host_scale == "pinned":
+        from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s
+        reference_s = reference_pinned_s(read_calibration(DEFAULT_PATH).get("host_probe"))
+        if reference_s is None:
+            sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed; re-profile")
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
     if args.contention in ("measured", "engine") and not cores:
         sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
@@ -552,8 +560,7 @@ def resimulate_main(args) -> None:
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
-        cells, text = resimulate(stored, sim_args, args.host_scale == "pinned", per_block,
-                                 args.collectives == "block")
+        cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,

@@ -35,7 +35,7 @@ the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that prob
 the run).
 
 A profile of several ranks splits each step (experiments/calibrate): the ranks' waits on their collectives (the
-profile's `collectives_per_step`, counted, each at `collective_s`, host_probe.Cores' all-reduce latency then) and the
+profile's `collectives_per_step`, counted, by the step's kind: extend or decode, each at `collective_s`, host_probe.Cores' all-reduce latency then) and the
 rest, the compute, which ``host_scale`` scales. The waits are priced at ``collective_s`` (None: the profile's own), as
 this VM's ~2 ms per collective made ~25 ms of a two-rank step of ~36 and moves apart from the compute probe.
 
@@ -198,8 +198,9 @@ class CalibratedCost(CostModel):
         if cfg.collective_s is not None and not cfg.collective_s > 0:
             raise ValueError(f"sim.cost.collective_s={cfg.collective_s} must be > 0 (one collective's seconds), or "
                              f"null for the profile's own")
-        collective = prof.get("collective_s") if cfg.collective_s is None else cfg.collective_s
-        self._wait = prof.get("collectives_per_step", 0) * (collective or 0.0)   # a step's waits on collectives
+        collective = (prof.get("collective_s") if cfg.collective_s is None else cfg.collective_s) or 0.0
+        counts = prof.get("collectives_per_step", {})          # a step's waits on collectives, by kind
+        self._wait_extend, self._wait = counts.get("prefill", 0) * collective, counts.get("decode", 0) * collective
         scale = cfg.host_scale       # every price below follows the measured seconds: scaled here, once
         pre_s, dec_s = ([[s * scale for s in row] for row in grid[key]] for grid in (pre, dec))
         self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre_s)
@@ -235,7 +236,9 @@ class CalibratedCost(CostModel):
                 if self.per_request and n > 1:
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
-        return t + self._wait if t else t
+        if not t:
+            return t
+        return t + (self._wait_extend if any(b.mode == "extend" for b in step.batches) else self._wait)
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving

@@ -65,7 +65,8 @@ def test_a_config_of_several_ranks_has_its_waits_on_collectives_split_off_before
     decode = calibrate._points([[[0.036, 0.036, 0.040]] * 9], [{**host, "pinned_s": 0.020}] * 9)
     two = {"prefill": prefill, "decode": decode}
     assert calibrate.normalize({"tp": two}, ["tp"]) == pytest.approx(0.015)
-    assert two["collectives_per_step"] == 12.0 and two["collective_s"] == pytest.approx(0.002)
+    assert two["collectives_per_step"] == {"prefill": 12.0, "decode": 12.0} and two["collective_s"] == \
+        pytest.approx(0.002)
     assert prefill["seconds"][0][0] == pytest.approx((0.030 - 0.024) * 1.5)           # the compute, rescaled
     assert prefill["seconds_median"][0][0] == pytest.approx((0.040 - 0.024) * 1.5)
     assert decode["seconds"][0][-1] == pytest.approx((0.036 - 0.024) * 0.75)
@@ -82,7 +83,7 @@ def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_pa
     from plugins.cost.calibrated import DEFAULT_PATH
     data = json.loads((REPO_ROOT / DEFAULT_PATH).read_text())
     prof = data["profiles"]["tpx2/triton_fused"]
-    prof["collectives_per_step"], prof["collective_s"] = 12.0, 0.002
+    prof["collectives_per_step"], prof["collective_s"] = {"prefill": 14.0, "decode": 12.0}, 0.002
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(data))
     tp = compose(["logger.mode=disabled", "parallel=tp", "parallel.size=2", "moe=triton_fused"])
@@ -96,6 +97,8 @@ def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_pa
     assert slow.step_time(step) == pytest.approx(own.step_time(step) + 12 * 0.003)     # the waits at 5 ms, not 2
     assert scaled.step_time(step) == pytest.approx(2 * own.step_time(step) - 12 * 0.002)   # the compute only scales
     assert slow.decode_times((4,), (800,), 3)[0] == pytest.approx(slow.step_time(step))   # a run: the same
+    extend = Step(batches=(BatchShape("extend", (300,), (128,)),))
+    assert slow.step_time(extend) == pytest.approx(own.step_time(extend) + 14 * 0.003)    # an extend step's own count
     with pytest.raises(ValueError, match=r"collective_s=0.0 must be > 0"):
         cost(collective_s=0.0)
 
