@@ -18,7 +18,8 @@ load average it ran under.
 
 The host's speed moves while it is profiled (on 2026-12-03 the probe moved 10.9 -> 16.3 ms over one 13-minute
 profile, and the host ran 1.5x faster an hour later), so before each point the host's speed is taken with
-framework/core/host_probe.pinned (0.3 s of the probe's work on each core in turn: no placement in it), and each point's
+framework/core/host_probe (0.3 s of the probe's work on each core in turn: no placement in it; `pinned` in this
+process until 2e3a2ac, `Cores`' pinned processes since), and each point's
 seconds are expressed at one reference speed: x (the reference / the host's speed then), the reference being the mean
 of every point's, which the profile carries as `host_probe.pinned_s`. The host's speed at a point is the mean of its
 own and its 3 neighbours' each side in measuring order (`pinned_s_smoothed`). The seconds as measured stay beside them
@@ -26,12 +27,14 @@ own and its 3 neighbours' each side in measuring order (`pinned_s_smoothed`). Th
 2026-12-03), stamped with the reference all the same.
 
 A step of several ranks is mostly waiting: on this VM one small all-reduce over gloo takes ~2 ms, and a two-rank
-step of the tiny model waits on ~12 of them (~25 ms of ~36), a latency that moves apart from the compute probe's
-speed. So before each point the host is taken with framework/core/host_probe.Cores (its speed alone, with every core
+step of the tiny model waits on ~12 of them (~25 ms of ~36), a latency the compute probe does not measure. So before
+each point the host is taken with framework/core/host_probe.Cores (its speed alone, with every core
 busy, and one all-reduce's latency), the instance's collectives are counted over the point's steps, and a config of
 several ranks is split: its waits (collectives per step x latency) come off each point and only the compute is
 rescaled to the reference speed; plugins/cost/calibrated.py adds the waits back at the latency of the host it prices
-(`sim.cost.collective_s`).
+(`sim.cost.collective_s`). The counts are over all of a point's steps (a decode point's extend steps too: 13-14
+against 11-12, within a point's few percent). On this VM the latency was found to move with the compute probe, and
+the split removed no error (experiments/sim_fidelity/notes_collectives.md): the committed profile is not split.
 
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
@@ -168,8 +171,8 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     (`*_raw`). A config whose steps wait on collectives (several ranks) is split first: a point's waits (its
     collectives per step x one collective's latency then, smoothed the same way) come off its seconds, and only the
     rest, the compute, is rescaled; the config then carries its `collectives_per_step` (the median of its prefill
-    points', and of its decode points') and `collective_s` (their mean latency), which plugins/cost/calibrated.py adds back to each step, at the latency of
-    the host it prices."""
+    points', and of its decode points') and `collective_s` (their mean latency), which plugins/cost/calibrated.py adds
+    back to each step, at the latency of the host it prices."""
     grids = [profiles[n][kind] for n in names for kind in ("prefill", "decode")]
     ref = statistics.fmean(x for g in grids for row in g["pinned_s"] for x in row)
     if not apply:
@@ -178,7 +181,8 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
         pre, dec = profiles[n]["prefill"], profiles[n]["decode"]
         flat = lambda key: [x for g in (pre, dec) for row in g[key] for x in row]      # noqa: E731 (measuring order)
         speed = iter(_smoothed(flat("pinned_s")))
-        split = "collective_s" in pre and None not in flat("collective_s") and max(flat("collectives_per_step")) > 0
+        split = ("collective_s" in pre and None not in flat("collective_s")
+                 and max(flat("collectives_per_step")) > 0)
         if split:
             latency, per_step = flat("collective_s"), flat("collectives_per_step")
             waits = iter([k * c for k, c in zip(per_step, _smoothed(latency))])

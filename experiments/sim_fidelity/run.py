@@ -42,10 +42,11 @@ contention wanders by the hour (1.12 before round G's run, 1.32 after).
 experiments/calibrate) at one all-reduce's latency measured around each real block (host_probe.Cores, with its speed;
 `sim.cost.collective_s`); `none` (the default): at the profile's own.
 `--host-scale pinned` (the round of protocol_pinned.md) takes the host's speed around each real block
-(framework/core/host_probe.pinned: the probe's work on each core in turn, 1 s each, before and after the block, on the
-idle host) and simulates the block with every calibrated second scaled by their mean over the profile's reference
-(`host_probe.pinned_s`; `sim.cost.host_scale`); `none` (the default) prices the profile's seconds as they are. The
-scale comes from the probe alone, never from a real run's figures or CPU.
+(framework/core/host_probe: the probe's work on each core in turn, 1 s each, before and after the block, on the idle
+host; `pinned` in this process until 2e3a2ac, `Cores`' pinned processes since) and simulates the block with every
+calibrated second scaled by their mean over the profile's reference (`host_probe.pinned_s`; `sim.cost.host_scale`);
+`none` (the default) prices the profile's seconds as they are. The scale comes from the probe alone, never from a
+real run's figures or CPU.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
 `--answers`, and writes --resim-out.
@@ -135,7 +136,7 @@ class HostSpeed:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.cores is None:
+        if self.cores is None or exc[0] is not None:          # (a block that failed: its error, not a measurement's)
             return
         self.taken.append(self.cores.measure(PINNED_S))
         self.speeds = [m["pinned_s"] for m in self.taken]
@@ -392,7 +393,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             scale = statistics.fmean(run["host_pinned_s"]) / reference_s if reference_s else 1.0
-            block = run["block_contention"] if per_block else None               # (--contention block: the block's)
+            block = statistics.fmean(run["host_contentions"]) if per_block else None   # (block: the block's)
             latency = statistics.fmean(run["host_collective_s"]) if collectives else None
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale, block,
                                          latency))
@@ -463,7 +464,9 @@ def main() -> None:
             if args.contention == "engine" else None         # (block: recorded, for --resimulate --contention measured)
         if cores is not None:
             decode, extend = factors(cores)
-            print(f"contention ({args.contention}): decode steps {decode:.3f}, extend steps {extend:.3f}", flush=True)
+            said = ": recorded, each block simulated with its own" if per_block else ""
+            print(f"contention ({args.contention}{said}): decode steps {decode:.3f}, extend steps {extend:.3f}",
+                  flush=True)
         sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
         around = functools.partial(HostSpeed, probes, reference_s, per_block, args.collectives == "block")
         repeats = []
@@ -554,7 +557,7 @@ def resimulate_main(args) -> None:
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
-    if per_block and any(r.get("block_contention") is None for rep in stored["runs"] for r in rep):
+    if per_block and any(not r.get("host_contentions") for rep in stored["runs"] for r in rep):
         sys.exit(f"--contention block: {args.resimulate} took no contention around its blocks; give measured, a "
                  f"factor, or none")
     for answers in args.answers:
@@ -564,6 +567,7 @@ def resimulate_main(args) -> None:
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
+                                "reference_pinned_s": reference_s,
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors", "host_scales")} for c in cells]}

@@ -15,6 +15,7 @@ alone speed that way, core by core, in this process: a speed to compare across m
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import statistics
 import subprocess
@@ -70,8 +71,9 @@ class Cores:
     probe's work on each core alone in turn, then on every core at once, then the latency of one small all-reduce
     among the processes over gloo (what a step of an instance of several ranks on this host waits on between its
     kernels: this VM, 2026-12-03, ~2 ms each, ~12 of them in a two-rank step of the tiny model, against ~10 ms of
-    compute). Where cores cannot be pinned (one core, or no sched_setaffinity) no process starts: contention 1.0 and
-    no collective."""
+    compute; on a host of N cores it is an N-way all-reduce). Its speed alone is ``pinned``'s work, timed in these
+    processes rather than in the caller's. Where cores cannot be pinned (one core, or no sched_setaffinity) no process
+    starts: contention 1.0 and no collective."""
 
     def __init__(self) -> None:
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -84,21 +86,27 @@ class Cores:
         with socket.socket() as sock:                                      # a free port for the processes' group
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        for rank, cpu in enumerate(self.cpus):
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--rank", str(rank),
-                 "--world", str(len(self.cpus)), "--port", str(port)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2]))
-        for cpu, proc in zip(self.cpus, self.procs):                       # imported, warmed up, in their group
-            if proc.stdout.readline().strip() != "ready":
-                self.__exit__()
-                raise RuntimeError(f"the host probe pinned to core {cpu} did not start")
+        try:
+            for rank, cpu in enumerate(self.cpus):
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "framework.core.host_probe", "--cpu", str(cpu), "--rank", str(rank),
+                     "--world", str(len(self.cpus)), "--port", str(port)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2]))
+            for cpu, proc in zip(self.cpus, self.procs):                   # imported, warmed up, in their group
+                if proc.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"the host probe pinned to core {cpu} did not start")
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                proc.stdin.close()                                         # its loop ends at end of input
+                try:
+                    proc.stdin.close()                                     # its loop ends at end of input
+                except BrokenPipeError:
+                    pass
         for proc in self.procs:
             try:
                 proc.wait(timeout=60)
@@ -107,9 +115,12 @@ class Cores:
         self.procs = []
 
     def _ask(self, procs: list[subprocess.Popen], line: str) -> list[float]:
-        for proc in procs:                                                 # all start together
-            proc.stdin.write(line + "\n")
-            proc.stdin.flush()
+        try:
+            for proc in procs:                                             # all start together
+                proc.stdin.write(line + "\n")
+                proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError("a host probe pinned to a core has exited") from None
         out = [proc.stdout.readline() for proc in procs]
         if not all(out):
             raise RuntimeError("a host probe pinned to a core stopped answering")
@@ -121,6 +132,8 @@ class Cores:
         ``collective_s``: the mean seconds of one all-reduce among the cores' processes (``collectives`` of them;
         None without pinned processes)."""
         if not self.procs:
+            if len(self.cpus) >= 2:
+                raise RuntimeError("Cores.measure outside its `with` block: no pinned processes started")
             return {"contention": 1.0, "cpus": self.cpus, "alone_s": [], "together_s": [], "pinned_s": pinned(seconds),
                     "collective_s": None}
         alone = [self._ask([proc], f"work {seconds}")[0] for proc in self.procs]
@@ -178,7 +191,8 @@ def _serve_core(cpu: int, rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))    # a sibling that died: fail, not wait 30 min
     x = torch.ones(8, 256)          # a few rows of hidden states: the size of a tiny model's step's exchange
     _work()
     for _ in range(5):

@@ -29,15 +29,16 @@ in series with the steps (one process, one GIL; framework/sim/instance.py adds a
 arrival and a token's to the step that samples it); ``none`` (the default).
 
 ``host_scale`` (1.0 by default: the host at its profile's speed) multiplies every priced second, steps and serving
-alike: the host's slowness now against its profiling, as framework/core/host_probe.pinned measures it (a fixed piece
-of work shaped like the engine's steps, on each core in turn), for a host whose speed moves between the profile and
-the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that probe around each real block, never from
-the run).
+alike: the host's slowness now against its profiling, as framework/core/host_probe measures it (a fixed piece of work
+shaped like the engine's steps, on each core in turn: ``pinned``, or ``Cores`` since 2e3a2ac), for a host whose speed
+moves between the profile and the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that probe around
+each real block, never from the run).
 
-A profile of several ranks splits each step (experiments/calibrate): the ranks' waits on their collectives (the
-profile's `collectives_per_step`, counted, by the step's kind: extend or decode, each at `collective_s`, host_probe.Cores' all-reduce latency then) and the
-rest, the compute, which ``host_scale`` scales. The waits are priced at ``collective_s`` (None: the profile's own), as
-this VM's ~2 ms per collective made ~25 ms of a two-rank step of ~36 and moves apart from the compute probe.
+A profile of several ranks measured since 2e3a2ac splits each step (experiments/calibrate): the ranks' waits on their
+collectives (the profile's `collectives_per_step` by the step's kind, extend or decode, each at `collective_s`,
+host_probe.Cores' all-reduce latency then) and the rest, the compute, which ``host_scale`` scales. The waits are
+priced at ``collective_s`` (None: the profile's own): on this VM ~2 ms each, ~25 ms of a two-rank step of ~36. The
+committed profile is not split (experiments/sim_fidelity/notes_collectives.md: the split removed no error here).
 
 Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
 """
@@ -69,7 +70,7 @@ class CalibratedConfig(CostConfig):
     point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
     serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
     host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
-    collective_s: float | None = None  # one collective's seconds on the host now; None: the profile's (module doc)
+    collective_s: float | None = None  # one collective's seconds on the host; None: the profile's (module doc)
 
 
 BETWEEN = ("fit", "grid")

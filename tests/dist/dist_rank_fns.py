@@ -98,6 +98,7 @@ def run_every_collective(group: Group) -> dict:
     out["broadcast"] = group.broadcast_object({"from": rank, "payload": list(range(rank + 2))}, src=size - 1)
     out["gathered_objects"] = group.all_gather_object(("rank", rank, "x" * rank))
     group.barrier()
+    out["collectives"] = group.collectives          # every wait counted: the same number on every rank
     return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in out.items()}
 
 

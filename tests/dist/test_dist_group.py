@@ -52,3 +52,7 @@ def test_every_collective_matches_the_single_process_reference(size, start_metho
     oversubscribed = [w for w in caught if "ranks on 2 CPU cores" in str(w.message)]
     assert len(oversubscribed) == (1 if size > 2 else 0)
     assert_every_collective_right(results, size)
+    # Group.collectives (experiments/calibrate prices the waits): counts 1, gather 1 (an all-empty one waits on none),
+    # reduce x3, reduce-scatter 1, all-to-all 2 + 1 (counts known), broadcast_object 2, all_gather_object 2, barrier 1
+    counted = {r["collectives"] for r in results}
+    assert counted == ({0} if size == 1 else {14}), counted

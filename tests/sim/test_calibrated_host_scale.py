@@ -121,11 +121,7 @@ def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_b
 
 
 def test_what_a_new_profile_keeps_is_moved_to_its_reference_speed(capsys):
-    import importlib.util
-    from framework.core.paths import REPO_ROOT
-    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibrate)
+    calibrate = _calibrate()
     kept = {"old": {"prefill": {"seconds": [[1.0]], "seconds_median": [[2.0]]}, "decode": {"seconds": [[4.0]]}}}
     serving = {"request_cpu_s": 0.002, "token_cpu_s": 0.0004, "normalized_to_pinned_s": 0.010}
     moved = calibrate.rebase(kept, {"old"}, serving, {"normalized": "pinned", "pinned_s": 0.010}, 0.015)
