@@ -119,16 +119,13 @@ def _own_cpu_s() -> float:
 
 class HostSpeed:
     """The host around a block, measured before and after it with ``cores`` (host_probe.Cores: PINNED_S each core
-    alone, then all at once, and one all-reduce's latency; None: nothing measured). ``scale``: the mean speed alone
-    over the calibration profile's reference speed (``reference_s``; 1.0 when None: --host-scale none);
-    ``contention``: the mean contention, which the block is simulated with when ``per_block`` (--contention block;
-    None otherwise); ``collective``: the mean latency, simulated with when ``collectives`` (--collectives block)."""
+    alone, then all at once, and one all-reduce's latency; None: nothing measured): ``record`` (what a run keeps of
+    it) and ``simulated`` (what its simulation takes from it, as ``block_host`` derives it)."""
 
     def __init__(self, cores: Cores | None = None, reference_s: float | None = None, per_block: bool = False,
                  collectives: bool = False) -> None:
-        self.cores, self.reference_s, self.per_block, self.collectives = cores, reference_s, per_block, collectives
-        self.scale, self.speeds, self.contentions, self.contention = 1.0, None, None, None
-        self.latencies, self.collective = None, None
+        self.cores, self.switches = cores, (reference_s, per_block, collectives)
+        self.taken: list[dict] = []
 
     def __enter__(self) -> "HostSpeed":
         if self.cores is not None:
@@ -136,25 +133,38 @@ class HostSpeed:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.cores is None or exc[0] is not None:          # (a block that failed: its error, not a measurement's)
-            return
-        self.taken.append(self.cores.measure(PINNED_S))
-        self.speeds = [m["pinned_s"] for m in self.taken]
-        self.contentions = [m["contention"] for m in self.taken]
-        if self.reference_s is not None:
-            self.scale = statistics.fmean(self.speeds) / self.reference_s
-        self.latencies = [m["collective_s"] for m in self.taken]
-        if self.per_block:
-            self.contention = statistics.fmean(self.contentions)
-        if self.collectives and None not in self.latencies:
-            self.collective = statistics.fmean(self.latencies)
+        if self.cores is not None and exc[0] is None:         # (a block that failed: its error, not a measurement's)
+            self.taken.append(self.cores.measure(PINNED_S))
+
+    def record(self) -> dict:
+        """Before and after: the speeds alone, the contentions and the collective latencies (None: not measured)."""
+        taken = self.taken or None
+        return {k: taken and [m[key] for m in taken] for k, key in (
+            ("host_pinned_s", "pinned_s"), ("host_contentions", "contention"), ("host_collective_s", "collective_s"))}
+
+    def simulated(self) -> tuple[float, float | None, float | None]:
+        return block_host(self.record(), *self.switches)
 
 
-def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float, host_scale: float = 1.0,
-               contention: float | None = None, collective: float | None = None):
+def block_host(record: dict, reference_s: float | None, per_block: bool, collectives: bool
+               ) -> tuple[float, float | None, float | None]:
+    """A block's host as its simulation takes it, from what was measured around it (``HostSpeed.record``, or a stored
+    run's): the scale, its speeds over the profile's reference speed (1.0 without one: --host-scale none); the
+    contention (--contention block; None: the run's switches'); one collective's latency (--collectives block;
+    None: the profile's own)."""
+    scale = statistics.fmean(record["host_pinned_s"]) / reference_s if reference_s else 1.0
+    contention = statistics.fmean(record["host_contentions"]) if per_block else None
+    latency = record.get("host_collective_s")
+    collective = statistics.fmean(latency) if collectives and latency and None not in latency else None
+    return scale, contention, collective
+
+
+def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float,
+               host: tuple[float, float | None, float | None] = (1.0, None, None)):
     """The simulated run of a real one: its overrides, mode=sim's, the background measured during it (the
-    in-process TP/DP driver has no network or router) and the host then (``HostSpeed``: its speed, its contention
+    in-process TP/DP driver has no network or router) and the host then (``block_host``: its scale, its contention
     with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then)."""
+    host_scale, contention, collective = host
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
@@ -164,10 +174,8 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], background
 
 
 def _host(background: "Background", speed: HostSpeed) -> dict:
-    """A case's record of the host during its real run."""
-    return {"host_background": background.procs, "host_scale": speed.scale, "host_pinned_s": speed.speeds,
-            "host_contentions": speed.contentions, "block_contention": speed.contention,
-            "host_collective_s": speed.latencies, "block_collective_s": speed.collective}
+    """A case's record of the host during its real run (``host_scale``: as simulated)."""
+    return {"host_background": background.procs, "host_scale": speed.simulated()[0], **speed.record()}
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) -> list[dict]:
@@ -180,8 +188,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) ->
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.scale,
-                                     speed.contention, speed.collective))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.simulated()))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
                       "overrides": overrides, "real": trial, "sim": sim, **_host(background, speed)})
     return cases
@@ -198,8 +205,7 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) ->
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
         with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.scale,
-                                     speed.contention, speed.collective))
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.simulated()))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, **_host(background, speed)})
     return cases
@@ -392,14 +398,11 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         cases = []
         for run in rep:
             c = meta[run["case"]]
-            scale = statistics.fmean(run["host_pinned_s"]) / reference_s if reference_s else 1.0
-            block = statistics.fmean(run["host_contentions"]) if per_block else None   # (block: the block's)
-            latency = statistics.fmean(run["host_collective_s"]) if collectives else None
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], scale, block,
-                                         latency))
+            host = block_host(run, reference_s, per_block, collectives)
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], host))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
-                          "host_scale": scale})
+                          "host_scale": host[0]})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -498,8 +501,7 @@ def main() -> None:
            "host_scale": args.host_scale,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
-                      "block_contention": c["block_contention"], "host_collective_s": c["host_collective_s"],
-                      "block_collective_s": c["block_collective_s"],
+                      "host_collective_s": c["host_collective_s"],
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -525,14 +527,13 @@ def factors(cores: dict) -> tuple[float, float]:
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
+    cost = [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
+            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
     if args.contention == "block":                # each block's own (sim_config)
-        return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
-                f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
+        return cost
     factor = 1.0 if args.contention in ("none", "measured", "engine") else float(args.contention)
     decode, extend = factors(cores) if cores else (factor, factor)
-    return [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
-            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}",
-            f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"]
+    return cost + [f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"]
 
 
 def resimulate_main(args) -> None:

@@ -71,6 +71,11 @@ class Parallelism:
         self.stats = {"skipped_idle_steps": 0}     # the plugin's own; the step counts steps (engine/step.py)
 
     @property
+    def collectives(self) -> int:
+        """The collectives this rank has waited on, over its group and its control group (when it has its own)."""
+        return self.group.collectives + (self.control.collectives if self.control is not self.group else 0)
+
+    @property
     def rank(self) -> int:
         return self.group.rank
 

@@ -144,15 +144,6 @@ class Cores:
                 "collective_s": collective}
 
 
-def slowdown(c: float, used: float, cores: int) -> float:
-    """How much slower a busy core runs with ``used`` cores busy than alone, on a host of ``cores`` whose cores all
-    busy run ``c`` times slower than alone (``contention``): linear in the other cores busy."""
-    if c == 1.0 or cores < 2:
-        return 1.0
-    used = min(max(used, 1.0), cores)
-    return 1.0 + (c - 1.0) * (used - 1.0) / (cores - 1)
-
-
 def contention(seconds: float = 3.0) -> dict:
     """The host's cores alone and together (``Cores.measure`` once): the probe's work repeated for ``seconds`` pinned
     to each core alone, then to every core at once; ``contention`` = the mean time together / the mean alone (1.0

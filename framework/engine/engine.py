@@ -161,10 +161,4 @@ class Engine:
         return rank_snapshot(self.scheduler, par.describe(par.cfg), par.rank, par.dp_rank, par.leads, self.memory,
                              self.requests, {**par.stats, **self.instance_step.counters[0], **self.graphs.stats,
                                                   **self.timing, **placement_stats(self.model),
-                                                  "collectives": collectives_of(par)}, counts, local)
-
-
-def collectives_of(par) -> int:
-    """The collectives this rank has waited on, over its group and, where it has its own, its control group."""
-    groups = {id(g): g for g in (par.group, par.control)}
-    return sum(getattr(g, "collectives", 0) for g in groups.values())
+                                                  "collectives": par.collectives}, counts, local)

@@ -39,7 +39,6 @@ from itertools import accumulate
 
 from tqdm import tqdm
 
-from framework.core.host_probe import slowdown
 from framework.engine.request import Req, SamplingParams
 from framework.core.records import RequestRecord
 from framework.contracts.workload import Session
@@ -53,6 +52,15 @@ ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events a
 PD_EVENT = 6                                  # a KV transfer drained or landed (framework/sim/pd.py)
 MAX_RUN = 64                                  # decode steps one event advances at most
 HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
+
+
+def slowdown(c: float, used: float, cores: int) -> float:
+    """How much slower a busy core runs with ``used`` cores busy than alone, on a host of ``cores`` whose cores all
+    busy run ``c`` times slower than alone (``contention``): linear in the other cores busy."""
+    if c == 1.0 or cores < 2:
+        return 1.0
+    used = min(max(used, 1.0), cores)
+    return 1.0 + (c - 1.0) * (used - 1.0) / (cores - 1)
 
 
 @dataclass(eq=False)  # a flight is itself: found by identity

@@ -223,7 +223,7 @@ class CalibratedCost(CostModel):
             self._decode_time = Grid(dec["batch"], dec["context"], dec_s, self._decode_time)
 
     def step_time(self, step: Step) -> float:
-        groups, t = len(step.batches), 0.0
+        groups, t, wait = len(step.batches), 0.0, self._wait
         for b in step.batches:
             n = len(b.new_tokens)
             if b.mode == "idle" or not n:
@@ -231,15 +231,14 @@ class CalibratedCost(CostModel):
             if b.mode == "decode":
                 bt = self._decode_time(groups * n, sum(b.prefix) / n)
             else:
+                wait = self._wait_extend          # a step that extends waits on an extend step's collectives
                 new = sum(b.new_tokens)
                 attended = sum(x * p for x, p in zip(b.new_tokens, b.prefix))
                 bt = self._prefill_time(new, attended / new)
                 if self.per_request and n > 1:
                     bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
             t = bt if bt > t else t
-        if not t:
-            return t
-        return t + (self._wait_extend if any(b.mode == "extend" for b in step.batches) else self._wait)
+        return t + wait if t else t
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving

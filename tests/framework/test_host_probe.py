@@ -47,7 +47,7 @@ def test_a_stamp_with_a_pinned_speed_is_checked_pinned():
 
 
 def test_slowdown_is_linear_in_the_other_cores_busy():
-    from framework.core.host_probe import slowdown
+    from framework.sim.cluster import slowdown
     assert slowdown(1.5, 2, 2) == pytest.approx(1.5) and slowdown(1.5, 1, 2) == 1.0
     assert slowdown(1.5, 1.5, 2) == pytest.approx(1.25) and slowdown(1.5, 5, 2) == pytest.approx(1.5)   # capped
     assert slowdown(1.6, 2, 4) == pytest.approx(1.2) and slowdown(1.5, 2, 1) == 1.0 and slowdown(1.0, 2, 2) == 1.0
