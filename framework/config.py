@@ -69,6 +69,10 @@ class SimConfig:
     # share a physical core or its caches: this VM's 2 measured 0.93-1.25x at different times, framework/core/host_probe.contention); 1: none
     host_contention: float = 1.0
     host_contention_extend: Optional[float] = None   # extend steps' own factor (None: host_contention's)
+    # with host_cores: the cores' time the hypervisor gives to other guests (steal, /proc/stat), in cores. Each core
+    # runs 1 - host_steal / host_cores of the time, and an instance's ranks, which meet at every collective, advance
+    # only while every one of their cores runs (framework/sim/cluster.py); 0: none (or counted in host_background)
+    host_steal: float = 0.0
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

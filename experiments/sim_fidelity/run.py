@@ -47,6 +47,11 @@ host; `pinned` in this process until 2e3a2ac, `Cores`' pinned processes since) a
 calibrated second scaled by their mean over the profile's reference (`host_probe.pinned_s`; `sim.cost.host_scale`);
 `none` (the default) prices the profile's seconds as they are. The scale comes from the probe alone, never from a
 real run's figures or CPU.
+`--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
+cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
+it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
+every collective, stalls while either of its cores is; `processes` (the default, as every round before): steal counts
+as busy processes of other work, which a two-rank instance only shares the cores with.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
 `--answers`, and writes --resim-out.
@@ -94,22 +99,28 @@ WORK = ("extend_cpu_s", "decode_cpu_s", "server_process_cpu_s", "requests_comple
 
 class Background:
     """Other work's busy processes on this host while a block runs: the host's busy CPU (/proc/stat) less this
-    process's and its children's (every real run here), over the wall time. The simulation shares the cores with
-    as many (`sim.host_background`): the real runs did."""
+    process's and its children's (every real run here), over the wall time (``procs``), and of it the cores' time the
+    hypervisor gave to other guests (``steal``, in cores). The simulation shares the cores with as many
+    (`sim.host_background`): the real runs did. With --steal lockstep the steal is simulated apart (`sim.host_steal`):
+    a two-rank instance stalls while either core is taken, where a busy process would only share them."""
 
     def __enter__(self) -> "Background":
-        self.t, self.host, self.own = time.perf_counter(), _host_busy_s(), _own_cpu_s()
+        self.t, self.host, self.own = time.perf_counter(), _host_ticks_s(), _own_cpu_s()
         return self
 
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self.t
-        self.procs = max(0.0, ((_host_busy_s() - self.host) - (_own_cpu_s() - self.own)) / wall)
+        (busy, steal), (busy0, steal0) = _host_ticks_s(), self.host
+        self.procs = max(0.0, ((busy - busy0) - (_own_cpu_s() - self.own)) / wall)
+        self.steal = min(max(0.0, (steal - steal0) / wall), self.procs)
 
 
-def _host_busy_s() -> float:
+def _host_ticks_s() -> tuple[float, float]:
+    """The host's busy seconds (less idle and iowait; steal included) and, of them, the steal."""
     with open("/proc/stat") as f:
         ticks = [int(v) for v in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")      # less idle and iowait
+    tck = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / tck, (ticks[7] if len(ticks) > 7 else 0) / tck
 
 
 def _own_cpu_s() -> float:
@@ -160,25 +171,30 @@ def block_host(record: dict, reference_s: float | None, per_block: bool, collect
 
 
 def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float,
-               host: tuple[float, float | None, float | None] = (1.0, None, None)):
+               host: tuple[float, float | None, float | None] = (1.0, None, None), steal: float | None = None):
     """The simulated run of a real one: its overrides, mode=sim's, the background measured during it (the
     in-process TP/DP driver has no network or router) and the host then (``block_host``: its scale, its contention
-    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then)."""
+    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then).
+    ``steal`` (--steal lockstep): the part of the background the hypervisor took, simulated apart."""
     host_scale, contention, collective = host
+    if steal is not None:
+        background = max(0.0, background - steal)
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
     block += [] if collective is None else [f"sim.cost.collective_s={collective:.6f}"]
+    block += [] if steal is None else [f"sim.host_steal={steal:.3f}"]
     return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
                                                             f"sim.cost.host_scale={host_scale:.4f}"])
 
 
 def _host(background: "Background", speed: HostSpeed) -> dict:
     """A case's record of the host during its real run (``host_scale``: as simulated)."""
-    return {"host_background": background.procs, "host_scale": speed.simulated()[0], **speed.record()}
+    return {"host_background": background.procs, "host_steal": background.steal, "host_scale": speed.simulated()[0],
+            **speed.record()}
 
 
-def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) -> list[dict]:
+def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
            *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
@@ -188,13 +204,14 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) ->
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.simulated()))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.simulated(),
+                                     background.steal if lockstep else None))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
                       "overrides": overrides, "real": trial, "sim": sim, **_host(background, speed)})
     return cases
 
 
-def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) -> list[dict]:
+def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
     sys.path.insert(0, str(ROOT / "experiments" / "dp_attn_vs_tp"))
     from run import bench                                      # experiments/dp_attn_vs_tp/run.py
@@ -205,7 +222,8 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed) ->
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
         with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.simulated()))
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.simulated(),
+                                     background.steal if lockstep else None))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, **_host(background, speed)})
     return cases
@@ -289,10 +307,11 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
                      sum(v < sim[k]["median"] for r in runs if (v := r["real"].get(k)) is not None)) for k in JUDGED}
         bg = [r["host_background"] for r in runs]
         scales = [r.get("host_scale", 1.0) for r in runs]
+        steal = [r.get("host_steal") for r in runs]
         out.append({"case": name, "study": runs[0]["study"], "overrides": runs[0]["overrides"], "repeats": len(runs),
                     "real_spread": real, "sim_spread": sim, "inside_real_range": inside, "real_below_sim": below,
                     "host_background": statistics.median(bg), "host_background_range": [min(bg), max(bg)],
-                    "host_scales": scales,
+                    "host_steal": None if None in steal else statistics.median(steal), "host_scales": scales,
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
     return out
 
@@ -314,7 +333,7 @@ def range_table(cells: list[dict], load: dict) -> str:
         lines.append(f"| {c['case']} | {c['repeats']} | {cell(c, 'output_throughput_tok_s', f1)} | "
                      f"{cell(c, 'ttft_p50_ms', f1)} | {cell(c, 'cache_hit_rate', f3)} | "
                      f"{'-' if sr is None else f3(sr)}{'' if run else ' (since start)'} / {'-' if ss is None else f3(ss)} | "
-                     f"{c['host_background']:.2f} | {'/'.join(f'{x:.2f}' for x in c.get('host_scales') or [1.0])} |")
+                     f"{c['host_background']:.2f}{_steal(c)} | {'/'.join(f'{x:.2f}' for x in c.get('host_scales') or [1.0])} |")
     inside = {k: sum(c["inside_real_range"][k] for c in cells) for k in JUDGED}
     lines.append("")
     lines.append(f"simulated median inside the real range: throughput {inside['output_throughput_tok_s']}/"
@@ -322,8 +341,13 @@ def range_table(cells: list[dict], load: dict) -> str:
                  f"{inside['cache_hit_rate']}/{len(cells)} (`!`: outside)")
     lines.append(chance_line(cells))
     lines.append(f"host load average (1 min) before / after: {load['before'][0]:.2f} / {load['after'][0]:.2f} on "
-                 f"{load['cores']} cores; bg procs: other work's busy processes measured during the real runs")
+                 f"{load['cores']} cores; bg procs: other work's busy processes measured during the real runs "
+                 f"(in brackets: of them, the cores' time the hypervisor took, /proc/stat's steal)")
     return "\n".join(lines)
+
+
+def _steal(cell: dict) -> str:
+    return "" if cell.get("host_steal") is None else f" ({cell['host_steal']:.2f})"
 
 
 def chance_line(cells: list[dict]) -> str:
@@ -387,7 +411,7 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
 
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
-               collectives: bool = False) -> tuple[list[dict], str]:
+               collectives: bool = False, lockstep: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
@@ -399,7 +423,8 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives)
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], host))
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], host,
+                                         run.get("host_steal", 0.0) if lockstep else None))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_scale": host[0]})
@@ -439,6 +464,10 @@ def main() -> None:
     ap.add_argument("--collectives", choices=["none", "block"], default="none",
                     help="sim.cost.collective_s: the profile's own latency of one collective (none), or the host's "
                          "around each real block (host_probe.Cores; a two-rank profile split its steps' waits off)")
+    ap.add_argument("--steal", choices=["processes", "lockstep"], default="processes",
+                    help="the cores' time the hypervisor took during each real block (/proc/stat's steal): counted "
+                         "as busy processes of other work (processes), or simulated apart (lockstep: sim.host_steal, "
+                         "a multi-rank instance stalls while any of its cores is taken)")
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
@@ -472,11 +501,14 @@ def main() -> None:
                   flush=True)
         sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
         around = functools.partial(HostSpeed, probes, reference_s, per_block, args.collectives == "block")
+        lockstep = args.steal == "lockstep"
         repeats = []
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
             work = args.work / f"repeat{k}"
-            cases = (router_cases(args.quick, work, sim_args, around) if "router_ablation" in args.studies else []) \
-                + (scheme_cases(args.quick, work, sim_args, around) if "dp_attn_vs_tp" in args.studies else [])
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep)
+                     if "router_ablation" in args.studies else []) \
+                + (scheme_cases(args.quick, work, sim_args, around, lockstep) if "dp_attn_vs_tp" in args.studies
+                   else [])
             print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
             repeats.append(cases)
         load["after"] = os.getloadavg()
@@ -496,10 +528,13 @@ def main() -> None:
            "note": ("shared 2-core machine: real runs ran beside other work (load average and the background "
                     "processes measured during each real run are recorded); medians over interleaved repeats"),
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
-                                        "inside_real_range", "real_below_sim", "errors", "host_background", "host_background_range",
+                                        "inside_real_range", "real_below_sim", "errors", "host_background",
+                                        "host_background_range", "host_steal",
                                         "host_scales", "real", "sim")} for c in cells],
            "host_scale": args.host_scale,
-           "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_scale": c["host_scale"],
+           "steal": args.steal,
+           "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
+                      "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
                       "host_collective_s": c["host_collective_s"],
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
@@ -564,7 +599,8 @@ def resimulate_main(args) -> None:
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
-        cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block")
+        cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
+                                 args.steal == "lockstep")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
@@ -577,6 +613,7 @@ def resimulate_main(args) -> None:
         name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
                         + ([] if args.contention == "none" else [f"contention_{args.contention}"])
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
+                        + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,8 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
                      background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
-                     host_contention=s.host_contention, host_contention_extend=s.host_contention_extend)
+                     host_contention=s.host_contention, host_contention_extend=s.host_contention_extend,
+                     host_steal=s.host_steal)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim

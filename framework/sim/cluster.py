@@ -25,6 +25,11 @@ instance alone), so an instance's steps stretch by that factor now over the fact
 a one-rank instance priced alone slows when the others are busy, a two-rank one on two cores was priced so already.
 `host_contention_extend` (when set) is the factor of steps that extend, `host_contention` then the decode steps'
 (this VM: the real engines' extend CPU rose 1.07x under load, their decode CPU 1.2-1.4x).
+`host_steal` s (`sim.host_steal`, in cores) is the cores' time the hypervisor gives to other guests: no process here
+runs then, whatever the sharing. Each core runs a share 1 - s / cores of the time, independently, and an instance's
+ranks wait for one another at every collective, so it advances only while all of its cores run: (1 - s / cores) ^
+min(size, cores) of its speed. Counted as busy processes instead (`host_background`), steal would slow a two-rank
+instance on two cores by 1 + s / 2, where it stalls it by 1 / (1 - s / 2)^2 (this VM: 0-0.5 cores stolen, by the hour).
 
 Prefill/decode disaggregation (`cluster.roles`): `pd` (framework/sim/pd.py) routes each request to a pair, or to its
 decode instance alone, and moves the KV between them on the simulated links; the hooks here hand it the prefill
@@ -95,7 +100,7 @@ class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
-                 host_contention: float = 1.0, host_contention_extend: float | None = None):
+                 host_contention: float = 1.0, host_contention_extend: float | None = None, host_steal: float = 0.0):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -108,6 +113,10 @@ class Simulation:
             if not c > 0:
                 raise ValueError(f"sim.{key}={c} must be > 0 (1: cores that do not slow each other)")
         self.contention = {"decode_cpu_s": host_contention, "extend_cpu_s": extend}   # by step kind (STEP_CPU_KEYS)
+        if host_steal < 0 or (host_steal and not host_steal < host_cores):
+            raise ValueError(f"sim.host_steal={host_steal} must be >= 0 and below sim.host_cores={host_cores} (the "
+                             f"cores' time taken by the hypervisor, in cores)")
+        self.running = 1.0 - host_steal / host_cores if host_cores else 1.0   # a core's share of the time it runs
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
             self.ff = False                         # a run's steps would move with the sharing: one at a time
@@ -276,9 +285,10 @@ class Simulation:
     def _speed(self, worker: str, kind: str, busy: float) -> float:
         """A step of ``kind`` (a STEP_CPU_KEYS key) on ``worker``, with ``busy`` processes busy: its speed against its
         price (the cores' share, and the contention now over the contention at its own ranks when it was priced)."""
-        c = self.contention[kind]
+        c, size = self.contention[kind], self.instances[worker].size
         share = min(1.0, self.cores / busy) if busy > 0 else 1.0
-        return share * slowdown(c, self.instances[worker].size, self.cores) / slowdown(c, busy, self.cores)
+        lockstep = self.running ** min(size, self.cores)   # steal: its ranks advance only while all their cores run
+        return share * lockstep * slowdown(c, size, self.cores) / slowdown(c, busy, self.cores)
 
     def _stretch(self, worker: str, kind: str, busy: float) -> float:
         """sharing=at_start: a step of ``kind`` on ``worker`` keeps the stretch of the busy processes at its start."""

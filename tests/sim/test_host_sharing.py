@@ -155,3 +155,22 @@ def test_a_serving_measurement_at_another_reference_speed_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"not at its profile's reference speed.*experiments/calibrate/serving.py"):
         simulate(compose(ONE_BY_ONE + [f"sim.cost.path={path}", "sim.cost.serving=measured"]))
+
+
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
+def test_steal_stalls_an_instance_while_any_of_its_cores_is_taken(sharing):
+    """sim.host_steal: a quarter of each core's time given to other guests. One request at a time: a one-rank
+    instance runs at 3/4 of its price, a two-rank one (its ranks meet at every collective) at (3/4)^2, where the same
+    steal counted as half a busy process slows it only by 1.25x (fair sharing of 2.5 processes on 2 cores)."""
+    one = EXACT + [f"sim.host_sharing={sharing}"]
+    assert _latencies(one + ["sim.host_steal=0.5"]) == pytest.approx([t / 0.75 for t in _latencies(one)])
+    two = one + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "cluster.http=false"]
+    plain = _latencies(two)
+    assert _latencies(two + ["sim.host_steal=0.5"]) == pytest.approx([t / 0.75 ** 2 for t in plain])
+    assert _latencies(two + ["sim.host_background=0.5"]) == pytest.approx([t * 1.25 for t in plain])
+
+
+def test_a_steal_outside_the_cores_is_refused():
+    for steal, cores in ((-0.1, 2), (2, 2), (0.5, 0)):
+        with pytest.raises(ValueError, match=r"host_steal=.* must be >= 0 and below sim.host_cores"):
+            simulate(compose(ONE_BY_ONE + [f"sim.host_cores={cores}", f"sim.host_steal={steal}"]))
