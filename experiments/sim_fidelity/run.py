@@ -53,7 +53,8 @@ it apart (`sim.host_steal`): no process runs on a core while it is taken, so a t
 every collective, stalls while either of its cores is; `processes` (the default, as every round before): steal counts
 as busy processes of other work, which a two-rank instance only shares the cores with.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
-deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`) and each
+deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`, `--contention`,
+`--collectives`, `--steal`) and each
 `--answers`, and writes --resim-out.
 """
 from __future__ import annotations
@@ -112,15 +113,18 @@ class Background:
         wall = time.perf_counter() - self.t
         (busy, steal), (busy0, steal0) = _host_ticks_s(), self.host
         self.procs = max(0.0, ((busy - busy0) - (_own_cpu_s() - self.own)) / wall)
-        self.steal = min(max(0.0, (steal - steal0) / wall), self.procs)
+        # measured on its own, not cut to ``procs``: the run's own CPU counts its children when they are reaped, so
+        # in a block that reaps processes it ran before (an in-process TP/DP run's ranks), ``procs`` reads 0 at times
+        self.steal = (steal - steal0) / wall
 
 
 def _host_ticks_s() -> tuple[float, float]:
-    """The host's busy seconds (less idle and iowait; steal included) and, of them, the steal."""
+    """The host's busy seconds (less idle and iowait; steal included; guest time is inside user's already) and, of
+    them, the steal."""
     with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]
+        ticks = [int(v) for v in f.readline().split()[1:]]   # user nice system idle iowait irq softirq steal guest...
     tck = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks) - ticks[3] - ticks[4]) / tck, (ticks[7] if len(ticks) > 7 else 0) / tck
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / tck, (ticks[7] if len(ticks) > 7 else 0) / tck
 
 
 def _own_cpu_s() -> float:
@@ -427,7 +431,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
                                          run.get("host_steal", 0.0) if lockstep else None))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
-                          "host_scale": host[0]})
+                          "host_steal": run.get("host_steal"), "host_scale": host[0]})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -593,6 +597,9 @@ def resimulate_main(args) -> None:
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
+    if args.steal == "lockstep" and any(r.get("host_steal") is None for rep in stored["runs"] for r in rep):
+        sys.exit(f"--steal lockstep: {args.resimulate} did not measure the steal during its blocks (before 511d0b5); "
+                 f"give --steal processes")
     if per_block and any(not r.get("host_contentions") for rep in stored["runs"] for r in rep):
         sys.exit(f"--contention block: {args.resimulate} took no contention around its blocks; give measured, a "
                  f"factor, or none")
@@ -603,7 +610,7 @@ def resimulate_main(args) -> None:
                                  args.steal == "lockstep")
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
-        out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
+        out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
                                 "reference_pinned_s": reference_s,
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",

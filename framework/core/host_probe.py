@@ -39,17 +39,21 @@ def cpu_model() -> str:
 
 
 def _work() -> float:
-    """One probe: 400 small matmul + softmax steps with a Python loop around each (a tiny engine step's shape)."""
+    """One probe: 400 small matmul + softmax steps with a Python loop around each (a tiny engine step's shape), timed
+    on the thread's CPU clock: how fast its core runs it, not the time the core was taken from it (by another process,
+    or by the hypervisor: steal, which this VM's kernel leaves out of a thread's CPU time). A simulation prices those
+    apart (`sim.host_background`, `sim.host_steal`); on a wall clock the probe would carry them into the host's scale
+    too. On an otherwise idle host the two clocks agree."""
     import torch
     gen = torch.Generator().manual_seed(0)
     a, w = torch.randn(8, 64, generator=gen), torch.randn(64, 256, generator=gen)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     acc = 0.0
     for i in range(400):
         h = torch.softmax(a @ w, dim=-1)
         acc += sum(j * 0.5 for j in range(40))     # the scheduler's Python beside each kernel
         a = a + h[:, :64] * 1e-3
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
 
 
 def probe(repeats: int = 5) -> dict:

@@ -113,10 +113,12 @@ class Simulation:
             if not c > 0:
                 raise ValueError(f"sim.{key}={c} must be > 0 (1: cores that do not slow each other)")
         self.contention = {"decode_cpu_s": host_contention, "extend_cpu_s": extend}   # by step kind (STEP_CPU_KEYS)
-        if host_steal < 0 or (host_steal and not host_steal < host_cores):
+        if host_steal and not host_cores:
+            raise ValueError(f"sim.host_steal={host_steal} needs sim.host_cores > 0 (the cores it is taken from)")
+        if not 0.0 <= host_steal < max(host_cores, 1):
             raise ValueError(f"sim.host_steal={host_steal} must be >= 0 and below sim.host_cores={host_cores} (the "
                              f"cores' time taken by the hypervisor, in cores)")
-        self.running = 1.0 - host_steal / host_cores if host_cores else 1.0   # a core's share of the time it runs
+        self.core_up = 1.0 - host_steal / host_cores if host_cores else 1.0   # the share of the time a core runs
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
             self.ff = False                         # a run's steps would move with the sharing: one at a time
@@ -287,8 +289,8 @@ class Simulation:
         price (the cores' share, and the contention now over the contention at its own ranks when it was priced)."""
         c, size = self.contention[kind], self.instances[worker].size
         share = min(1.0, self.cores / busy) if busy > 0 else 1.0
-        lockstep = self.running ** min(size, self.cores)   # steal: its ranks advance only while all their cores run
-        return share * lockstep * slowdown(c, size, self.cores) / slowdown(c, busy, self.cores)
+        all_up = self.core_up ** min(size, self.cores)   # steal: its ranks advance only while all their cores run
+        return share * all_up * slowdown(c, size, self.cores) / slowdown(c, busy, self.cores)
 
     def _stretch(self, worker: str, kind: str, busy: float) -> float:
         """sharing=at_start: a step of ``kind`` on ``worker`` keeps the stretch of the busy processes at its start."""

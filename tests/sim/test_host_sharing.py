@@ -171,6 +171,16 @@ def test_steal_stalls_an_instance_while_any_of_its_cores_is_taken(sharing):
 
 
 def test_a_steal_outside_the_cores_is_refused():
-    for steal, cores in ((-0.1, 2), (2, 2), (0.5, 0)):
-        with pytest.raises(ValueError, match=r"host_steal=.* must be >= 0 and below sim.host_cores"):
-            simulate(compose(ONE_BY_ONE + [f"sim.host_cores={cores}", f"sim.host_steal={steal}"]))
+    for steal in (-0.1, 2):
+        with pytest.raises(ValueError, match=r"host_steal=.* must be >= 0 and below sim.host_cores=2"):
+            simulate(compose(ONE_BY_ONE + ["sim.host_cores=2", f"sim.host_steal={steal}"]))
+    with pytest.raises(ValueError, match=r"host_steal=0.5 needs sim.host_cores > 0"):
+        simulate(compose(ONE_BY_ONE + ["sim.host_steal=0.5"]))
+
+
+def test_steal_on_a_saturated_host_leaves_the_others_the_cores_it_does_not_take():
+    """Three busy processes of other work beside a one-rank instance on 2 cores: it gets 2/4 of a core, and with
+    half a core stolen (2 - 0.5)/4 (the hypervisor takes its share first), not 2/4.5 as a fifth of a process would."""
+    base = EXACT + ["sim.host_sharing=fair", "sim.host_background=3"]
+    plain = _latencies(base)
+    assert _latencies(base + ["sim.host_steal=0.5"]) == pytest.approx([t * 2 / 1.5 for t in plain])
