@@ -45,6 +45,7 @@ def test_drives_a_router_started_elsewhere(cluster, tmp_path):
     assert (tmp_path / "worker_load.png").is_file()
 
 
+@pytest.mark.long  # a whole cluster (README's test command stays under its 5 minutes)
 def test_drives_one_server_directly_and_refuses_what_it_cannot(cluster, tmp_path):
     """In-process this time (framework.app.run, what run.py calls)."""
     worker = cluster.worker_urls[0]

@@ -61,6 +61,7 @@ def cluster():
         yield c, cfg
 
 
+@pytest.mark.long  # a whole cluster (README's test command stays under its 5 minutes)
 def test_workload_through_router_and_two_workers(cluster, tmp_path):
     """Sequential shared-prefix requests through cache_aware: each group stays on one worker, so every request but
     each group's first finds the group's system prompt in that worker's cache, as the worker reports it."""
@@ -147,6 +148,7 @@ def test_port_in_use_is_one_clear_error():
     assert cluster_processes() == before
 
 
+@pytest.mark.long  # a whole cluster (README's test command stays under its 5 minutes)
 def test_a_worker_that_cannot_start_is_named(tmp_path):
     cfg = cluster_cfg(1, "engine.kv_budget_mb=0.0001")   # a valid setting whose KV pool holds no token: the worker fails
     before = cluster_processes()
