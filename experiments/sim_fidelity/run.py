@@ -174,15 +174,23 @@ def block_host(record: dict, reference_s: float | None, per_block: bool, collect
     return scale, contention, collective
 
 
-def sim_config(study: str, overrides: list[str], sim_args: list[str], background: float,
-               host: tuple[float, float | None, float | None] = (1.0, None, None), steal: float | None = None):
-    """The simulated run of a real one: its overrides, mode=sim's, the background measured during it (the
+def block_load(record: dict, lockstep: bool) -> tuple[float, float | None]:
+    """A block's other work as its simulation takes it, from what was measured during it (``_host``'s record, or a
+    stored run's): (busy processes, steal). With --steal lockstep the steal comes off the processes and is simulated
+    apart; otherwise it counts among them (steal None)."""
+    background = record["host_background"]
+    if not lockstep:
+        return background, None
+    return max(0.0, background - record["host_steal"]), record["host_steal"]
+
+
+def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
+               host: tuple[float, float | None, float | None] = (1.0, None, None)):
+    """The simulated run of a real one: its overrides, mode=sim's, the other work during it (``block_load``; the
     in-process TP/DP driver has no network or router) and the host then (``block_host``: its scale, its contention
-    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then).
-    ``steal`` (--steal lockstep): the part of the background the hypervisor took, simulated apart."""
+    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then)."""
+    background, steal = load
     host_scale, contention, collective = host
-    if steal is not None:
-        background = max(0.0, background - steal)
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
@@ -205,13 +213,14 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
     with host() as speed, Background() as background:
         subprocess.run(cmd, check=True, cwd=ROOT)
     real = json.loads((out / "router_ablation" / "results.json").read_text())
+    measured = _host(background, speed)
     cases = []
     for trial in real["trials"]:
         overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
-        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, background.procs, speed.simulated(),
-                                     background.steal if lockstep else None))
+        sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
+                                     speed.simulated()))
         cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
-                      "overrides": overrides, "real": trial, "sim": sim, **_host(background, speed)})
+                      "overrides": overrides, "real": trial, "sim": sim, **measured})
     return cases
 
 
@@ -226,10 +235,11 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
         with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, background.procs, speed.simulated(),
-                                     background.steal if lockstep else None))
+        measured = _host(background, speed)
+        sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
+                                     speed.simulated()))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **_host(background, speed)})
+                      "sim": sim, **measured})
     return cases
 
 
@@ -427,8 +437,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives)
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, run["host_background"], host,
-                                         run.get("host_steal", 0.0) if lockstep else None))
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_steal": run.get("host_steal"), "host_scale": host[0]})

@@ -28,7 +28,7 @@ def test_resimulating_a_stored_run_reproduces_its_simulation_and_measured_answer
     printable = f.SIM + ["sim.cost.between=grid", "sim.answers=printable"]
     runs = []
     for background in (0.0, 0.5):        # each repeat's own background, as stored
-        sim, _ = simulate(f.sim_config("router_ablation", OVERRIDES, printable, background))
+        sim, _ = simulate(f.sim_config("router_ablation", OVERRIDES, printable, (background, None)))
         runs.append([{"case": "multi_turn/cache_aware", "host_background": background,
                       "real": {k: sim.get(k) for k in f.KEEP}}])        # the stored "real" runs: these simulations
     stored = {"cases": [{"case": "multi_turn/cache_aware", "study": "router_ablation", "overrides": OVERRIDES}],
