@@ -16,6 +16,7 @@ from typing import Any, Callable
 from framework.dist.launch import STARTUP_TIMEOUT_S, Channel
 from framework.dist.rank import init_group, resolve_backend, shutdown, torchrun_env
 from framework.dist.group import CollectiveError
+from framework.instance.local import ThreadRanks
 
 
 def under_torchrun() -> bool:
@@ -44,15 +45,15 @@ def serve_other_rank(group, fn: Callable[..., Any], spec) -> None:
         shutdown(after_collective_failure=failed)
 
 
-class TorchrunRanks:
-    """Rank 0's stand-in for `framework.dist.RankProcesses`: send / recv / join / terminate over its own rank loop."""
+class TorchrunRanks(ThreadRanks):
+    """Rank 0's stand-in for `framework.dist.RankProcesses`: its own rank loop in a thread."""
+
+    _stuck = "rank 0's loop did not finish"
 
     def __init__(self, group, fn: Callable[..., Any], spec):
         self.group = group
         here, there = multiprocessing.Pipe(duplex=True)
         self._channel = Channel(here)
-        self._results: list[Any] | None = None
-        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(fn, spec, Channel(there)), name="rank0-loop",
                                         daemon=True)
         self._thread.start()
@@ -65,31 +66,8 @@ class TorchrunRanks:
         finally:
             channel.close()                        # the driver's recv sees EOF
 
-    @property
-    def pids(self) -> list[int]:
-        return [os.getpid()]
-
     def send(self, obj: Any) -> None:
         self._channel.send(obj)
-
-    def recv(self, timeout: float | None = None) -> Any:
-        if timeout is not None and not self._channel.poll(timeout):
-            raise TimeoutError(f"no message from rank 0's loop within {timeout} s")
-        try:
-            return self._channel.recv()
-        except EOFError:
-            self._thread.join()
-            if self._error is not None:
-                raise self._error from None
-            raise
-
-    def join(self, timeout: float | None = None) -> list[Any]:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"rank 0's loop did not finish within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        return self._results
 
     def terminate(self) -> None:
         """Leave the process group (without waiting on peers after a failure); torchrun stops the other ranks."""

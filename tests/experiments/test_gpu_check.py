@@ -1,7 +1,6 @@
 """experiments/gpu_check/run.py, tested where no GPU is: it runs nothing without one; --cpu-smoke runs every part's
 code path at tiny size; the GPU plan fits its 8 minutes and names files, flags and config keys that exist; the
 kernels part's efficiency file is written only from a GPU run."""
-import importlib.util
 import json
 import os
 import re
@@ -13,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments/gpu_check/run.py"
-spec = importlib.util.spec_from_file_location("gpu_check_run", SCRIPT)
-gpu_check = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # (its dataclass looks itself up)
-spec.loader.exec_module(gpu_check)
+gpu_check = load_script(SCRIPT)
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 sys.path.insert(0, str(ROOT))
 from experiments.gpu_check import kernel_efficiency, kernels_bench  # noqa: E402

@@ -3,17 +3,7 @@ of landing inside n real repeats' range is 1 - 2^(1-n) per varying figure; where
 the real repeats is counted."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def fidelity():
-    spec = importlib.util.spec_from_file_location("sim_fidelity_run", ROOT / "experiments/sim_fidelity/run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_loader import load_script
 
 
 def runs(real: list[dict], sim: list[dict]) -> list[list[dict]]:
@@ -22,7 +12,7 @@ def runs(real: list[dict], sim: list[dict]) -> list[list[dict]]:
 
 
 def test_where_the_simulated_median_falls_and_the_chance_of_a_bias_free_one():
-    f = fidelity()
+    f = load_script("experiments/sim_fidelity/run.py")
     tput, ttft, hit = f.JUDGED
     real = [{tput: t, ttft: 100.0 + t, hit: 0.0} for t in (10.0, 12.0, 14.0, 16.0, 18.0)]
     sim = [{tput: t, ttft: 50.0, hit: 0.0} for t in (13.0, 15.0, 17.0, 19.0, 20.0)]

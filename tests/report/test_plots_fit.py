@@ -6,7 +6,6 @@ framework/report's plots here (the comparison plots are also rendered by test_re
 plot functions, fed their committed results.json, under `long` (each script's imports cost seconds)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from framework.report import plots
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -51,15 +51,6 @@ def test_study_plots_fit_at_their_extremes(tmp_path, drawn):
     assert len(drawn) == 3 and not drawn.problems, drawn.problems
 
 
-def load_script(path: Path, name: str):
-    """An experiment script as a module (its own folder importable, as when run), without running its main."""
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def committed(relative: str) -> dict:
     return json.loads((EXPERIMENTS / relative).read_text())
 
@@ -70,9 +61,9 @@ def test_experiment_plots_fit(tmp_path, drawn, monkeypatch):
     drawn by the same function), sim_repro's router blog, sim_fidelity, dp_attn_vs_tp at scale; two_level on a
     synthetic grid of its current layouts and routers."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    study = load_script(EXPERIMENTS / "routing_study" / "plot.py", "routing_study_plot")
+    study = load_script(EXPERIMENTS / "routing_study" / "plot.py", own_folder=True)
     study.redraw(EXPERIMENTS / "routing_study" / "results.json", tmp_path / "routing_study")
-    repro = load_script(EXPERIMENTS / "sim_repro" / "run.py", "sim_repro_run")
+    repro = load_script(EXPERIMENTS / "sim_repro" / "run.py", own_folder=True)
     results = committed("sim_repro/results.json")
     repro.plot_blog(results["router_blog"], tmp_path / "router_blog.png")
     moon = results["mooncake"]
@@ -80,14 +71,14 @@ def test_experiment_plots_fit(tmp_path, drawn, monkeypatch):
     study.plot_workload([{**r, "contender": r["router"]} for r in moon["rows"] if r["instances"] == n],
                         f"mooncake_x{n}", moon["ceiling_hit_rate"], tmp_path,
                         title=f"the Mooncake conversation trace, {n} x DeepSeek-V2 (8 x H100, TP 8)")
-    two = load_script(EXPERIMENTS / "two_level" / "run.py", "two_level_run")
+    two = load_script(EXPERIMENTS / "two_level" / "run.py", own_folder=True)
     grid = [{"layout": lay, "router": router, "cache_hit_rate": 0.3 + 0.05 * i, "ttft_p99_ms": 2000.0 - 100 * j,
              "output_throughput_tok_s": 19000.0 + 500 * i} for i, lay in enumerate(two.LAYOUTS)
             for j, router in enumerate(two.ROUTERS)]       # every cell its layouts and routers make, as it grows
     two.plot(grid, 0.6, tmp_path / "two_level.png")
-    load_script(EXPERIMENTS / "sim_fidelity" / "run.py", "sim_fidelity_run").plot(
+    load_script(EXPERIMENTS / "sim_fidelity" / "run.py", own_folder=True).plot(
         committed("sim_fidelity/results.json")["cases"], tmp_path / "sim_vs_real.png")
-    at_scale = load_script(EXPERIMENTS / "dp_attn_vs_tp" / "at_scale.py", "dp_attn_vs_tp_at_scale")
+    at_scale = load_script(EXPERIMENTS / "dp_attn_vs_tp" / "at_scale.py", own_folder=True)
     monkeypatch.setattr(at_scale, "HERE", tmp_path)          # it writes beside itself: not over the committed PNG
     at_scale.plot(committed("dp_attn_vs_tp/results_at_scale.json")["rows"])
     assert len(drawn) == 10, sorted(drawn)

@@ -7,6 +7,7 @@ from framework.config import compose
 from framework.contracts.cost import BatchShape, Step
 from framework.core.registry import COST
 from framework.runs.sim import cost_instance
+from script_loader import load_script
 
 
 def _cost(**kw):
@@ -38,7 +39,7 @@ def test_a_host_scale_that_is_not_positive_is_refused(bad):
 
 
 def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
-    calibrate = _calibrate()
+    calibrate = load_script("experiments/calibrate/run.py")
     _points, normalize = calibrate._points, calibrate.normalize
     # one config: 9 prefill points measured at a speed of 10 ms, then 9 decode points at 20 ms (the host slowed)
     prefill = _points([[[1.0, 2.0, 3.0]] * 9], [{"pinned_s": 0.010, "contention": 1.2}] * 9)
@@ -57,7 +58,7 @@ def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
 
 
 def test_a_config_of_several_ranks_has_its_waits_on_collectives_split_off_before_rescaling():
-    calibrate = _calibrate()
+    calibrate = load_script("experiments/calibrate/run.py")
     host = {"pinned_s": 0.010, "contention": 1.2, "collective_s": 0.002, "collectives_per_step": 12.0}
     # two ranks: 9 prefill points of 0.030 / 0.040 s, each step waiting on 12 collectives of 2 ms; 9 decode points
     # measured while the host ran at half the speed: 0.024 s
@@ -103,15 +104,6 @@ def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_pa
         cost(collective_s=0.0)
 
 
-def _calibrate():
-    import importlib.util
-    from framework.core.paths import REPO_ROOT
-    spec = importlib.util.spec_from_file_location("calibrate_run", REPO_ROOT / "experiments/calibrate/run.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibrate)
-    return calibrate
-
-
 def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_back():
     import os
     from framework.core.host_probe import pinned
@@ -121,7 +113,7 @@ def test_a_pinned_probe_takes_each_core_in_turn_and_gives_the_thread_its_cores_b
 
 
 def test_what_a_new_profile_keeps_is_moved_to_its_reference_speed(capsys):
-    calibrate = _calibrate()
+    calibrate = load_script("experiments/calibrate/run.py")
     kept = {"old": {"prefill": {"seconds": [[1.0]], "seconds_median": [[2.0]]}, "decode": {"seconds": [[4.0]]}}}
     serving = {"request_cpu_s": 0.002, "token_cpu_s": 0.0004, "normalized_to_pinned_s": 0.010}
     moved = calibrate.rebase(kept, {"old"}, serving, {"normalized": "pinned", "pinned_s": 0.010}, 0.015)

@@ -4,7 +4,6 @@ shipped coefficients: a run priced by any other cost model gives other times and
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from framework.contracts.cost import BatchShape, CostModel, Step, decode_shape
 from framework.core.errors import UserError
 from framework.core.registry import COST, WORKLOAD
 from framework.runs.sim import build, cost_instance
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = json.loads((ROOT / "experiments/pd_repro/distserve_profile_a100.json").read_text())
@@ -77,9 +77,7 @@ def test_a_run_with_the_switch_prices_its_first_token_and_decodes_by_the_profile
 
 
 def test_round_4_puts_each_system_on_its_own_profile():
-    spec = importlib.util.spec_from_file_location("pd_repro_predict", ROOT / "experiments/pd_repro/predict.py")
-    predict = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(predict)
+    predict = load_script("experiments/pd_repro/predict.py")
     assert predict.cost_overrides("distserve_profile", "vllm") == ["sim.cost=distserve_profile", "sim.cost.system=vllm"]
     cfg, _, inst = predict.vllm_instance(None, 1, 1.0, rnd=4, cost="distserve_profile")
     (vllm,) = inst.values()

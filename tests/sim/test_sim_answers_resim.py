@@ -2,29 +2,19 @@
 with its own measured background, nothing run for real."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from framework.runs.sim import simulate
+from script_loader import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["workload=multi_turn", "workload.num_conversations=3", "workload.turns=3", "workload.system_prompt_len=16",
              "workload.user_len=48", "workload.output_len=8", "cluster.instances=2", "logger.mode=disabled",
              "router=cache_aware"]
 
 
-def fidelity():
-    spec = importlib.util.spec_from_file_location("sim_fidelity_run", ROOT / "experiments/sim_fidelity/run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.long               # ~1.1 s: six simulations
 def test_resimulating_a_stored_run_reproduces_its_simulation_and_measured_answers_hit_less():
-    f = fidelity()
+    f = load_script("experiments/sim_fidelity/run.py")
     printable = f.SIM + ["sim.cost.between=grid", "sim.answers=printable"]
     runs = []
     for background in (0.0, 0.5):        # each repeat's own background, as stored

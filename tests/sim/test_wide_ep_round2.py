@@ -1,7 +1,6 @@
 """Issue 21, round 2: the expert loads replayed from SGLang's published DeepSeek-V3 distribution, and the one EPLB /
 two-batch-overlap order the MoE backend and the cost model share (framework/contracts)."""
 import hashlib
-import importlib.util
 import json
 import random
 import subprocess
@@ -15,6 +14,7 @@ from framework.contracts import tbo as shared_tbo
 from plugins.cost.lib import expert_load
 from plugins.cost.lib import tbo as cost_tbo
 from plugins.moe.lib import tbo as moe_tbo
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDE_EP = ROOT / "experiments" / "wide_ep"
@@ -55,9 +55,7 @@ def test_the_backend_and_the_cost_model_run_one_overlap_order():
 
 def test_compare_reads_round_2_into_its_own_file(tmp_path, monkeypatch):
     """On made-up figures (the real round-2 comparison is the lead's, after the prediction is committed)."""
-    spec = importlib.util.spec_from_file_location("wide_ep_compare", WIDE_EP / "compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = load_script(WIDE_EP / "compare.py")
     cells = {cell: {"value": 1.0} for cell, *_ in compare.PUBLISHED}
     (tmp_path / "predictions_round2.json").write_text(json.dumps({"cells": cells}))
     monkeypatch.setattr(compare, "HERE", tmp_path)

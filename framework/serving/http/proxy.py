@@ -1,15 +1,10 @@
-"""HTTP proxy mechanics the router needs, apart from routing: which headers pass through, Retry-After, and the
-answer given back when every attempt failed."""
+"""HTTP proxy mechanics the router needs, apart from routing: which headers pass through, and Retry-After."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
-from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-
-from framework.serving.http.errors import ApiError
 
 WORKER_HEADER = "X-Servelab-Worker"  # names the worker that answered (or failed last)
 ROUTE_HEADER = "X-Servelab-Route"    # the decision behind it: "<reason>; estimate=<cached>; of=<request size>"
@@ -55,26 +50,3 @@ def retry_after_s(value: str | None, now_unix: float | None = None) -> float | N
         except (TypeError, ValueError):
             return None
     return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
-
-
-@dataclass
-class Failed:
-    """An attempt that did not give the client its answer: the worker's own error response (``status``, ``body``,
-    ``headers``) or a transport error / timeout (``status`` None). ``retriable``: another attempt may be made."""
-    worker: object  # the WorkerState it failed on
-    message: str
-    status: int | None = None
-    body: bytes = b""
-    headers: CIMultiDict = field(default_factory=CIMultiDict)
-    timeout: bool = False
-    retriable: bool = True
-    retry_after: float | None = None
-
-    def response(self, attempts: int) -> web.Response:
-        if self.status is not None:
-            headers = CIMultiDict(self.headers)
-            headers[WORKER_HEADER] = self.worker.url
-            return web.Response(status=self.status, body=self.body, headers=headers)
-        status = 504 if self.timeout else 502
-        return ApiError(status, f"{attempts} attempt(s) failed; last: {self.message}").response(
-            {WORKER_HEADER: self.worker.url})
