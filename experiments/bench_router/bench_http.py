@@ -25,6 +25,9 @@ one periodic sweep; ``serve_router`` tunes the collector), so at c=256 it can co
   concurrency 256: requests/s through each proxy
   proxy CPU:       the proxy process's CPU time over a phase / requests (servelab's router and the bare proxy report
                    time.process_time() at ``GET /router_stats``; SGLang's router, all its threads, from /proc)
+  harness CPU:     this client's and the stubs' CPU per request at c=256: they share the cores with the proxy, so
+                   c=256 throughput is at most cores / (proxy + harness) per request, and the throughput target
+                   asks of the router's CPU what that bound says (printed)
 
 Each phase runs ``--reps`` times, interleaved across the proxies, so that load from other processes on the machine
 hits all alike; the table quotes medians over reps and the servelab router / other ratios. Load from elsewhere does
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -51,6 +55,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from framework.cluster.peer_router import installed_version  # noqa: E402
+from framework.core.host_probe import cpu_cache, probe  # noqa: E402
+from framework.core.proc import cpu_times  # noqa: E402
+CORES = len(os.sched_getaffinity(0))  # what the harness, the stubs and the proxies share
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
 # servelab's router against SGLang's, in the same run (issue 22): CPU per request at c=256 <= 0.6x, requests/s at
 # c=256 >= 1.5x, added p50 at c=1 <= 1.0x
@@ -352,14 +359,19 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
 
 
-async def measure(port: int, body: bytes, concurrency: int, requests: int, max_s: float, cpu) -> dict:
+async def measure(port: int, body: bytes, concurrency: int, requests: int, max_s: float, cpu,
+                  harness=lambda: 0.0) -> dict:
     """One phase against ``port``: latency percentiles, requests/s and (given ``cpu``, an async reader of the
-    server process's CPU seconds) its CPU per request."""
+    server process's CPU seconds) its CPU per request; and the harness's (``harness``: the CPU seconds of this
+    client and the stubs), which shares the machine's cores with what is measured."""
     cpu0 = await cpu() if cpu else 0.0
+    h0 = harness()
     lat, wall = await load(port, body, concurrency, requests, max_s)
+    h1 = harness()
     cpu1 = await cpu() if cpu else 0.0
     return {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "req_s": len(lat) / wall,
-            "cpu_us_per_req": (cpu1 - cpu0) / len(lat) * 1e6, "requests": len(lat)}
+            "cpu_us_per_req": (cpu1 - cpu0) / len(lat) * 1e6, "harness_cpu_us_per_req": (h1 - h0) / len(lat) * 1e6,
+            "requests": len(lat)}
 
 
 def stats_cpu(port: int):
@@ -374,8 +386,11 @@ def proc_cpu(peer):
     return read
 
 
-async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[int]) -> dict:
-    """``proxies``: name -> (port, CPU reader) of every proxy compared, each in front of the same stubs."""
+async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[int], stubs_pid: int) -> dict:
+    """``proxies``: name -> (port, CPU reader) of every proxy compared, each in front of the same stubs (process
+    ``stubs_pid``)."""
+    def harness() -> float:
+        return time.process_time() + sum(cpu_times(stubs_pid))
     body = json.dumps({"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode()
     for p in (*(port for port, _ in proxies.values()), *stub_ports):
         await wait_up(p)
@@ -391,7 +406,7 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
         for name, (port, cpu) in proxies.items():
             runs[f"{name}_c1"].append(await measure(port, body, 1, *c1, cpu=cpu))
         for name, (port, cpu) in proxies.items():
-            runs[f"{name}_c256"].append(await measure(port, body, 256, *c256, cpu=cpu))
+            runs[f"{name}_c256"].append(await measure(port, body, 256, *c256, cpu=cpu, harness=harness))
     med = {f"{phase}_{k}": statistics.median(r[k] for r in rs) for phase, rs in runs.items() for k in rs[0]}
     stats = await get_json(proxies["router"][0], "/router_stats")
     out = {"body_bytes": len(body), "reps": args.reps, "proxies": list(proxies), "stubs": args.stubs,
@@ -404,6 +419,9 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
                     f"{n}_cpu_us_per_req_c1": med[f"{n}_c1_cpu_us_per_req"],
                     f"{n}_cpu_us_per_req_c256": med[f"{n}_c256_cpu_us_per_req"],
                     f"{n}_throughput_c256_req_s": med[f"{n}_c256_req_s"],
+                    f"{n}_harness_cpu_us_per_req_c256": med[f"{n}_c256_harness_cpu_us_per_req"],
+                    f"{n}_machine_ceiling_c256_req_s": CORES * 1e6 / (med[f"{n}_c256_cpu_us_per_req"]
+                                                                      + med[f"{n}_c256_harness_cpu_us_per_req"]),
                     f"{n}_c256_p50_ms": med[f"{n}_c256_p50_ms"], f"{n}_c256_p99_ms": med[f"{n}_c256_p99_ms"],
                     f"{n}_cpu_us_per_req_c256_per_rep": [r["cpu_us_per_req"] for r in runs[f"{n}_c256"]]})
     for n in proxies:
@@ -413,6 +431,12 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
         out["router_vs_sglang_throughput_ratio_c256"] = (out["router_throughput_c256_req_s"]
                                                          / out["sglang_throughput_c256_req_s"])
         out["router_vs_sglang_added_p50_ratio_c1"] = out["router_added_p50_ms"] / out["sglang_added_p50_ms"]
+        # where the cores bound the whole machine (router + client + stubs), 1.5x SGLang's throughput needs the
+        # router's CPU per request at most this, with the harness's own cost as measured beside servelab's
+        x = out["router_harness_cpu_us_per_req_c256"]
+        need = CORES * 1e6 / (TARGETS["throughput_ratio_c256"] * out["sglang_throughput_c256_req_s"]) - x
+        out["router_cpu_us_per_req_for_throughput_target"] = need
+        out["router_cpu_ratio_for_throughput_target"] = need / out["sglang_cpu_us_per_req_c256"]
     return out
 
 
@@ -430,11 +454,17 @@ def report(r: dict) -> None:
             ("throughput, c=256 (req/s)", "throughput_c256_req_s", "{:.0f}", f">= {t['throughput_ratio_c256']}x"),
             ("CPU per request, c=1 (us)", "cpu_us_per_req_c1", "{:.0f}", ""),
             ("CPU per request, c=256 (us)", "cpu_us_per_req_c256", "{:.0f}", f"<= {t['cpu_ratio_c256']}x"),
+            ("harness CPU per request, c=256 (us)", "harness_cpu_us_per_req_c256", "{:.0f}", ""),
+            (f"the {CORES} cores' ceiling, c=256 (req/s)", "machine_ceiling_c256_req_s", "{:.0f}", ""),
             ("latency p50, c=256 (ms)", "c256_p50_ms", "{:.1f}", ""),
             ("latency p99, c=256 (ms)", "c256_p99_ms", "{:.1f}", "")):
         rows.append((label, *(fmt.format(r[f"{n}_{key}"]) for n in names), target))
     print(f"router HTTP overhead: {r['body_bytes']}-byte bodies, stub p50 {r['direct_p50_ms']:.3f} ms direct, "
           f"median of {r['reps']} reps, interleaved")
+    if "host" in r:
+        h = r["host"]
+        print(f"host: {h['cpu_model']}, {h['cpu_count']} cores, cache {h['cpu_cache'] or '?'}, "
+              f"probe {h['probe_s'] * 1e3:.1f} ms")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
@@ -449,6 +479,10 @@ def report(r: dict) -> None:
                (r[f"router_vs_sglang_{k}"] >= t[k]) for k in t}
         print("  servelab router / SGLang's: " + ", ".join(
             f"{k} {r[f'router_vs_sglang_{k}']:.2f} ({'met' if ok else 'NOT met'})" for k, ok in met.items()))
+        print(f"  with the harness's own CPU as measured (the client and the stubs share the cores), "
+              f"{t['throughput_ratio_c256']}x SGLang's throughput needs at most "
+              f"{r['router_cpu_us_per_req_for_throughput_target']:.0f} us of router CPU per request "
+              f"({r['router_cpu_ratio_for_throughput_target']:.2f}x SGLang's), where the cores bound the machine")
 
 
 def main() -> None:
@@ -533,7 +567,7 @@ def main() -> None:
             peer = SglangRouter(rc, rc, workers.split(","), startup_timeout_s=60)
             proxies["sglang"] = (ports["sglang"], proc_cpu(peer))
         import uvloop   # the client on uvloop too: less of the 2 cores for the harness, more for what is measured
-        results = uvloop.run(bench(args, proxies, stub_ports))
+        results = uvloop.run(bench(args, proxies, stub_ports, procs[0].pid))
     finally:
         if peer is not None:
             peer.stop()
@@ -542,6 +576,7 @@ def main() -> None:
         for p in procs:
             p.wait(timeout=10)
     results["targets"] = TARGETS
+    results["host"] = {**probe(), "cpu_cache": cpu_cache()}  # the ratios move with the host: say which one
     results["sglang_router"] = installed_version() if peer is not None else None
     report(results)
     out.write_text(json.dumps(results, indent=2) + "\n")

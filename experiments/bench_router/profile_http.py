@@ -91,13 +91,10 @@ PERF_KERNEL = (("kernel: socket writes (to the peer's receive and wake-up)", "ks
 
 def _proc(pid: int) -> tuple[float, float, int]:
     """(user s, system s, involuntary context switches) of a process so far."""
-    import os
     import re
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
+    from framework.core.proc import cpu_times
     status = Path(f"/proc/{pid}/status").read_text()
-    return (int(fields[11]) / tick, int(fields[12]) / tick,
-            int(re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", status).group(1)))
+    return (*cpu_times(pid), int(re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", status).group(1)))
 
 
 def _shares(data: str, args: list[str]) -> dict[str, float]:

@@ -50,6 +50,7 @@ from framework.contracts.routing import SGLANG_ROUTER_VERSION, NotExpressible, R
 from framework.core.errors import ClusterError
 from framework.core.registry import ROUTING
 from framework.core.ports import free_ports
+from framework.core.proc import cpu_times
 
 log = logging.getLogger("servelab.peer_router")
 PINNED = SGLANG_ROUTER_VERSION
@@ -219,9 +220,7 @@ class SglangRouter:
     # -- what the bench reads -------------------------------------------------------------------------------------
     def cpu_s(self) -> float:
         """User + system CPU seconds of the router process (all its threads), from /proc."""
-        with open(f"/proc/{self.popen.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(cpu_times(self.popen.pid))
 
     def _counters(self) -> dict:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:

@@ -38,6 +38,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_cache() -> str:
+    """The last-level cache /proc/cpuinfo reports ('' where it reports none): under a hypervisor that names every
+    CPU "Xeon Processor" it tells one host generation from another."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cache size"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _work() -> float:
     """One probe: 400 small matmul + softmax steps with a Python loop around each (a tiny engine step's shape), timed
     on the thread's CPU clock: how fast its core runs it, not the time the core was taken from it (by another process,

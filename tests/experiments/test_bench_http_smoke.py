@@ -22,4 +22,5 @@ def test_bench_http_smoke(tmp_path):
     assert r["proxies"][0] == "router" and "bare" in r["proxies"]
     for name in r["proxies"]:
         assert r[f"{name}_throughput_c256_req_s"] > 0 and r[f"{name}_cpu_us_per_req_c256"] > 0
+        assert r[f"{name}_harness_cpu_us_per_req_c256"] > 0  # the client and the stubs work for every request
     assert "CPU per request, c=256 (us)" in proc.stdout
