@@ -55,7 +55,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from framework.cluster.peer_router import installed_version  # noqa: E402
-from framework.core.host_probe import cpu_cache, probe  # noqa: E402
+from framework.core.host_probe import probe  # noqa: E402
 from framework.core.proc import cpu_times  # noqa: E402
 CORES = len(os.sched_getaffinity(0))  # what the harness, the stubs and the proxies share
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
@@ -576,7 +576,7 @@ def main() -> None:
         for p in procs:
             p.wait(timeout=10)
     results["targets"] = TARGETS
-    results["host"] = {**probe(), "cpu_cache": cpu_cache()}  # the ratios move with the host: say which one
+    results["host"] = probe()  # the ratios move with the host: say which one
     results["sglang_router"] = installed_version() if peer is not None else None
     report(results)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -69,7 +69,8 @@ def _work() -> float:
 
 
 def probe(repeats: int = 5) -> dict:
-    """This host now: its CPU model, core count and the probe's median seconds (one torch thread, as profiled)."""
+    """This host now: its CPU model and cache, core count and the probe's median seconds (one torch thread, as
+    profiled). A stamp without a cache (taken before it was recorded) is not checked on it."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -78,7 +79,7 @@ def probe(repeats: int = 5) -> dict:
         seconds = statistics.median(_work() for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
-    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "probe_s": seconds}
+    return {"cpu_model": cpu_model(), "cpu_cache": cpu_cache(), "cpu_count": os.cpu_count(), "probe_s": seconds}
 
 
 class Cores:
@@ -234,6 +235,8 @@ def mismatch(stamp: dict | None, now: dict) -> list[str]:
     problems = []
     if stamp.get("cpu_model") != now["cpu_model"]:
         problems.append(f"CPU model {now['cpu_model']!r}, profiled on {stamp.get('cpu_model')!r}")
+    if stamp.get("cpu_cache") and now.get("cpu_cache") and stamp["cpu_cache"] != now["cpu_cache"]:
+        problems.append(f"a {now['cpu_cache']} cache, profiled on {stamp['cpu_cache']} (another host generation)")
     if stamp.get("cpu_count") != now["cpu_count"]:
         problems.append(f"{now['cpu_count']} cores, profiled on {stamp.get('cpu_count')}")
     key, what = ("pinned_s", "the pinned probe") if stamp.get("pinned_s") and now.get("pinned_s") else \
