@@ -26,8 +26,9 @@ one periodic sweep; ``serve_router`` tunes the collector), so at c=256 it can co
   proxy CPU:       the proxy process's CPU time over a phase / requests (servelab's router and the bare proxy report
                    time.process_time() at ``GET /router_stats``; SGLang's router, all its threads, from /proc)
   harness CPU:     this client's and the stubs' CPU per request at c=256: they share the cores with the proxy, so
-                   c=256 throughput is at most cores / (proxy + harness) per request, and the throughput target
-                   asks of the router's CPU what that bound says (printed)
+                   c=256 throughput is at most cores / (proxy + harness) per request; a one-thread router's, at
+                   most one core / its own; the throughput target asks of the router's CPU the tighter of the two
+                   (printed, with the one that binds: ``cpu_for_throughput``)
 
 Each phase runs ``--reps`` times, interleaved across the proxies, so that load from other processes on the machine
 hits all alike; the table quotes medians over reps and the servelab router / other ratios. Load from elsewhere does
@@ -56,8 +57,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from framework.cluster.peer_router import installed_version  # noqa: E402
 from framework.core.host_probe import probe  # noqa: E402
-from framework.core.proc import cpu_times  # noqa: E402
+from framework.core.proc import cpu_times, steal_s  # noqa: E402
 CORES = len(os.sched_getaffinity(0))  # what the harness, the stubs and the proxies share
+ROUTER_THREADS = 1                    # servelab's router serves on one event-loop thread
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
 # servelab's router against SGLang's, in the same run (issue 22): CPU per request at c=256 <= 0.6x, requests/s at
 # c=256 >= 1.5x, added p50 at c=1 <= 1.0x
@@ -326,7 +328,9 @@ async def get_json(port: int, path: str, method: str = "GET") -> dict:
     return json.loads(data.split(b"\r\n\r\n", 1)[1])
 
 
-async def wait_up(port: int, timeout: float = 30.0) -> None:
+async def wait_up(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Until something listens on ``port``; ``proc``, the process that is to listen there: its exit ends the wait
+    at once, with its exit code (its own error is above, on the shared stderr)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -334,6 +338,9 @@ async def wait_up(port: int, timeout: float = 30.0) -> None:
             w.close()
             return
         except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the process that was to listen on port {port} exited with code "
+                                   f"{proc.returncode}") from None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nothing listening on port {port} after {timeout}s")
             await asyncio.sleep(0.1)
@@ -360,18 +367,28 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(port: int, body: bytes, concurrency: int, requests: int, max_s: float, cpu,
-                  harness=lambda: 0.0) -> dict:
+                  harness=None) -> dict:
     """One phase against ``port``: latency percentiles, requests/s and (given ``cpu``, an async reader of the
     server process's CPU seconds) its CPU per request; and the harness's (``harness``: the CPU seconds of this
     client and the stubs), which shares the machine's cores with what is measured."""
     cpu0 = await cpu() if cpu else 0.0
-    h0 = harness()
+    h0 = harness() if harness else 0.0
     lat, wall = await load(port, body, concurrency, requests, max_s)
-    h1 = harness()
+    h1 = harness() if harness else 0.0
     cpu1 = await cpu() if cpu else 0.0
-    return {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "req_s": len(lat) / wall,
-            "cpu_us_per_req": (cpu1 - cpu0) / len(lat) * 1e6, "harness_cpu_us_per_req": (h1 - h0) / len(lat) * 1e6,
-            "requests": len(lat)}
+    out = {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "req_s": len(lat) / wall,
+           "cpu_us_per_req": (cpu1 - cpu0) / len(lat) * 1e6, "requests": len(lat)}
+    if harness:
+        out["harness_cpu_us_per_req"] = (h1 - h0) / len(lat) * 1e6
+    return out
+
+
+def cpu_for_throughput(req_s: float, harness_us: float, cores: int, threads: int) -> tuple[float, str]:
+    """The most CPU per request (us) a proxy may spend and still serve ``req_s``, and what binds it: its own threads
+    (a process on ``threads`` threads uses at most that many cores) or the machine's cores, which it shares with a
+    harness spending ``harness_us`` per request."""
+    own, machine = threads * 1e6 / req_s, cores * 1e6 / req_s - harness_us
+    return (own, "the router's own thread(s)") if own <= machine else (machine, "the cores, shared with the harness")
 
 
 def stats_cpu(port: int):
@@ -386,14 +403,17 @@ def proc_cpu(peer):
     return read
 
 
-async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[int], stubs_pid: int) -> dict:
-    """``proxies``: name -> (port, CPU reader) of every proxy compared, each in front of the same stubs (process
-    ``stubs_pid``)."""
+async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[int],
+                owners: dict[int, subprocess.Popen]) -> dict:
+    """``proxies``: name -> (port, CPU reader) of every proxy compared, each in front of the same stubs; ``owners``:
+    port -> the process that listens there."""
+    stubs_pid = owners[stub_ports[0]].pid
+
     def harness() -> float:
         return time.process_time() + sum(cpu_times(stubs_pid))
     body = json.dumps({"model": "stub", "prompt": "x" * 1950, "max_tokens": 16}).encode()
     for p in (*(port for port, _ in proxies.values()), *stub_ports):
-        await wait_up(p)
+        await wait_up(p, proc=owners.get(p))
     while (await get_json(proxies["router"][0], "/health"))["healthy_workers"] < len(stub_ports):
         await asyncio.sleep(0.1)
     for port, _ in proxies.values():
@@ -431,12 +451,12 @@ async def bench(args, proxies: dict[str, tuple[int, object]], stub_ports: list[i
         out["router_vs_sglang_throughput_ratio_c256"] = (out["router_throughput_c256_req_s"]
                                                          / out["sglang_throughput_c256_req_s"])
         out["router_vs_sglang_added_p50_ratio_c1"] = out["router_added_p50_ms"] / out["sglang_added_p50_ms"]
-        # where the cores bound the whole machine (router + client + stubs), 1.5x SGLang's throughput needs the
-        # router's CPU per request at most this, with the harness's own cost as measured beside servelab's
-        x = out["router_harness_cpu_us_per_req_c256"]
-        need = CORES * 1e6 / (TARGETS["throughput_ratio_c256"] * out["sglang_throughput_c256_req_s"]) - x
+        need, bound = cpu_for_throughput(TARGETS["throughput_ratio_c256"] * out["sglang_throughput_c256_req_s"],
+                                         out["router_harness_cpu_us_per_req_c256"], CORES, ROUTER_THREADS)
         out["router_cpu_us_per_req_for_throughput_target"] = need
         out["router_cpu_ratio_for_throughput_target"] = need / out["sglang_cpu_us_per_req_c256"]
+        out["router_throughput_target_bound"] = bound
+        out["router_cores_used_c256"] = out["router_cpu_us_per_req_c256"] * out["router_throughput_c256_req_s"] / 1e6
     return out
 
 
@@ -461,10 +481,10 @@ def report(r: dict) -> None:
         rows.append((label, *(fmt.format(r[f"{n}_{key}"]) for n in names), target))
     print(f"router HTTP overhead: {r['body_bytes']}-byte bodies, stub p50 {r['direct_p50_ms']:.3f} ms direct, "
           f"median of {r['reps']} reps, interleaved")
-    if "host" in r:
-        h = r["host"]
-        print(f"host: {h['cpu_model']}, {h['cpu_count']} cores, cache {h['cpu_cache'] or '?'}, "
-              f"probe {h['probe_s'] * 1e3:.1f} ms")
+    h = r["host"]
+    print(f"host: {h['cpu_model']}, {h['cpu_count']} cores, cache {h['cpu_cache'] or '?'}, probe "
+          f"{h['probe_s'] * 1e3:.1f} ms; load average {h['loadavg_1m_before_after'][0]:.2f} -> "
+          f"{h['loadavg_1m_before_after'][1]:.2f}, steal {h['steal_cores']:.2f} cores over the run")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
@@ -479,10 +499,11 @@ def report(r: dict) -> None:
                (r[f"router_vs_sglang_{k}"] >= t[k]) for k in t}
         print("  servelab router / SGLang's: " + ", ".join(
             f"{k} {r[f'router_vs_sglang_{k}']:.2f} ({'met' if ok else 'NOT met'})" for k, ok in met.items()))
-        print(f"  with the harness's own CPU as measured (the client and the stubs share the cores), "
-              f"{t['throughput_ratio_c256']}x SGLang's throughput needs at most "
+        print(f"  {t['throughput_ratio_c256']}x SGLang's throughput needs at most "
               f"{r['router_cpu_us_per_req_for_throughput_target']:.0f} us of router CPU per request "
-              f"({r['router_cpu_ratio_for_throughput_target']:.2f}x SGLang's), where the cores bound the machine")
+              f"({r['router_cpu_ratio_for_throughput_target']:.2f}x SGLang's; bound by "
+              f"{r['router_throughput_target_bound']}); servelab's router used "
+              f"{r['router_cores_used_c256']:.2f} cores at c=256")
 
 
 def main() -> None:
@@ -553,21 +574,29 @@ def main() -> None:
     if args.baseline:
         roles["baseline"] = [str(Path(args.baseline) / "experiments/bench_router/bench_http.py"), "--role", "router",
                              "--uvloop"]
-    proxies, peer = {}, None
+    proxies, peer, started = {}, None, {}
     try:
         for n in names:
             if n == "sglang":
                 continue
             cmd = [sys.executable, *roles[n]] if n == "baseline" else [*me, *roles[n]]
-            procs.append(subprocess.Popen([*cmd, "--ports", str(ports[n]), "--workers", workers]))
+            started[n] = subprocess.Popen([*cmd, "--ports", str(ports[n]), "--workers", workers])
+            procs.append(started[n])
             proxies[n] = (ports[n], stats_cpu(ports[n] + (n == "minimal")))
         if "sglang" in names:    # the same stubs, round robin, SGLang's defaults otherwise
-            asyncio.run(wait_up(stub_ports[0]))
+            asyncio.run(wait_up(stub_ports[0], proc=procs[0]))
             rc = compose(["router=round_robin", "router.impl=sglang", f"router.port={ports['sglang']}"]).router
             peer = SglangRouter(rc, rc, workers.split(","), startup_timeout_s=60)
             proxies["sglang"] = (ports["sglang"], proc_cpu(peer))
         import uvloop   # the client on uvloop too: less of the 2 cores for the harness, more for what is measured
-        results = uvloop.run(bench(args, proxies, stub_ports, procs[0].pid))
+        owners = {**dict.fromkeys(stub_ports, procs[0]), **{ports[n]: proc for n, proc in started.items()}}
+        if peer is not None:
+            owners[ports["sglang"]] = peer.popen
+        load0, steal0, t0 = os.getloadavg()[0], steal_s(), time.monotonic()
+        results = uvloop.run(bench(args, proxies, stub_ports, owners))
+        # how quiet the machine was: other jobs raise the load average, the hypervisor's steal takes cores away
+        quiet = {"loadavg_1m_before_after": [load0, os.getloadavg()[0]],
+                 "steal_cores": (steal_s() - steal0) / (time.monotonic() - t0)}
     finally:
         if peer is not None:
             peer.stop()
@@ -576,7 +605,7 @@ def main() -> None:
         for p in procs:
             p.wait(timeout=10)
     results["targets"] = TARGETS
-    results["host"] = probe()  # the ratios move with the host: say which one
+    results["host"] = {**probe(), **quiet}  # the ratios move with the host: say which one, and how busy it was
     results["sglang_router"] = installed_version() if peer is not None else None
     report(results)
     out.write_text(json.dumps(results, indent=2) + "\n")

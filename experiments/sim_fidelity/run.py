@@ -416,7 +416,8 @@ def host_check() -> dict:
 
 
 def host_line(host: dict) -> str:
-    return ("calibration profile's host: matches this host (CPU model, cores, probe within 25%)" if not host["problems"]
+    return ("calibration profile's host: matches this host (CPU model, cache where stamped, cores, probe within 25%)"
+            if not host["problems"]
             else "calibration profile's host: " + "; ".join(host["problems"]))
 
 

@@ -39,8 +39,9 @@ def cpu_model() -> str:
 
 
 def cpu_cache() -> str:
-    """The last-level cache /proc/cpuinfo reports ('' where it reports none): under a hypervisor that names every
-    CPU "Xeon Processor" it tells one host generation from another."""
+    """/proc/cpuinfo's "cache size" ('' where it reports none: the last level on Intel, as the hypervisor's CPUID
+    says; the per-core L2 on AMD): under a hypervisor that names every CPU "Intel(R) Xeon(R) Processor" it tells two
+    such CPUs apart."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("cache size"):
@@ -236,7 +237,8 @@ def mismatch(stamp: dict | None, now: dict) -> list[str]:
     if stamp.get("cpu_model") != now["cpu_model"]:
         problems.append(f"CPU model {now['cpu_model']!r}, profiled on {stamp.get('cpu_model')!r}")
     if stamp.get("cpu_cache") and now.get("cpu_cache") and stamp["cpu_cache"] != now["cpu_cache"]:
-        problems.append(f"a {now['cpu_cache']} cache, profiled on {stamp['cpu_cache']} (another host generation)")
+        problems.append(f"a {now['cpu_cache']} cache, profiled on {stamp['cpu_cache']} (another CPU under the same "
+                        f"model name)")
     if stamp.get("cpu_count") != now["cpu_count"]:
         problems.append(f"{now['cpu_count']} cores, profiled on {stamp.get('cpu_count')}")
     key, what = ("pinned_s", "the pinned probe") if stamp.get("pinned_s") and now.get("pinned_s") else \

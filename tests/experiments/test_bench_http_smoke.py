@@ -24,3 +24,4 @@ def test_bench_http_smoke(tmp_path):
         assert r[f"{name}_throughput_c256_req_s"] > 0 and r[f"{name}_cpu_us_per_req_c256"] > 0
         assert r[f"{name}_harness_cpu_us_per_req_c256"] > 0  # the client and the stubs work for every request
     assert "CPU per request, c=256 (us)" in proc.stdout
+    assert {"cpu_model", "cpu_cache", "loadavg_1m_before_after", "steal_cores"} <= set(r["host"])
