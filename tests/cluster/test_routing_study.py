@@ -12,9 +12,9 @@ import pytest
 from cluster_helpers import ROOT
 from framework.cluster.peer_router import installed_version
 from framework.contracts.workload import Session, Turn
+from script_loader import load_script
 
-sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
-from ceiling import hit_rate_ceiling  # noqa: E402
+hit_rate_ceiling = load_script("experiments/routing_study/ceiling.py").hit_rate_ceiling
 
 
 @pytest.mark.slow
@@ -91,7 +91,8 @@ def test_routing_study_sim_quick(tmp_path):
 def test_pool_separates_a_real_difference_from_noise(tmp_path):
     """pool.py: two contenders drawn from one distribution are not told apart (p large, P(a better) near 0.5); shifted
     by more than the spread, they are (p small, P(a better) 1 or 0 as the metric's direction says)."""
-    from pool import better_share, compare, permutation_p
+    pool = load_script("experiments/routing_study/pool.py")
+    better_share, compare, permutation_p = pool.better_share, pool.compare, pool.permutation_p
     rng = random.Random(0)
     same_a, same_b = [rng.gauss(0.6, 0.03) for _ in range(10)], [rng.gauss(0.6, 0.03) for _ in range(10)]
     assert permutation_p(same_a, same_b) > 0.05

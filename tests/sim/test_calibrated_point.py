@@ -11,6 +11,7 @@ from framework.core.paths import REPO_ROOT
 from framework.core.registry import COST
 from framework.runs.sim import cost_instance, simulate
 from plugins.cost.calibrated import DEFAULT_PATH
+from script_loader import load_script
 
 
 def _write(tmp_path, median: bool):
@@ -51,9 +52,7 @@ def test_median_of_a_profile_without_medians_says_how_to_get_them(tmp_path):
 
 
 def test_calibration_keeps_the_fastest_and_the_median_repeat():
-    import sys
-    sys.path.insert(0, str(REPO_ROOT / "experiments" / "calibrate"))
-    from run import _points
+    _points = load_script("experiments/calibrate/run.py")._points
     repeats = [[[3.0, 1.0, 2.0], [5.0, 4.0, 9.0]]]
     assert _points(repeats) == {"seconds": [[1.0, 4.0]], "seconds_median": [[2.0, statistics.median([5, 4, 9])]]}
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "sim_repro"))
+from script_loader import load_script
 
-from compare import PUBLISHED, compare  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+_compare = load_script("experiments/sim_repro/compare.py")
+PUBLISHED, compare = _compare.PUBLISHED, _compare.compare
 
 
 def predictions(scale: dict) -> dict:

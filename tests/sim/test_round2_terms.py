@@ -2,9 +2,7 @@
 PR #2394 (`sim.cost.mla_decode_kernel=logits`) and conf/experiment/pr1970_nov2024.yaml with predict.py's DP-only
 facts (no CUDA graphs before PR #2061, schedule_conservativeness 1.0 before PR #2096). The kernel's constants are
 sglang 0.3.5's (plugins/cost/roofline.py LOGITS_KERNEL)."""
-import sys
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +10,7 @@ from framework.config import compose
 from framework.contracts.cost import BatchShape, Step
 from plugins.cost.roofline import logits_stage, wave_factor
 from roofline_helpers import cost, h100, v2  # noqa: F401 (v2, h100: fixtures)
-
-ROOT = Path(__file__).resolve().parents[2]
+from script_loader import load_script
 
 
 def decode(n, context, groups=1):
@@ -95,8 +92,7 @@ def test_a_partial_wave_costs_a_whole_one(v2, h100):
 
 
 def test_pr1970_as_of_its_figures_is_pr1970_plus_the_facts_of_its_date():
-    sys.path.insert(0, str(ROOT / "experiments" / "sim_repro"))
-    from predict import SETUPS
+    SETUPS = load_script("experiments/sim_repro/predict.py").SETUPS
     experiment, per_scheme = SETUPS[2]
     base = asdict(compose(["experiment=pr1970", "parallel=dp_attn"]))
     then = compose([f"experiment={experiment}", "parallel=dp_attn"] + per_scheme["dp_attn"])

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from framework.config import compose
+from framework.core.registry import WORKLOAD
+from framework.runs.sim import simulate
+from script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "routing_study"))
-
-from ceiling import hit_rate_ceiling  # noqa: E402
-
-from framework.config import compose  # noqa: E402
-from framework.core.registry import WORKLOAD  # noqa: E402
-from framework.runs.sim import simulate  # noqa: E402
+hit_rate_ceiling = load_script("experiments/routing_study/ceiling.py").hit_rate_ceiling
 
 TINY_BLOG = ["experiment=sglang_router_blog", "cluster.instances=2", "workload.num_groups=4",
              "workload.prompts_per_group=4", "workload.system_prompt_len=256", "workload.question_len=16",
