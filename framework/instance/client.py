@@ -112,12 +112,21 @@ class InstanceClient:
 
     # -- EngineHandle -----------------------------------------------------------------------------------------
     def submit(self, req: Req, listener: Listener, dp_rank: int | None = None) -> None:
+        self.submit_together([(req, listener, dp_rank)])
+
+    def submit_together(self, items: list[tuple[Req, Listener, int | None]]) -> None:
+        """Queue several requests (req, listener, dp_rank) in one message: rank 0 takes them in at one step, as an
+        engine in this process takes the requests added before its next step (mode=verify's rounds), wherever the
+        scheduler puts this process between them. Raises before sending any when one can never run."""
         if self.error is not None:
             raise RuntimeError(f"engine is down: {self.error}")
-        check_admissible(req, self._stats.get("kv_capacity_tokens_per_rank"))   # a hopeless request fails here
+        for req, _, _ in items:
+            check_admissible(req, self._stats.get("kv_capacity_tokens_per_rank"))   # a hopeless request fails here
         with self._cond:
-            self._reqs[req.rid] = (req, listener)
-        self._send(Add(req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank, pairing=req.pairing))
+            for req, listener, _ in items:
+                self._reqs[req.rid] = (req, listener)
+        self._send([Add(req.rid, req.prompt_ids, req.params, req.arrival_time, dp_rank, pairing=req.pairing)
+                    for req, _, dp_rank in items])
 
     def abort(self, rid: str) -> None:
         with self._cond:

@@ -29,6 +29,9 @@ class EngineHandle(Protocol):
     def submit(self, req: Req, listener: Listener, dp_rank: int | None = None) -> None:
         """Queue `req` (ValueError at once when it can never run); `dp_rank` pins it to a DP group."""
 
+    def submit_together(self, items: list[tuple[Req, Listener, Optional[int]]]) -> None:
+        """Queue several (req, listener, dp_rank) so that the instance takes them in at one step."""
+
     def abort(self, rid: str) -> None:
         """Drop a request; its listener hears nothing more."""
 
@@ -153,6 +156,10 @@ class SyncFace:
     def add(self, req: Req, dp_rank: int | None = None) -> None:
         """Queue a request (ValueError when it can never be served). `dp_rank` pins it to a DP group."""
         self.handle.submit(req, self._listen, dp_rank)
+
+    def add_together(self, reqs: list[Req], dp_ranks: list[int | None]) -> None:
+        """Queue requests that the instance takes in at one step (`add`'s, each with its pin)."""
+        self.handle.submit_together([(r, self._listen, dp) for r, dp in zip(reqs, dp_ranks, strict=True)])
 
     def step(self, timeout: float = 0.05) -> list[Req] | None:
         """The requests that got tokens since the last call (None after `timeout` s without any). Raises when a

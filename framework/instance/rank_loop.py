@@ -233,6 +233,8 @@ class RankLoop:
                     msgs.append(self.channel.recv())
         except EOFError:                     # the parent is gone: stop the instance
             msgs.append(Stop())
+        # requests submitted together come as one list (InstanceClient.submit_together): taken in at this step
+        msgs = [m for msg in msgs for m in (msg if isinstance(msg, list) else (msg,))]
         self.dispatcher.update(loads)
         cmds = []
         for msg in msgs:

@@ -145,8 +145,9 @@ def verify_instance(cfg, cases: dict | None = None, traces: dict | None = None) 
             for _ in range(REPEAT):
                 reqs = _new_reqs(client.tokenizer, prompts, case_max_new_tokens(name, cfg.verify.max_new_tokens),
                                  0.8 if name in SAMPLED_CASES else 0.0)
-                for i, r in enumerate(reqs):
-                    face.add(r, dp_rank=dp_pin(name, i, dp_size))
+                # a round at once, as verify_single adds it before stepping: tight_kv_retract retracts only when
+                # its requests decode together, which requests sent one by one on a loaded host may not
+                face.add_together(reqs, [dp_pin(name, i, dp_size) for i in range(len(reqs))])
                 face.wait_all(reqs)
                 sent[name] += reqs
             if k + 1 < len(cases):

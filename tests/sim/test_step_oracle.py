@@ -94,3 +94,18 @@ def test_the_oracle_sees_a_different_decision(change):
     else:
         sim = replay(cfg, case, trace, engine_cfg=dataclasses.replace(engine_cases(cfg)[case], cuda_graph_max_bs=1))
     assert sim.step.log != trace["log"]
+
+
+@pytest.mark.long  # it reads the dp_attn ranks' run above (~11 s): CI's long set
+def test_a_round_of_requests_reaches_the_ranks_at_one_step():
+    """mode=verify sends each round of requests together (InstanceClient.submit_together): rank 0 takes the whole
+    round in at one step, as the single-process path adds it before stepping, however the host schedules the parent
+    between requests (sent one by one, a loaded host let tight_kv_retract's first requests finish before the rest
+    came, and nothing retracted)."""
+    results, traces = on_ranks("dp_attn")
+    for case, trace in traces.items():
+        rounds: dict[int, int] = {}
+        for at, *_ in trace["arrivals"]:
+            rounds[at] = rounds.get(at, 0) + 1
+        assert sorted(rounds.values()) == [6] * len(rounds), (case, rounds)   # verify_prompts: 6 per round
+    assert results["tight_kv_retract"]["retractions"] > 0
