@@ -57,7 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from framework.cluster.peer_router import installed_version  # noqa: E402
 from framework.core.host_probe import probe  # noqa: E402
-from framework.core.proc import cpu_times, steal_s  # noqa: E402
+from framework.core.proc import cpu_times, host_cpu_s  # noqa: E402
 CORES = len(os.sched_getaffinity(0))  # what the harness, the stubs and the proxies share
 ROUTER_THREADS = 1                    # servelab's router serves on one event-loop thread
 CONTENT_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
@@ -592,11 +592,11 @@ def main() -> None:
         owners = {**dict.fromkeys(stub_ports, procs[0]), **{ports[n]: proc for n, proc in started.items()}}
         if peer is not None:
             owners[ports["sglang"]] = peer.popen
-        load0, steal0, t0 = os.getloadavg()[0], steal_s(), time.monotonic()
+        load0, (_, steal0), t0 = os.getloadavg()[0], host_cpu_s(), time.monotonic()
         results = uvloop.run(bench(args, proxies, stub_ports, owners))
         # how quiet the machine was: other jobs raise the load average, the hypervisor's steal takes cores away
         quiet = {"loadavg_1m_before_after": [load0, os.getloadavg()[0]],
-                 "steal_cores": (steal_s() - steal0) / (time.monotonic() - t0)}
+                 "steal_cores": (host_cpu_s()[1] - steal0) / (time.monotonic() - t0)}
     finally:
         if peer is not None:
             peer.stop()

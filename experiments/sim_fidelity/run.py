@@ -82,6 +82,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
+from framework.core.proc import host_cpu_s  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
 POLICIES = ["round_robin", "cache_aware"]
@@ -106,25 +107,16 @@ class Background:
     a two-rank instance stalls while either core is taken, where a busy process would only share them."""
 
     def __enter__(self) -> "Background":
-        self.t, self.host, self.own = time.perf_counter(), _host_ticks_s(), _own_cpu_s()
+        self.t, self.host, self.own = time.perf_counter(), host_cpu_s(), _own_cpu_s()
         return self
 
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self.t
-        (busy, steal), (busy0, steal0) = _host_ticks_s(), self.host
+        (busy, steal), (busy0, steal0) = host_cpu_s(), self.host
         self.procs = max(0.0, ((busy - busy0) - (_own_cpu_s() - self.own)) / wall)
         # measured on its own, not cut to ``procs``: the run's own CPU counts its children when they are reaped, so
         # in a block that reaps processes it ran before (an in-process TP/DP run's ranks), ``procs`` reads 0 at times
         self.steal = (steal - steal0) / wall
-
-
-def _host_ticks_s() -> tuple[float, float]:
-    """The host's busy seconds (less idle and iowait; steal included; guest time is inside user's already) and, of
-    them, the steal."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]   # user nice system idle iowait irq softirq steal guest...
-    tck = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / tck, (ticks[7] if len(ticks) > 7 else 0) / tck
 
 
 def _own_cpu_s() -> float:

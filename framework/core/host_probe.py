@@ -27,13 +27,21 @@ TOLERANCE = 0.25        # a probe more than 25% slower or faster than the stamp:
 COLLECTIVES = 100       # all-reduces timed per Cores.measure (~0.2 s at this VM's ~2 ms each)
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first value /proc/cpuinfo gives `field` (None: no such line, or no /proc)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def cpu_model() -> str:
+    model = _cpuinfo("model name")
+    if model is not None:
+        return model
     import platform
     return platform.processor() or platform.machine()
 
@@ -42,13 +50,7 @@ def cpu_cache() -> str:
     """/proc/cpuinfo's "cache size" ('' where it reports none: the last level on Intel, as the hypervisor's CPUID
     says; the per-core L2 on AMD): under a hypervisor that names every CPU "Intel(R) Xeon(R) Processor" it tells two
     such CPUs apart."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("cache size"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo("cache size") or ""
 
 
 def _work() -> float:

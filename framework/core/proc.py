@@ -13,9 +13,11 @@ def cpu_times(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def steal_s() -> float:
-    """Seconds the hypervisor has run other guests on this VM's CPUs so far, all CPUs together (/proc/stat's steal;
-    0 where the kernel reports none)."""
+def host_cpu_s() -> tuple[float, float]:
+    """The host's busy CPU seconds so far, all CPUs together (less idle and iowait; steal included; guest time is in
+    user's already), and of them the steal: seconds the hypervisor ran other guests on this VM's CPUs (0 where the
+    kernel reports none). From /proc/stat."""
     with open("/proc/stat") as f:
-        ticks = f.readline().split()[1:]  # user nice system idle iowait irq softirq steal ...
-    return int(ticks[7]) / os.sysconf("SC_CLK_TCK") if len(ticks) > 7 else 0.0
+        ticks = [int(v) for v in f.readline().split()[1:]]   # user nice system idle iowait irq softirq steal guest...
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / tick, (ticks[7] if len(ticks) > 7 else 0) / tick

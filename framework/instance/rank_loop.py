@@ -227,14 +227,16 @@ class RankLoop:
         msgs = []
         try:
             idle_wait = HEARTBEAT_S if self.kv is None else POLL_S if kv_busy else IDLE_POLL_S
-            if self.channel.poll(0 if stepping or self.sent_cmds else idle_wait):
-                msgs.append(self.channel.recv())
-                while self.channel.poll(0):
-                    msgs.append(self.channel.recv())
+            ready = self.channel.poll(0 if stepping or self.sent_cmds else idle_wait)
+            while ready:
+                msg = self.channel.recv()
+                if isinstance(msg, list):    # requests submitted together (InstanceClient.submit_together)
+                    msgs += msg
+                else:
+                    msgs.append(msg)
+                ready = self.channel.poll(0)
         except EOFError:                     # the parent is gone: stop the instance
             msgs.append(Stop())
-        # requests submitted together come as one list (InstanceClient.submit_together): taken in at this step
-        msgs = [m for msg in msgs for m in (msg if isinstance(msg, list) else (msg,))]
         self.dispatcher.update(loads)
         cmds = []
         for msg in msgs:
