@@ -81,6 +81,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
@@ -393,17 +394,17 @@ def work_table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def host_check() -> dict:
+def host_check(profile: str) -> dict:
     """The calibration profile's host stamp against this host now: simulated seconds compare with real ones only
     when they match (the profile prices steps in its host's seconds)."""
-    from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s
-    stamp = read_calibration(DEFAULT_PATH).get("host_probe")
+    from plugins.cost.calibrated import read_calibration, reference_pinned_s
+    stamp = read_calibration(profile).get("host_probe")
     now = probe()
     if stamp and stamp.get("pinned_s"):          # the profile's reference speed: compared pinned, as it was taken
         now["pinned_s"] = pinned(PINNED_S)
     problems = mismatch(stamp, now)
     for p in problems:
-        print(f"WARNING: the calibration profile ({DEFAULT_PATH}) may not describe this host: {p}", flush=True)
+        print(f"WARNING: the calibration profile ({profile}) may not describe this host: {p}", flush=True)
     return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp)}
 
 
@@ -450,6 +451,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "sim_fidelity",
                     help="where the real runs write their own results")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
+    ap.add_argument("--profile", default=DEFAULT_PATH,
+                    help="sim.cost.path: the calibration profile (experiments/calibrate/run.py --out), taken on this "
+                         "host's CPU (each profile is stamped with its host; a mismatch is warned)")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
     ap.add_argument("--point", choices=["fastest", "median"], default="median",
@@ -489,7 +493,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     t0 = time.time()
-    host = host_check()
+    host = host_check(args.profile)
     reference_s = host["reference_s"] if args.host_scale == "pinned" else None
     if args.host_scale == "pinned" and reference_s is None:
         sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
@@ -568,7 +572,8 @@ def factors(cores: dict) -> tuple[float, float]:
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
-    cost = [f"sim.cost.between={args.between}", f"sim.cost.point={args.point}", f"sim.cost.extend={args.extend}",
+    cost = [f"sim.cost.path={args.profile}", f"sim.cost.between={args.between}", f"sim.cost.point={args.point}",
+            f"sim.cost.extend={args.extend}",
             f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
     if args.contention == "block":                # each block's own (sim_config)
         return cost
@@ -588,8 +593,8 @@ def resimulate_main(args) -> None:
                  f"--host-scale pinned); give --host-scale none")
     reference_s = None
     if args.host_scale == "pinned":
-        from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s
-        reference_s = reference_pinned_s(read_calibration(DEFAULT_PATH).get("host_probe"))
+        from plugins.cost.calibrated import read_calibration, reference_pinned_s
+        reference_s = reference_pinned_s(read_calibration(args.profile).get("host_probe"))
         if reference_s is None:
             sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed; re-profile")
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
