@@ -1,5 +1,6 @@
 """Sim vs real on this machine: the same workloads, seeds and configs run for real and in `mode=sim` with the
-calibrated cost model (data/calibration/cpu.json, from experiments/calibrate), and the error of each figure.
+calibrated cost model (data/calibration/cpu.json, or --profile: a profile taken on this host's CPU, from
+experiments/calibrate), and the error of each figure.
 
 - router ablation at 4 instances: experiments/router_ablation/run.py runs for real (its own CLI: servelab's router,
   the policies below, both workloads); each of its runs is then simulated with the overrides it recorded.
@@ -81,9 +82,9 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
-from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
 POLICIES = ["round_robin", "cache_aware"]
@@ -451,9 +452,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "sim_fidelity",
                     help="where the real runs write their own results")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved real + simulated repeats per cell")
-    ap.add_argument("--profile", default=DEFAULT_PATH,
-                    help="sim.cost.path: the calibration profile (experiments/calibrate/run.py --out), taken on this "
-                         "host's CPU (each profile is stamped with its host; a mismatch is warned)")
+    ap.add_argument("--profile", default=None,
+                    help="sim.cost.path: the calibration profile (experiments/calibrate/run.py --out; relative to the "
+                         f"repository), taken on this host's CPU (a mismatch is warned); default {DEFAULT_PATH}, or "
+                         "with --resimulate the stored run's")
     ap.add_argument("--between", choices=["fit", "grid"], default="grid",
                     help="sim.cost.between: the calibrated profile's fit, or its measured points (plugins/cost/calibrated.py)")
     ap.add_argument("--point", choices=["fastest", "median"], default="median",
@@ -493,6 +495,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     t0 = time.time()
+    args.profile = args.profile or DEFAULT_PATH
     host = host_check(args.profile)
     reference_s = host["reference_s"] if args.host_scale == "pinned" else None
     if args.host_scale == "pinned" and reference_s is None:
@@ -588,6 +591,12 @@ def resimulate_main(args) -> None:
     stored = json.loads(args.resimulate.read_text())
     out = {"experiment": "sim_fidelity re-simulation", "git_sha": git_sha(), "source": str(args.resimulate),
            "source_git_sha": stored.get("git_sha"), "source_sim_args": stored.get("sim_args"), "runs": {}}
+    ran_with = next((a.split("=", 1)[1] for a in stored.get("sim_args", []) if a.startswith("sim.cost.path=")),
+                    DEFAULT_PATH)                 # (runs before --profile: the default profile)
+    args.profile = args.profile or ran_with
+    if args.profile != ran_with:
+        print(f"profile: {args.profile}, where {args.resimulate} was simulated with {ran_with}", flush=True)
+    out["profile"] = args.profile
     if args.host_scale == "pinned" and stored.get("host_scale") != "pinned":
         sys.exit(f"--host-scale pinned: {args.resimulate} took no host speed around its blocks (run without "
                  f"--host-scale pinned); give --host-scale none")
@@ -628,7 +637,8 @@ def resimulate_main(args) -> None:
                         + ([] if args.contention == "none" else [f"contention_{args.contention}"])
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
-                        + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"]))
+                        + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])
+                        + ([] if args.profile == ran_with else [f"profile_{Path(args.profile).stem}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)
     args.resim_out.write_text(json.dumps(out, indent=1, default=str) + "\n")
