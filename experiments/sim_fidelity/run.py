@@ -420,11 +420,12 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
 
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
-               collectives: bool = False, lockstep: bool = False) -> tuple[list[dict], str]:
+               collectives: bool = False, lockstep: bool = False, blocks: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
-    ``per_block`` / ``collectives``: the contention / collective latency measured around each block."""
+    ``per_block`` / ``collectives``: the contention / collective latency measured around each block; ``blocks``: the
+    table also lists every block's throughput, real and simulated, beside its steal."""
     meta = {c["case"]: c for c in stored["cases"]}
     repeats = []
     for rep in stored["runs"]:
@@ -440,7 +441,21 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
     cells = combine(repeats)
     for c in cells:
         c["errors"] = errors(c)
-    return cells, range_table(cells, stored["load_average"])
+    text = range_table(cells, stored["load_average"])
+    return cells, text + "\n\n" + block_table(repeats) if blocks else text
+
+
+def block_table(repeats: list[list[dict]]) -> str:
+    """Each block's output throughput, real and simulated, with the steal and host speed it was simulated with."""
+    rows = ["| repeat | cell | steal (cores) | host x | out tok/s real | sim | error |",
+            "|---:|---|---:|---:|---:|---:|---:|"]
+    for k, cases in enumerate(repeats):
+        for c in cases:
+            real, sim = c["real"]["output_throughput_tok_s"], c["sim"]["output_throughput_tok_s"]
+            steal = "-" if c["host_steal"] is None else f"{c['host_steal']:.3f}"
+            rows.append(f"| {k + 1} | {c['case']} | {steal} | {c['host_scale']:.2f} | {real:.1f} | {sim:.1f} | "
+                        f"{sim / real - 1:+.1%} |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -483,6 +498,8 @@ def main() -> None:
     ap.add_argument("--answers", nargs="+", choices=["printable", "measured"], default=["measured"],
                     help="sim.answers (framework/sim/answers.py); several only with --resimulate")
     ap.add_argument("--resimulate", type=Path, help="a stored results.json: simulate its real runs again, run none")
+    ap.add_argument("--blocks", action="store_true", help="with --resimulate: every block's throughput, real and "
+                                                          "simulated, beside its steal")
     ap.add_argument("--resim-out", type=Path, default=None,
                     help="where --resimulate writes (default: resim_<between>_<answers>.json beside this file)")
     args = ap.parse_args()
@@ -623,7 +640,7 @@ def resimulate_main(args) -> None:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
-                                 args.steal == "lockstep")
+                                 args.steal == "lockstep", args.blocks)
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
