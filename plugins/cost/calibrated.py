@@ -40,15 +40,19 @@ host_probe.Cores' all-reduce latency then) and the rest, the compute, which ``ho
 priced at ``collective_s`` (None: the profile's own): on this VM ~2 ms each, ~25 ms of a two-rank step of ~36. The
 committed profile is not split (experiments/sim_fidelity/notes_collectives.md: the split removed no error here).
 
-Only what was profiled can be priced: another model or config is refused with the calibrated ones listed.
+Only what was profiled can be priced: another model or config is refused with the calibrated ones listed. A profile
+prices its own CPU's host: where it was stamped on another CPU model than this host's, that is logged once per profile
+with the committed profiles (data/calibration/) that were stamped on this one (sim.cost.path picks one).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from functools import partial
 
+from framework.core.host_probe import cpu_model
 from framework.core.paths import REPO_ROOT
 from framework.core.registry import COST
 from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
@@ -136,8 +140,34 @@ class Grid:
         return t
 
 
+logger = logging.getLogger(__name__)
+_told: set[str] = set()   # the profiles whose host was compared with this one's (once per profile and process)
+
+
+def tell_host(path: str, data: dict) -> None:
+    """Log, once per profile, that it was stamped on another CPU model than this host's, naming the committed profiles
+    that were stamped on this one."""
+    if path in _told:
+        return
+    _told.add(path)
+    theirs, ours = (data.get("host_probe") or {}).get("cpu_model"), cpu_model()
+    if theirs is None or theirs == ours:
+        return
+    same = []
+    for other in sorted((REPO_ROOT / "data" / "calibration").glob("*.json")):
+        try:
+            if (json.loads(other.read_text()).get("host_probe") or {}).get("cpu_model") == ours:
+                same.append(str(other.relative_to(REPO_ROOT)))
+        except (OSError, ValueError):
+            continue
+    logger.info("sim.cost=calibrated: %s was profiled on %r; this host is %r: the simulation prices the profile's host "
+                "(%s)", path, theirs, ours, f"profiled on this CPU: sim.cost.path={' or '.join(same)}" if same else
+                "profile this one with experiments/calibrate/run.py --out <file>, then sim.cost.path=<file>")
+
+
 def load_profile(path: str, instance: InstanceShape) -> dict:
     data = read_calibration(path)
+    tell_host(path, data)
     key = config_key(instance.parallel, instance.size, instance.moe)
     if instance.model.name != data["model"] or key not in data["profiles"]:
         raise ValueError(f"sim.cost=calibrated has no profile of model={instance.model.name} {key} in {path} "
