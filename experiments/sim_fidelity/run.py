@@ -84,8 +84,8 @@ from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
-from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
+from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
 
 POLICIES = ["round_robin", "cache_aware"]
 SCHEMES = ["tp", "dp_attn"]
