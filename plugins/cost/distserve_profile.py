@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from framework.contracts.cost import CostConfig, CostModel, InstanceShape, Step
 from framework.core.errors import UserError
+from framework.core.paths import REPO_ROOT
 from framework.core.registry import COST
 
 DEFAULT_PATH = "experiments/pd_repro/distserve_profile_a100.json"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -36,7 +35,7 @@ class DistServeProfileConfig(CostConfig):
 
 
 def load(path: str) -> dict:
-    p = Path(path) if Path(path).is_absolute() else ROOT / path
+    p = REPO_ROOT / path  # an absolute path stays itself
     if not p.exists():
         raise UserError(f"sim.cost.path={path}: no DistServe profile there (the repository ships {DEFAULT_PATH})")
     return json.loads(p.read_text())
