@@ -14,8 +14,8 @@ results_yardstick.json (``--out``). ``--tree``: time another checkout's code; ``
 of HEAD: before/after), alternated with the first run by run. ``--record DIR``: each router's decisions of one run
 (worker, reason, estimate, request length, memo; PYTHONHASHSEED fixed so block keys repeat), to compare two trees'
 decisions (pickles; equal lists = the same decisions): ``--compare DIR DIR``. ``--opcodes``: each decision's Python
-opcodes instead (traced, untimed; what other jobs on the machine do not blur). ``--parts``: where an exact-view
-decision's time goes, in place (each part's p50 by its own timer: the prompt's keys, of which the hashing of its new
+opcodes instead (traced, untimed; what other jobs on the machine do not blur), with the mean per function.
+``--parts``: where an exact-view decision's time goes, in place (each part's p50 by its own timer: the prompt's keys, of which the hashing of its new
 blocks, the match, the credit, the record; each timer adds ~0.2 us to ``dispatch``).
 """
 from __future__ import annotations
@@ -126,7 +126,11 @@ def child(router: str, replays: int, record: str | None, opcodes: bool, parts: b
     if timers is not None:
         print(json.dumps({"router": router, "us": {k: statistics.median(v) / 1e3 for k, v in timers.items() if v}}))
         return
-    print(json.dumps({"router": router, "us": counts if opcodes else times}))
+    if opcodes:   # per decision, and per function over all of them (where the interpreter's work goes)
+        by = {k: v / len(counts) for k, v in tracer.by_function.most_common(12)}
+        print(json.dumps({"router": router, "us": {"per_decision": counts, "by_function": by}}))
+        return
+    print(json.dumps({"router": router, "us": times}))
 
 
 def one(tree: Path, router: str, replays: int, record: str | None = None, opcodes: bool = False,
@@ -181,8 +185,10 @@ def main() -> None:
     if args.opcodes:
         trees = {"this": args.tree, **({"against": args.against} if args.against else {})}
         for t, tree in trees.items():
-            print(f"{t}: opcodes per decision, p50: " + "  ".join(
-                f"{r} {statistics.median(one(tree, r, args.replays, opcodes=True)):.0f}" for r in args.routers))
+            for r in args.routers:
+                ops = one(tree, r, args.replays, opcodes=True)
+                print(f"{t} {r}: opcodes per decision, p50 {statistics.median(ops['per_decision']):.0f}; mean per "
+                      "function: " + ", ".join(f"{f} {n:.0f}" for f, n in ops["by_function"].items()), flush=True)
         return
     if args.compare:
         return compare(*args.compare)
