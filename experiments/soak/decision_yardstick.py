@@ -39,7 +39,7 @@ def time_parts() -> dict[str, list[int]]:
     request's keys: events hash their blocks too."""
     from framework.kv_events.hashing import BlockKeys
     from framework.routing.core import RouterCore
-    from plugins.routing.lib.kv_policy import KvViewPolicy, PromptKeys
+    from plugins.routing.lib.kv_policy import KvViewPolicy
     parts: dict[str, list[int]] = {}
     in_keys = [False]
     clock = time.perf_counter_ns
@@ -59,7 +59,7 @@ def time_parts() -> dict[str, list[int]]:
                 in_keys[0] &= not is_keys
         setattr(cls, name, g)
     timed(BlockKeys, "chain", "hashing", in_keys_only=True)
-    timed(PromptKeys, "keys", "keys", is_keys=True)
+    timed(KvViewPolicy, "blocks", "keys", is_keys=True)  # the memo's lookup and update, or (C keys) the whole prompt
     for name in ("match", "credit", "decision"):
         timed(KvViewPolicy, name, name)
     timed(RouterCore, "dispatch", "dispatch")

@@ -5,13 +5,42 @@ Two functions on purpose. ``chain_hashes`` is what servelab's workers publish: a
 in every process (unlike str and bytes hashes, int and tuple hashes are not salted), 64 bits. ``BlockKeys`` is the
 router's own key of a block, made from the tokens an event carries (so it follows workers whatever hash they publish,
 vLLM's sha256 included) and from a request's tokens alike: it only needs to agree within one process, so it takes
-the fastest form (a bytes slice per block for tokens below 256, as the byte tokenizer makes).
+the fastest form: a bytes slice per block for tokens below 256, as the byte tokenizer makes, hashed in C when the
+extension is built (_chain.c: SipHash-1-3, CPython's own bytes hash, keyed per process; the keys an ``array('Q')``),
+else by CPython's tuple hash. The C path is what the pip install builds; without a C compiler, or with
+``SERVELAB_NO_EXTENSIONS=1``, the Python one runs. The two give other keys, and the same decisions.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
 from array import array
 from typing import Sequence
+
+
+
+def _salt() -> bytes:
+    """16 random bytes per process, or fixed by PYTHONHASHSEED as it fixes CPython's own bytes hash (a run whose
+    decisions are recorded and compared, experiments/soak/decision_yardstick.py, repeats its keys)."""
+    seed = os.environ.get("PYTHONHASHSEED", "")
+    if not seed.isdigit():  # unset, or CPython's word for a random salt
+        return os.urandom(16)
+    return hashlib.blake2b(seed.encode(), digest_size=16, person=b"servelab-keys").digest()
+
+
+try:
+    if os.environ.get("SERVELAB_NO_EXTENSIONS"):
+        raise ImportError("SERVELAB_NO_EXTENSIONS is set")
+    from framework.kv_events import _chain
+    _chain.seed(*struct.unpack("<QQ", _salt()))
+except ImportError:
+    _chain = None
+NATIVE = _chain is not None  # the C keys are built and on
+# (C) per candidate, the leading blocks of C keys it holds, where holdings are prefix-closed: KvView.match's search
+held_prefixes = _chain.match if NATIVE else None
+# (C) the deepest of C keys in a dict, or None: precise_prefix's session lookup
+deepest_in = _chain.deepest if NATIVE else None
 
 MASK64 = 2**64 - 1
 ROOT_HASH = 0  # the "parent" of a sequence's first block
@@ -39,15 +68,20 @@ def _canonical(block: Sequence[int]) -> bytes:
 
 
 class BlockKeys:
-    """The router's keys of blocks, chained like ``chain_hashes`` but process-local (salted bytes hashes)."""
+    """The router's keys of blocks, chained like ``chain_hashes`` but process-local (salted bytes hashes). ``native``:
+    the C keys (default: when built, ``NATIVE``), an ``array('Q')``; else a list of CPython's hashes."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, native: bool | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if native and _chain is None:
+            raise ValueError("native block keys need the C extension framework/kv_events/_chain.c built (pip install "
+                             "-e . with a C compiler) and SERVELAB_NO_EXTENSIONS unset")
         self.block_size = block_size
+        self.native = NATIVE if native is None else native
         self._blocks = struct.Struct(f"{block_size}s").iter_unpack  # bytes -> its blocks, each a bytes (1-tuples)
 
-    def chain(self, tokens: Sequence[int], parent: int = ROOT_HASH) -> list[int]:
+    def chain(self, tokens: Sequence[int], parent: int = ROOT_HASH) -> Sequence[int]:
         """Keys of every full block of ``tokens`` (bytes, or a sequence of ints), chained on ``parent``."""
         b = self.block_size
         if not isinstance(tokens, bytes):
@@ -55,15 +89,19 @@ class BlockKeys:
                 tokens = bytes(tokens)
             except ValueError:
                 return self._chain_ints(tokens, parent)
+        if self.native:
+            return _chain.keys(tokens, b, parent)
         if len(tokens) % b:
             tokens = tokens[:len(tokens) - len(tokens) % b]  # full blocks only
         h = parent
         # the blocks cut in C (struct), not a slice each in Python: about half the time per block
         return [h := hash((h, block)) for (block,) in self._blocks(tokens)]
 
-    def _chain_ints(self, tokens: Sequence[int], parent: int) -> list[int]:
+    def _chain_ints(self, tokens: Sequence[int], parent: int) -> Sequence[int]:
+        """A block at a time in its ``_canonical`` form: a block of tokens below 256 gets the key ``chain`` gives it."""
         b, h, out = self.block_size, parent, []
         for i in range(0, len(tokens) - b + 1, b):
-            h = hash((h, _canonical(tokens[i:i + b])))
+            block = _canonical(tokens[i:i + b])
+            h = _chain.keys(block, len(block), h)[0] if self.native else hash((h, block))
             out.append(h)
-        return out
+        return array("Q", out) if self.native else out

@@ -46,10 +46,13 @@ from __future__ import annotations
 import enum
 import math
 import itertools
+from array import array
 from dataclasses import dataclass
+from typing import Sequence
 
 from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage, RequestView, RoutingDecision
+from framework.kv_events.hashing import deepest_in
 from plugins.routing.lib.kv_policy import KvViewConfig, KvViewPolicy
 
 
@@ -184,16 +187,20 @@ class PrecisePrefixRouting(KvViewPolicy):
         return self.decision(worker, req, held, reason, credited, n - min(held * cfg.block_size, max(n - 1, 0)),
                              first_block=first)
 
-    def _session_worker(self, keys: list[int], candidates: list[str]) -> str | None:
+    def _session_worker(self, keys: Sequence[int], candidates: list[str]) -> str | None:
         """The worker of the latest request, not continued yet, whose last block is the deepest of ``keys`` that is
         some request's last block (None: none, or its worker is not a candidate); that request counts as continued."""
         last = self._last_worker
-        for key in filter(last.__contains__, reversed(keys)):  # the deepest first, scanned in C
-            worker, epoch, at = last.pop(key)  # a request is continued once: the next turn, not every prompt it leads
-            if self._epoch.get(worker) != epoch or self.clock() - at > self.cfg.affinity_ttl_s:
-                return None  # its worker's cache was reset since, or it is too old: no affinity left
-            return worker if worker in candidates else None
-        return None
+        if type(keys) is array:  # the C keys (hashing.py): searched in C
+            key = deepest_in(keys, last)
+        else:  # the deepest first, scanned in C
+            key = next(filter(last.__contains__, reversed(keys)), None)
+        if key is None:
+            return None
+        worker, epoch, at = last.pop(key)  # a request is continued once: the next turn, not every prompt it leads
+        if self._epoch.get(worker) != epoch or self.clock() - at > self.cfg.affinity_ttl_s:
+            return None  # its worker's cache was reset since, or it is too old: no affinity left
+        return worker if worker in candidates else None
 
     def _remember(self, key: int, worker: str) -> None:
         last = self._last_worker

@@ -6,10 +6,11 @@ Oracle: the first block each worker misses, found by walking the view's own coun
 for ``confirmed_prefix``), and the index's gaps and chain starts counted from scratch."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from framework.kv_events.events import AllBlocksCleared
-from framework.kv_events.hashing import ROOT_HASH, BlockKeys
+from framework.kv_events.hashing import NATIVE, ROOT_HASH, BlockKeys
 from plugins.routing.lib.kv_policy import PromptKeys
 from plugins.routing.lib.kv_view import KvView
 
@@ -69,10 +70,12 @@ def check(view: KvView, probes: list[bytes], in_flight: list) -> None:
                 assert view.confirmed_prefix(w, keys, upto) == walked_confirmed(view, keys, w, upto), (text, w, upto)
 
 
+@pytest.mark.parametrize("native", [pytest.param(False, id="python"), pytest.param(
+    True, id="c", marks=pytest.mark.skipif(not NATIVE, reason="the C extension is not built"))])
 @settings(max_examples=100, deadline=None)
-@given(ops, st.lists(texts, min_size=4, max_size=4))
-def test_the_index_answers_what_the_walk_answers(sequence, probes):
-    view = KvView(B, confirm_s=1.0)
+@given(sequence=ops, probes=st.lists(texts, min_size=4, max_size=4))
+def test_the_index_answers_what_the_walk_answers(native, sequence, probes):
+    view = KvView(B, confirm_s=1.0, native=native)  # C: the search bounded by the gaps on the path, in C
     now = 0.0
     in_flight = []  # (worker, credited keys, removals at the decision)
     for op, w, which, cut, k in sequence:
@@ -105,7 +108,7 @@ def test_the_index_answers_what_the_walk_answers(sequence, probes):
 def test_prompt_keys_reuse_gives_the_keys_of_a_full_hash(turns):
     """Conversations that grow turn by turn (and branch, and repeat a turn): the keys reused from a remembered prompt
     are those a full hash gives, whatever the memo's bounds dropped."""
-    keys = BlockKeys(B)
+    keys = BlockKeys(B, native=False)  # the memo serves the Python keys (the C ones hash whole)
     memo = PromptKeys(keys, size=6, per_anchor=2, min_blocks=3)
     history = [b""] * 6
     for conversation, turn, branch in turns:

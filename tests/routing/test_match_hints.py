@@ -1,7 +1,7 @@
 """Hints only save probes (issue 25, item 4): ``KvView.match`` answers the same with any guesses (the continued prompt's
 length, the match noted for that prompt, the previous candidate's answer) as with none, and as the walk block by block;
 and a policy routes a trace the same with its prompt memo and match hints as with every request hashed from scratch and
-searched unhinted.
+searched unhinted; the C keys and search (framework/kv_events/_chain.c) answer and route the same as the Python ones.
 
 Oracles: the walk over the view's own counts (``holds``), and the same policy with the shortcuts turned off, on a
 multi-turn trace through real RadixCaches whose KV events reach the policy (evictions past a small cache, a flush of
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -17,6 +18,7 @@ from framework.core.registry import ROUTING
 from framework.contracts.routing import RequestUsage
 from framework.engine.radix_cache import RadixCache
 from framework.kv_events.emitter import CacheEventEmitter
+from framework.kv_events.hashing import NATIVE
 from plugins.routing.lib.kv_policy import PromptKeys
 from plugins.routing.lib.kv_view import KvView
 
@@ -29,12 +31,16 @@ ops = st.lists(st.tuples(st.sampled_from(["store", "store", "remove", "clear", "
                          st.sampled_from(WORKERS), st.integers(0, 3), st.integers(0, 20), st.integers(0, 9)),
                min_size=3, max_size=40)
 guesses = st.one_of(st.none(), st.integers(0, 12))
+needs_c = pytest.mark.skipif(not NATIVE, reason="the C extension is not built (tests/kv_events/test_block_keys.py says why)")
+KEYS = [pytest.param(False, id="python"), pytest.param(True, id="c", marks=needs_c)]
 
 
+@pytest.mark.parametrize("native", KEYS)
 @settings(max_examples=80, deadline=None)
-@given(ops, st.lists(texts, min_size=4, max_size=4), guesses, st.dictionaries(st.sampled_from(WORKERS), guesses))
-def test_any_hints_give_the_walk_answer(sequence, probes, hint, hints):
-    view = KvView(B, confirm_s=1.0)
+@given(sequence=ops, probes=st.lists(texts, min_size=4, max_size=4), hint=guesses,
+       hints=st.dictionaries(st.sampled_from(WORKERS), guesses))
+def test_any_hints_give_the_walk_answer(native, sequence, probes, hint, hints):
+    view = KvView(B, confirm_s=1.0, native=native)
     in_flight = []
     for op, w, which, cut, k in sequence:
         text = probes[which][:cut]
@@ -69,10 +75,13 @@ def turn_trace(seed: int, sessions: int = 12, turns: int = 5) -> list[tuple[int,
     return out
 
 
-def route(name: str, cfg: dict, trace: list[tuple[int, str]], shortcuts: bool) -> list[tuple]:
+def route(name: str, cfg: dict, trace: list[tuple[int, str]], shortcuts: bool, native: bool = False) -> list[tuple]:
     """Each decision (worker, reason, estimate, memo less its hold deadline) over ``trace``: 6 in flight, each worker a
-    RadixCache of 600 tokens (evicting), worker "w1" flushed half-way, every 17th request failed."""
+    RadixCache of 600 tokens (evicting), worker "w1" flushed half-way, every 17th request failed. ``native``: the C
+    keys and search, else the Python ones."""
     policy = ROUTING.build(name, ROUTING.get(name).Config(**cfg))
+    policy.view = KvView(B, policy.cfg.confirm_s, native=native)
+    policy.prompts = PromptKeys(policy.view.keys)
     if not shortcuts:  # every request hashed from scratch, every search unhinted
         policy.prompts = PromptKeys(policy.view.keys, min_blocks=1 << 30)
     caches, out, flight = {}, [], []
@@ -110,3 +119,20 @@ def test_memo_and_hints_do_not_change_a_decision():
         fast, plain = route(name, cfg, trace, True), route(name, cfg, trace, False)
         assert fast == plain, name
         assert len({d[0] for d in fast}) > 1 and any(d[2] for d in fast)  # it routed, and found cached prefixes
+
+
+def keyless(decision: tuple) -> tuple:
+    """A decision without the key values (the C and the Python keys differ; how many there are does not)."""
+    worker, reason, estimate, memo = decision
+    return (worker, reason, estimate, len(memo.keys), memo.prefill_tokens, memo.blocks, memo.confirmed_tokens,
+            memo.first_block is None, memo.since, len(memo.hold), memo.parent == 0, memo.depth)
+
+
+@needs_c
+def test_the_c_keys_and_search_route_as_the_python_ones():
+    trace = turn_trace(seed=5)
+    for name, cfg in (("precise_prefix", {}), ("precise_prefix", STICKY), ("kv_cost", {})):
+        cfg = dict(cfg, block_size=B)
+        c, python = route(name, cfg, trace, True, native=True), route(name, cfg, trace, True)
+        assert list(map(keyless, c)) == list(map(keyless, python)), name
+        assert len({d[0] for d in c}) > 1 and any(d[2] for d in c)

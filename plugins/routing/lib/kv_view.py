@@ -46,11 +46,12 @@ worker, probed once per step of a search).
 """
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from typing import Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
-from framework.kv_events.hashing import ROOT_HASH, BlockKeys
+from framework.kv_events.hashing import ROOT_HASH, BlockKeys, held_prefixes
 
 try:
     from _collections import _count_elements  # CPython's C loop behind Counter.update, without its Python-level checks
@@ -65,9 +66,9 @@ _EMPTY: dict = {}  # (read only) a worker with none
 
 
 class KvView:
-    def __init__(self, block_size: int, confirm_s: float = 2.0):
+    def __init__(self, block_size: int, confirm_s: float = 2.0, native: bool | None = None):
         self.block_size, self.confirm_s = block_size, confirm_s
-        self.keys = BlockKeys(block_size)
+        self.keys = BlockKeys(block_size, native)  # native: the C keys and search (hashing.py), when built
         self._held: dict[str, Counter] = {}  # worker -> block key -> stored + in flight + recent
         self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
         self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
@@ -234,13 +235,27 @@ class KvView:
         """Per candidate, how many leading blocks of ``keys`` it holds (stored, in flight or recent). ``hint``: a likely
         answer (the length of the prompt the request continues), tried first; then ``hints``' own guess for the
         candidate (its answer for that prompt), then the previous candidate's answer (a shared prefix). Hints cost
-        probes, never change an answer."""
-        all_held, all_gaps, all_starts, all_missing = self._held, self._conf_gaps, self._starts, self._missing
+        probes, never change an answer. C keys (an ``array('Q')``) are searched in C, without hints
+        (``held_prefixes``: the same answers)."""
+        all_held, all_gaps, all_missing = self._held, self._conf_gaps, self._missing
+        irregular = all_gaps or all_missing  # some worker has a gap or a chain lacking its parent (none, as a rule)
+        if type(keys) is array:
+            if type(candidates) is not list:
+                candidates = list(candidates)
+            bounds = None
+            if irregular:
+                n, bounds = len(keys), {}
+                for w in candidates:
+                    held = all_held.get(w)
+                    if held and (all_gaps.get(w) or all_missing.get(w)):
+                        hi = self._bound(w, keys, held, n)
+                        if hi < n:
+                            bounds[w] = hi
+            return held_prefixes(keys, all_held, candidates, bounds)
         n = len(keys)
         matched, last = {}, -1  # -1: no guess (below any search's range)
         first = keys[0] if n else None
         hint = -1 if hint is None else hint
-        irregular = all_gaps or all_missing  # some worker has a gap or a chain lacking its parent (none, as a rule)
         for w in candidates:
             held = all_held.get(w)
             if not held or first not in held:  # none of it (most candidates, as a rule): one probe, no search
@@ -248,18 +263,7 @@ class KvView:
                 continue
             lo, hi = 1, n  # it holds the first lo blocks, not the first hi + 1 (no gap is at depth 0: it holds that)
             if irregular:
-                gaps = all_gaps.get(w)
-                if gaps:  # the first gap on the path bounds the search (inlined: a call per candidate shows)
-                    for key, depth in gaps.items():
-                        if depth < hi and keys[depth] == key and key not in held:
-                            hi = depth
-                missing = all_missing.get(w)
-                if missing:  # some chain's parent is missing from the worker: a gap on the path?
-                    starts = all_starts[w]
-                    for key in missing:
-                        depth = starts[key][0]
-                        if depth < hi and keys[depth] == key:
-                            hi = depth
+                hi = self._bound(w, keys, held, hi)
             # the guesses (hint, the candidate's own, the previous candidate's): at most 2 probes each, each narrows
             if lo < hi:
                 own = hints.get(w) if hints else None
@@ -294,6 +298,23 @@ class KvView:
                     hi = mid - 1
             matched[w] = last = lo
         return matched
+
+    def _bound(self, worker: str, keys: Sequence[int], held: Counter, hi: int) -> int:
+        """At most ``hi`` leading blocks of ``keys``, and fewer when ``worker`` has a gap on their path: a block it lacks
+        right above one it holds, or the missing parent of one of its chains in flight."""
+        gaps = self._conf_gaps.get(worker)
+        if gaps:
+            for key, depth in gaps.items():
+                if depth < hi and keys[depth] == key and key not in held:
+                    hi = depth
+        missing = self._missing.get(worker)
+        if missing:
+            starts = self._starts[worker]
+            for key in missing:
+                depth = starts[key][0]
+                if depth < hi and keys[depth] == key:
+                    hi = depth
+        return hi
 
     def confirmed_prefix(self, worker: str, keys: Sequence[int], upto: int) -> int:
         """How many of the first ``upto`` of ``keys`` ``worker`` holds stored or recent (in-flight credits aside)."""

@@ -1,0 +1,217 @@
+/* The router's block keys and its match, in C (framework/kv_events/hashing.py says when it is used).
+
+   keys(data, block_size, parent) -> array('Q'): block k's key is SipHash-1-3 (the hash CPython gives bytes) of
+   (key k-1 as 8 little-endian bytes, block k's bytes), keyed per process (``seed``), cut to 62 bits; the keys stay
+   64-bit words until read, so a prompt of n blocks makes no n int objects.
+   match(keys, held_by, candidates, bounds=None) -> {candidate: n}: the leading blocks of ``keys`` each candidate holds,
+   by a binary search, for holdings prefix-closed along the keys up to ``bounds[candidate]`` blocks (its first gap on
+   the path, kv_view.py's; else all of them).
+   deepest(keys, table) -> the deepest of ``keys`` that is a key of the dict ``table``, or None. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static uint64_t K0, K1;
+static PyObject *array_type;  /* array.array */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND do { \
+    v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32); \
+    v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2; \
+    v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0; \
+    v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32); } while (0)
+
+static uint64_t block_key(uint64_t parent, const unsigned char *p, Py_ssize_t n) {
+    uint64_t v0 = K0 ^ 0x736f6d6570736575ULL, v1 = K1 ^ 0x646f72616e646f6dULL;
+    uint64_t v2 = K0 ^ 0x6c7967656e657261ULL, v3 = K1 ^ 0x7465646279746573ULL;
+    uint64_t total = (uint64_t)n + 8, m, t = 0;
+    v3 ^= parent; SIPROUND; v0 ^= parent;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&m, p, 8);  /* little-endian hosts (x86-64, aarch64): the words CPython's siphash reads */
+        v3 ^= m; SIPROUND; v0 ^= m;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        t |= ((uint64_t)p[i]) << (8 * i);
+    t |= total << 56;
+    v3 ^= t; SIPROUND; v0 ^= t;
+    v2 ^= 0xff; SIPROUND; SIPROUND; SIPROUND;
+    return (v0 ^ v1 ^ v2 ^ v3) >> 2;
+}
+
+static PyObject *keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "keys(data, block_size, parent) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t b = PyLong_AsSsize_t(args[1]);
+    uint64_t h = PyLong_AsUnsignedLongLongMask(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (b < 1) {
+        PyErr_Format(PyExc_ValueError, "block_size must be >= 1, got %zd", b);
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t n = buf.len / b;  /* full blocks only */
+    PyObject *words = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (words) {
+        uint64_t *out = (uint64_t *)PyBytes_AS_STRING(words);
+        const unsigned char *p = buf.buf;
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = h = block_key(h, p + i * b, b);
+    }
+    PyBuffer_Release(&buf);
+    if (!words)
+        return NULL;
+    PyObject *arr = PyObject_CallFunction(array_type, "sO", "Q", words);
+    Py_DECREF(words);
+    return arr;
+}
+
+
+/* Keys given as an array('Q') (keys() makes them), else a TypeError; fills ``kb`` (release it). */
+static int keys_buffer(PyObject *obj, Py_buffer *kb, const char *who) {
+    if (PyObject_GetBuffer(obj, kb, PyBUF_FORMAT) < 0)
+        return -1;
+    if (kb->itemsize != 8 || !kb->format || strcmp(kb->format, "Q") != 0) {
+        PyBuffer_Release(kb);
+        PyErr_Format(PyExc_TypeError, "%s: keys must be an array('Q'), as keys() makes them", who);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *deepest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "deepest(keys: array('Q'), table: dict)");
+        return NULL;
+    }
+    Py_buffer kb;
+    if (keys_buffer(args[0], &kb, "deepest") < 0)
+        return NULL;
+    const uint64_t *ks = kb.buf;
+    for (Py_ssize_t i = kb.len / 8 - 1; i >= 0; i--) {
+        PyObject *k = PyLong_FromUnsignedLongLong(ks[i]);
+        if (!k)
+            break;
+        int r = PyDict_Contains(args[1], k);
+        if (r) {  /* found (1), or an error (-1) */
+            PyBuffer_Release(&kb);
+            if (r > 0)
+                return k;
+            Py_DECREF(k);
+            return NULL;
+        }
+        Py_DECREF(k);
+    }
+    PyBuffer_Release(&kb);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *bounds = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    if (nargs < 3 || nargs > 4 || !PyDict_Check(args[1]) || !PyList_Check(args[2]) ||
+            (bounds && !PyDict_Check(bounds))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "match(keys: array('Q'), held_by: dict, candidates: list, bounds: dict | None = None)");
+        return NULL;
+    }
+    Py_buffer kb;
+    if (keys_buffer(args[0], &kb, "match") < 0)
+        return NULL;
+    const uint64_t *ks = kb.buf;
+    Py_ssize_t n = kb.len / 8;
+    PyObject *out = PyDict_New(), *first = NULL;
+    if (!out)
+        goto fail;
+    if (n && !(first = PyLong_FromUnsignedLongLong(ks[0])))
+        goto fail;
+    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(args[2]); c++) {
+        PyObject *w = PyList_GET_ITEM(args[2], c);
+        PyObject *held = PyDict_GetItemWithError(args[1], w);  /* borrowed */
+        Py_ssize_t lo = 0, hi = n;
+        int r;
+        if (!held && PyErr_Occurred())
+            goto fail;
+        if (bounds) {  /* the first gap on the path: at most that many */
+            PyObject *bound = PyDict_GetItemWithError(bounds, w);
+            if (bound && (hi = PyLong_AsSsize_t(bound)) == -1 && PyErr_Occurred())
+                goto fail;
+            if (!bound && PyErr_Occurred())
+                goto fail;
+        }
+        if (held && first) {
+            if ((r = PyDict_Contains(held, first)) < 0)
+                goto fail;
+            if (r) {  /* it holds block 1: the first lo blocks, not the first hi + 1 */
+                for (lo = 1; lo < hi;) {
+                    Py_ssize_t mid = (lo + hi + 1) >> 1;
+                    PyObject *k = PyLong_FromUnsignedLongLong(ks[mid - 1]);
+                    if (!k)
+                        goto fail;
+                    r = PyDict_Contains(held, k);
+                    Py_DECREF(k);
+                    if (r < 0)
+                        goto fail;
+                    if (r)
+                        lo = mid;
+                    else
+                        hi = mid - 1;
+                }
+            }
+        }
+        PyObject *v = PyLong_FromSsize_t(lo);
+        if (!v || PyDict_SetItem(out, w, v) < 0) {
+            Py_XDECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    Py_XDECREF(first);
+    PyBuffer_Release(&kb);
+    return out;
+fail:
+    Py_XDECREF(first);
+    Py_XDECREF(out);
+    PyBuffer_Release(&kb);
+    return NULL;
+}
+
+static PyObject *seed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "seed(k0, k1) takes 2 arguments");
+        return NULL;
+    }
+    uint64_t k0 = PyLong_AsUnsignedLongLongMask(args[0]), k1 = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    K0 = k0;
+    K1 = k1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"keys", (PyCFunction)(void (*)(void))keys, METH_FASTCALL, "keys(data, block_size, parent) -> array('Q')"},
+    {"match", (PyCFunction)(void (*)(void))match, METH_FASTCALL, "match(keys, held_by, candidates, bounds=None) -> dict"},
+    {"deepest", (PyCFunction)(void (*)(void))deepest, METH_FASTCALL,
+     "deepest(keys, table) -> the deepest of the keys in the table, or None"},
+    {"seed", (PyCFunction)(void (*)(void))seed, METH_FASTCALL, "seed(k0, k1): the process's hash key"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "framework.kv_events._chain", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__chain(void) {
+    PyObject *array = PyImport_ImportModule("array");
+    if (!array)
+        return NULL;
+    array_type = PyObject_GetAttrString(array, "array");
+    Py_DECREF(array);
+    if (!array_type)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,112 @@
+"""The router's block keys (framework/kv_events/hashing.py), in C (_chain.c) and in Python: chained (a sequence's keys
+are its prefix's, then the rest's on the last of them), full blocks only, the same for a block whether it comes as
+bytes or as token ids, also inside a sequence with tokens of 256 or more; and the C extension is built wherever the
+install had a C compiler (else the Python path runs, which would hide a broken build)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from array import array
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from framework.kv_events import hashing
+from framework.kv_events.hashing import NATIVE, ROOT_HASH, BlockKeys
+
+needs_c = pytest.mark.skipif(not NATIVE, reason="the C extension is not built")
+MODES = [pytest.param(False, id="python"), pytest.param(True, id="c", marks=needs_c)]
+B = 4
+
+
+def test_the_c_extension_is_built_where_a_compiler_is():
+    if os.environ.get("SERVELAB_NO_EXTENSIONS"):
+        pytest.skip("SERVELAB_NO_EXTENSIONS is set: the Python path on purpose")
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the install skipped the extension (optional), the Python path runs")
+    assert NATIVE, "a C compiler is here but framework/kv_events/_chain.c was not built: run pip install -e ."
+
+
+@pytest.mark.parametrize("native", MODES)
+@settings(max_examples=60, deadline=None)
+@given(head=st.integers(0, 6), text=st.binary(max_size=40))
+def test_keys_chain_over_a_split(native, head, text):
+    keys = BlockKeys(B, native)
+    whole = list(keys.chain(text))
+    cut = min(head * B, len(text) // B * B)
+    first = list(keys.chain(text[:cut]))
+    rest = list(keys.chain(text[cut:], first[-1] if first else ROOT_HASH))
+    assert whole == first + rest and len(whole) == len(text) // B  # a trailing partial block has no key
+    assert list(keys.chain(list(text))) == whole  # token ids below 256: the same blocks
+    assert len(set(whole)) == len(whole)  # chained: a block repeated deeper has another parent, so another key
+
+
+@pytest.mark.parametrize("native", MODES)
+def test_a_block_of_byte_tokens_keys_alike_in_a_sequence_with_large_tokens(native):
+    """A worker's event carries one run of blocks on its parent: a run of tokens below 256 after a block with a token
+    of 300 gets the keys the whole sequence gave it."""
+    keys = BlockKeys(B, native)
+    tokens = [1, 2, 3, 300] + list(b"abcdefgh") + [7, 70000, 9, 9]
+    whole = list(keys.chain(tokens))
+    assert len(whole) == 4
+    assert list(keys.chain(tokens[:4])) == whole[:1]
+    assert list(keys.chain(tokens[4:12], whole[0])) == whole[1:3]  # bytes-only run, on the large-token parent
+    assert list(keys.chain(bytes(tokens[4:12]), whole[0])) == whole[1:3]
+    assert list(keys.chain(tokens[12:], whole[2])) == whole[3:]
+    assert list(keys.chain([1, 2, 3, 44])) != whole[:1]
+
+
+@needs_c
+def test_c_keys_are_words_that_other_parents_and_blocks_change():
+    keys = BlockKeys(B, True)
+    got = keys.chain(b"abcdabcdabcd")
+    assert type(got) is array and got.typecode == "Q" and all(0 < k < 2**62 for k in got)
+    assert len(set(got)) == 3  # equal blocks at other depths: other keys (their parents differ)
+    assert keys.chain(b"abcd", 1)[0] != keys.chain(b"abcd", 2)[0] != keys.chain(b"abce", 2)[0]
+    assert keys.chain(b"abc") == array("Q")
+
+
+@needs_c
+def test_c_keys_are_salted_per_process_unless_pythonhashseed_fixes_them():
+    """Like CPython's str and bytes hashes: another process, other keys (a client cannot aim at a collision); a fixed
+    PYTHONHASHSEED repeats them."""
+    code = "from framework.kv_events.hashing import BlockKeys; print(list(BlockKeys(4).chain(b'abcdefgh')))"
+
+    def keys(seed: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        if seed:
+            env["PYTHONHASHSEED"] = seed
+        return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                              env=env).stdout
+    assert keys("") != keys("") and keys("random") != keys("random")
+    assert keys("0") == keys("0") != keys("1")
+
+
+@needs_c
+def test_c_calls_say_what_was_wrong():
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        hashing._chain.keys(b"abcd", 0, 0)
+    with pytest.raises(TypeError, match="bytes-like"):
+        hashing.held_prefixes([1, 2], {}, ["w"])
+    with pytest.raises(TypeError, match=r"array\('Q'\)"):
+        hashing.held_prefixes(b"12345678", {}, ["w"])
+    with pytest.raises(TypeError, match="candidates: list"):
+        hashing.held_prefixes(array("Q"), {}, ("w",))
+
+@needs_c
+def test_the_deepest_key_in_a_table():
+    keys = BlockKeys(B, True).chain(b"abcdefghijkl")
+    assert hashing.deepest_in(keys, {keys[0]: 1, keys[1]: 2}) == keys[1]
+    assert hashing.deepest_in(keys, {keys[2]: 1, keys[0]: 2}) == keys[2]
+    assert hashing.deepest_in(keys, {7: 1}) is None and hashing.deepest_in(array("Q"), {}) is None
+    with pytest.raises(TypeError, match=r"array\('Q'\)"):
+        hashing.deepest_in(b"12345678", {})
+
+
+def test_asking_for_c_keys_without_the_extension_says_how_to_build_it(monkeypatch):
+    monkeypatch.setattr(hashing, "_chain", None)
+    with pytest.raises(ValueError, match="pip install -e ."):
+        BlockKeys(4, True)
+    assert BlockKeys(4, False).native is False
