@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define CHAIN_API 2  /* hashing.py refuses another (a build older than this source): bump on any change */
+
 static uint64_t K0, K1;
 static PyObject *array_type;  /* array.array */
 
@@ -22,13 +24,20 @@ static PyObject *array_type;  /* array.array */
     v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0; \
     v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32); } while (0)
 
+static inline uint64_t le64(const unsigned char *p) {  /* the little-endian word SipHash reads, on any host */
+    uint64_t m = 0;
+    for (int i = 7; i >= 0; i--)
+        m = (m << 8) | p[i];
+    return m;
+}
+
 static uint64_t block_key(uint64_t parent, const unsigned char *p, Py_ssize_t n) {
     uint64_t v0 = K0 ^ 0x736f6d6570736575ULL, v1 = K1 ^ 0x646f72616e646f6dULL;
     uint64_t v2 = K0 ^ 0x6c7967656e657261ULL, v3 = K1 ^ 0x7465646279746573ULL;
     uint64_t total = (uint64_t)n + 8, m, t = 0;
     v3 ^= parent; SIPROUND; v0 ^= parent;
     for (; n >= 8; p += 8, n -= 8) {
-        memcpy(&m, p, 8);  /* little-endian hosts (x86-64, aarch64): the words CPython's siphash reads */
+        m = le64(p);
         v3 ^= m; SIPROUND; v0 ^= m;
     }
     for (Py_ssize_t i = 0; i < n; i++)
@@ -45,8 +54,10 @@ static PyObject *keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     Py_ssize_t b = PyLong_AsSsize_t(args[1]);
+    if (b == -1 && PyErr_Occurred())
+        return NULL;
     uint64_t h = PyLong_AsUnsignedLongLongMask(args[2]);
-    if (PyErr_Occurred())
+    if (h == (uint64_t)-1 && PyErr_Occurred())
         return NULL;
     if (b < 1) {
         PyErr_Format(PyExc_ValueError, "block_size must be >= 1, got %zd", b);
@@ -138,11 +149,18 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         int r;
         if (!held && PyErr_Occurred())
             goto fail;
-        if (bounds) {  /* the first gap on the path: at most that many */
+        if (held && !PyDict_Check(held)) {
+            PyErr_Format(PyExc_TypeError, "match: held_by[%R] must be a dict of keys, not %.100s", w,
+                         Py_TYPE(held)->tp_name);
+            goto fail;
+        }
+        if (bounds) {  /* the first gap on the path: at most that many (within the keys) */
             PyObject *bound = PyDict_GetItemWithError(bounds, w);
-            if (bound && (hi = PyLong_AsSsize_t(bound)) == -1 && PyErr_Occurred())
-                goto fail;
-            if (!bound && PyErr_Occurred())
+            if (bound) {
+                if ((hi = PyLong_AsSsize_t(bound)) == -1 && PyErr_Occurred())
+                    goto fail;
+                hi = hi < 0 ? 0 : hi > n ? n : hi;
+            } else if (PyErr_Occurred())
                 goto fail;
         }
         if (held && first) {
@@ -187,8 +205,11 @@ static PyObject *seed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "seed(k0, k1) takes 2 arguments");
         return NULL;
     }
-    uint64_t k0 = PyLong_AsUnsignedLongLongMask(args[0]), k1 = PyLong_AsUnsignedLongLongMask(args[1]);
-    if (PyErr_Occurred())
+    uint64_t k0 = PyLong_AsUnsignedLongLongMask(args[0]);
+    if (k0 == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    uint64_t k1 = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (k1 == (uint64_t)-1 && PyErr_Occurred())
         return NULL;
     K0 = k0;
     K1 = k1;
@@ -213,5 +234,10 @@ PyMODINIT_FUNC PyInit__chain(void) {
     Py_DECREF(array);
     if (!array_type)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "API", CHAIN_API) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

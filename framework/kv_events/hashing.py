@@ -8,7 +8,7 @@ vLLM's sha256 included) and from a request's tokens alike: it only needs to agre
 the fastest form: a bytes slice per block for tokens below 256, as the byte tokenizer makes, hashed in C when the
 extension is built (_chain.c: SipHash-1-3, CPython's own bytes hash, keyed per process; the keys an ``array('Q')``),
 else by CPython's tuple hash. The C path is what the pip install builds; without a C compiler, or with
-``SERVELAB_NO_EXTENSIONS=1``, the Python one runs. The two give other keys, and the same decisions.
+``SERVELAB_NO_EXTENSIONS=1`` (any value but 0), the Python one runs. The two give other keys, and the same decisions.
 """
 from __future__ import annotations
 
@@ -29,13 +29,18 @@ def _salt() -> bytes:
     return hashlib.blake2b(seed.encode(), digest_size=16, person=b"servelab-keys").digest()
 
 
+_CHAIN_API = 2  # _chain.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
 try:
-    if os.environ.get("SERVELAB_NO_EXTENSIONS"):
+    if os.environ.get("SERVELAB_NO_EXTENSIONS", "0") not in ("", "0"):
         raise ImportError("SERVELAB_NO_EXTENSIONS is set")
     from framework.kv_events import _chain
+    if getattr(_chain, "API", None) != _CHAIN_API:
+        raise ImportError(f"framework/kv_events/_chain was built from another source (API {getattr(_chain, 'API', None)}"
+                          f", this code needs {_CHAIN_API}): pip install -e . rebuilds it")
     _chain.seed(*struct.unpack("<QQ", _salt()))
-except ImportError:
-    _chain = None
+    WHY_PYTHON = ""
+except ImportError as e:
+    _chain, WHY_PYTHON = None, str(e)  # (why the Python path runs)
 NATIVE = _chain is not None  # the C keys are built and on
 # (C) per candidate, the leading blocks of C keys it holds, where holdings are prefix-closed: KvView.match's search
 held_prefixes = _chain.match if NATIVE else None

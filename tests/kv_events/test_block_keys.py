@@ -26,7 +26,7 @@ def test_the_c_extension_is_built_where_a_compiler_is():
         pytest.skip("SERVELAB_NO_EXTENSIONS is set: the Python path on purpose")
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the install skipped the extension (optional), the Python path runs")
-    assert NATIVE, "a C compiler is here but framework/kv_events/_chain.c was not built: run pip install -e ."
+    assert NATIVE, f"a C compiler is here but the C keys are off ({hashing.WHY_PYTHON}): run pip install -e ."
 
 
 @pytest.mark.parametrize("native", MODES)
@@ -94,6 +94,18 @@ def test_c_calls_say_what_was_wrong():
         hashing.held_prefixes(b"12345678", {}, ["w"])
     with pytest.raises(TypeError, match="candidates: list"):
         hashing.held_prefixes(array("Q"), {}, ("w",))
+    with pytest.raises(TypeError, match="must be a dict"):
+        hashing.held_prefixes(array("Q", [1]), {"w": None}, ["w"])
+    with pytest.raises(TypeError, match="integer"):
+        hashing._chain.keys(b"abcd", "4", 1.5)  # the first bad argument is the one named
+
+
+@needs_c
+def test_c_match_keeps_a_bound_inside_the_keys():
+    keys = BlockKeys(B, True).chain(b"abcdefghijkl")
+    held = {"w": {k: 1 for k in keys}}
+    for bound, want in ((2**60, 3), (3, 3), (2, 2), (1, 1), (-5, 1)):  # holds block 1: at least that (as Python)
+        assert hashing.held_prefixes(keys, held, ["w"], {"w": bound}) == {"w": want}
 
 @needs_c
 def test_the_deepest_key_in_a_table():
