@@ -6,7 +6,7 @@ in every process (unlike str and bytes hashes, int and tuple hashes are not salt
 router's own key of a block, made from the tokens an event carries (so it follows workers whatever hash they publish,
 vLLM's sha256 included) and from a request's tokens alike: it only needs to agree within one process, so it takes
 the fastest form: a bytes slice per block for tokens below 256, as the byte tokenizer makes, hashed in C when the
-extension is built (_chain.c: SipHash-1-3, CPython's own bytes hash, keyed per process; the keys an ``array('Q')``),
+extension is built (native_keys.c: SipHash-1-3, CPython's own bytes hash, keyed per process; the keys an ``array('Q')``),
 else by CPython's tuple hash. The C path is what the pip install builds; without a C compiler, or with
 ``SERVELAB_NO_EXTENSIONS=1`` (any value but 0), the Python one runs. The two give other keys, and the same decisions.
 """
@@ -19,7 +19,6 @@ from array import array
 from typing import Sequence
 
 
-
 def _salt() -> bytes:
     """16 random bytes per process, or fixed by PYTHONHASHSEED as it fixes CPython's own bytes hash (a run whose
     decisions are recorded and compared, experiments/soak/decision_yardstick.py, repeats its keys)."""
@@ -29,23 +28,24 @@ def _salt() -> bytes:
     return hashlib.blake2b(seed.encode(), digest_size=16, person=b"servelab-keys").digest()
 
 
-_CHAIN_API = 2  # _chain.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
+_CHAIN_API = 2  # native_keys.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
 try:
     if os.environ.get("SERVELAB_NO_EXTENSIONS", "0") not in ("", "0"):
         raise ImportError("SERVELAB_NO_EXTENSIONS is set")
-    from framework.kv_events import _chain
-    if getattr(_chain, "API", None) != _CHAIN_API:
-        raise ImportError(f"framework/kv_events/_chain was built from another source (API {getattr(_chain, 'API', None)}"
-                          f", this code needs {_CHAIN_API}): pip install -e . rebuilds it")
-    _chain.seed(*struct.unpack("<QQ", _salt()))
+    from framework.kv_events import native_keys
+    if getattr(native_keys, "API", None) != _CHAIN_API:
+        raise ImportError(f"framework/kv_events/native_keys was built from another source (API "
+                          f"{getattr(native_keys, 'API', None)}, this code needs {_CHAIN_API}): pip install -e . "
+                          "rebuilds it")
+    native_keys.seed(*struct.unpack("<QQ", _salt()))
     WHY_PYTHON = ""
 except ImportError as e:
-    _chain, WHY_PYTHON = None, str(e)  # (why the Python path runs)
-NATIVE = _chain is not None  # the C keys are built and on
+    native_keys, WHY_PYTHON = None, str(e)  # (why the Python path runs)
+NATIVE = native_keys is not None  # the C keys are built and on
 # (C) per candidate, the leading blocks of C keys it holds, where holdings are prefix-closed: KvView.match's search
-held_prefixes = _chain.match if NATIVE else None
+held_prefixes = native_keys.match if NATIVE else None
 # (C) the deepest of C keys in a dict, or None: precise_prefix's session lookup
-deepest_in = _chain.deepest if NATIVE else None
+deepest_in = native_keys.deepest if NATIVE else None
 
 MASK64 = 2**64 - 1
 ROOT_HASH = 0  # the "parent" of a sequence's first block
@@ -79,8 +79,8 @@ class BlockKeys:
     def __init__(self, block_size: int, native: bool | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if native and _chain is None:
-            raise ValueError("native block keys need the C extension framework/kv_events/_chain.c built (pip install "
+        if native and native_keys is None:
+            raise ValueError("native block keys need the C extension framework/kv_events/native_keys.c built (pip install "
                              "-e . with a C compiler) and SERVELAB_NO_EXTENSIONS unset")
         self.block_size = block_size
         self.native = NATIVE if native is None else native
@@ -95,7 +95,7 @@ class BlockKeys:
             except ValueError:
                 return self._chain_ints(tokens, parent)
         if self.native:
-            return _chain.keys(tokens, b, parent)
+            return native_keys.keys(tokens, b, parent)
         if len(tokens) % b:
             tokens = tokens[:len(tokens) - len(tokens) % b]  # full blocks only
         h = parent
@@ -107,6 +107,6 @@ class BlockKeys:
         b, h, out = self.block_size, parent, []
         for i in range(0, len(tokens) - b + 1, b):
             block = _canonical(tokens[i:i + b])
-            h = _chain.keys(block, len(block), h)[0] if self.native else hash((h, block))
+            h = native_keys.keys(block, len(block), h)[0] if self.native else hash((h, block))
             out.append(h)
         return array("Q", out) if self.native else out

@@ -1,4 +1,4 @@
-"""The router's block keys (framework/kv_events/hashing.py), in C (_chain.c) and in Python: chained (a sequence's keys
+"""The router's block keys (framework/kv_events/hashing.py), in C (native_keys.c) and in Python: chained (a sequence's keys
 are its prefix's, then the rest's on the last of them), full blocks only, the same for a block whether it comes as
 bytes or as token ids, also inside a sequence with tokens of 256 or more; and the C extension is built wherever the
 install had a C compiler (else the Python path runs, which would hide a broken build)."""
@@ -87,7 +87,7 @@ def test_c_keys_are_salted_per_process_unless_pythonhashseed_fixes_them():
 @needs_c
 def test_c_calls_say_what_was_wrong():
     with pytest.raises(ValueError, match="block_size must be >= 1"):
-        hashing._chain.keys(b"abcd", 0, 0)
+        hashing.native_keys.keys(b"abcd", 0, 0)
     with pytest.raises(TypeError, match="bytes-like"):
         hashing.held_prefixes([1, 2], {}, ["w"])
     with pytest.raises(TypeError, match=r"array\('Q'\)"):
@@ -97,7 +97,7 @@ def test_c_calls_say_what_was_wrong():
     with pytest.raises(TypeError, match="must be a dict"):
         hashing.held_prefixes(array("Q", [1]), {"w": None}, ["w"])
     with pytest.raises(TypeError, match="integer"):
-        hashing._chain.keys(b"abcd", "4", 1.5)  # the first bad argument is the one named
+        hashing.native_keys.keys(b"abcd", "4", 1.5)  # the first bad argument is the one named
 
 
 @needs_c
@@ -118,7 +118,7 @@ def test_the_deepest_key_in_a_table():
 
 
 def test_asking_for_c_keys_without_the_extension_says_how_to_build_it(monkeypatch):
-    monkeypatch.setattr(hashing, "_chain", None)
+    monkeypatch.setattr(hashing, "native_keys", None)
     with pytest.raises(ValueError, match="pip install -e ."):
         BlockKeys(4, True)
     assert BlockKeys(4, False).native is False

@@ -1,7 +1,7 @@
 """Hints only save probes (issue 25, item 4): ``KvView.match`` answers the same with any guesses (the continued prompt's
 length, the match noted for that prompt, the previous candidate's answer) as with none, and as the walk block by block;
 and a policy routes a trace the same with its prompt memo and match hints as with every request hashed from scratch and
-searched unhinted; the C keys and search (framework/kv_events/_chain.c) answer and route the same as the Python ones.
+searched unhinted; the C keys and search (framework/kv_events/native_keys.c) answer and route the same as the Python ones.
 
 Oracles: the walk over the view's own counts (``holds``), and the same policy with the shortcuts turned off, on a
 multi-turn trace through real RadixCaches whose KV events reach the policy (evictions past a small cache, a flush of
@@ -81,7 +81,7 @@ def route(name: str, cfg: dict, trace: list[tuple[int, str]], shortcuts: bool, n
     keys and search, else the Python ones."""
     policy = ROUTING.build(name, ROUTING.get(name).Config(**cfg))
     policy.view = KvView(B, policy.cfg.confirm_s, native=native)
-    policy.prompts = PromptKeys(policy.view.keys)
+    policy.prompts = None if native else PromptKeys(policy.view.keys)  # as KvViewPolicy sets it
     if not shortcuts:  # every request hashed from scratch, every search unhinted
         policy.prompts = PromptKeys(policy.view.keys, min_blocks=1 << 30)
     caches, out, flight = {}, [], []

@@ -71,14 +71,14 @@ class PromptKeys:
     gives the same keys: the lookup decides only how many blocks are hashed. Prompts of tokens >= 256 are hashed
     whole. The list ``keys`` returns may be the memo's own (a continuation extends it): read it before the next call.
     Beside each remembered prompt, the policy may leave its match per worker (``note``): the next turn's ``hints``,
-    where each worker's search starts (its answer then is most often its answer now). With the C keys
-    (``BlockKeys.native``) the memo stands aside and every prompt is hashed whole: that costs less than its lookup and
-    update (~2 us for 125 blocks against ~5), and the C search needs no hints."""
+    where each worker's search starts (its answer then is most often its answer now). It serves the Python keys: with
+    the C ones (``BlockKeys.native``) a policy hashes every prompt whole (``KvViewPolicy.prompts`` is None), which costs
+    less than the memo's lookup and update (~2 us for 125 blocks against ~5), and the C search needs no hints."""
 
     def __init__(self, keys: BlockKeys, size: int = 256, per_anchor: int = 64, min_blocks: int = 16):
         if min_blocks < 1:
             raise ValueError(f"min_blocks={min_blocks} must be >= 1")
-        self.chain, self.b, self.whole = keys.chain, keys.block_size, keys.native
+        self.chain, self.b = keys.chain, keys.block_size
         self.size, self.per_anchor, self.min_blocks = size, per_anchor, min_blocks
         self._lowest = 1 << (min_blocks.bit_length() - 1)  # the smallest anchor depth a remembered prompt has
         # -> recent prompts, each [prompt, its last block, its keys, its match per worker (``note``) or None]
@@ -96,10 +96,10 @@ class PromptKeys:
         """Remembered prompts with a match noted (``note``)."""
         return sum(entry[3] is not None for filed in self._by_anchor.values() for entry in filed)
 
-    def keys(self, tokens) -> Sequence[int]:
+    def keys(self, tokens) -> list[int]:
         b = self.b
         self.continued, self.hints, self._last = 0, None, None
-        if self.whole or len(tokens) < self.min_blocks * b:
+        if len(tokens) < self.min_blocks * b:
             return self.chain(tokens)
         try:
             raw = tokens if isinstance(tokens, bytes) else bytes(tokens)
@@ -199,7 +199,7 @@ class KvViewPolicy(RoutingPolicy):
         self.accuracy = {"requests": 0, "prompt_tokens": 0, "estimated_tokens": 0, "confirmed_tokens": 0,
                          "cached_tokens": 0}
         self.prefill_tokens: dict[str, int] = {}  # worker -> prompt tokens its requests in flight had to prefill
-        self.prompts = PromptKeys(self.view.keys)
+        self.prompts = None if self.view.keys.native else PromptKeys(self.view.keys)  # (PromptKeys: why)
 
     @classmethod
     def kv_block_size(cls, cfg: KvViewConfig) -> int:
@@ -228,8 +228,8 @@ class KvViewPolicy(RoutingPolicy):
     def blocks(self, request: RequestView) -> RequestBlocks:
         tokens = request.token_ids if request.token_ids is not None else request.text.encode("utf-8")
         prompts = self.prompts
-        if prompts.whole:  # the C keys: hashed whole, no memo, no hints
-            return RequestBlocks(tokens, prompts.chain(tokens))
+        if prompts is None:  # the C keys: hashed whole, no hints
+            return RequestBlocks(tokens, self.view.keys.chain(tokens))
         keys = prompts.keys(tokens)
         return RequestBlocks(tokens, keys, prompts.continued, prompts.hints)
 
@@ -237,7 +237,7 @@ class KvViewPolicy(RoutingPolicy):
         """Per candidate, the leading blocks of the request it holds (``KvView.match``, hinted by the prompt it
         continues), noted for the request that will continue it."""
         matched = self.view.match(req.keys, candidates, req.continued, req.hints)
-        if not self.prompts.whole:
+        if self.prompts is not None:
             self.prompts.note(matched)
         return matched
 
@@ -305,8 +305,8 @@ class KvViewPolicy(RoutingPolicy):
         self.prefill_tokens.pop(worker, None)
 
     def state_sizes(self) -> dict[str, int]:
-        return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts),
-                "prompt_hints": self.prompts.noted()}
+        return {**self.view.sizes(), "prefill_workers": len(self.prefill_tokens), "prompt_memo": len(self.prompts or ()),
+                "prompt_hints": self.prompts.noted() if self.prompts is not None else 0}
 
     def _settle(self, decision: RoutingDecision, ok: bool, usage: RequestUsage | None) -> None:
         if decision.memo.prefill_tokens:

@@ -224,9 +224,9 @@ static PyMethodDef methods[] = {
     {"seed", (PyCFunction)(void (*)(void))seed, METH_FASTCALL, "seed(k0, k1): the process's hash key"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "framework.kv_events._chain", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "framework.kv_events.native_keys", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__chain(void) {
+PyMODINIT_FUNC PyInit_native_keys(void) {
     PyObject *array = PyImport_ImportModule("array");
     if (!array)
         return NULL;
