@@ -28,7 +28,7 @@ def _salt() -> bytes:
     return hashlib.blake2b(seed.encode(), digest_size=16, person=b"servelab-keys").digest()
 
 
-_CHAIN_API = 2  # native_keys.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
+_CHAIN_API = 3  # native_keys.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
 try:
     if os.environ.get("SERVELAB_NO_EXTENSIONS", "0") not in ("", "0"):
         raise ImportError("SERVELAB_NO_EXTENSIONS is set")
@@ -46,6 +46,8 @@ NATIVE = native_keys is not None  # the C keys are built and on
 held_prefixes = native_keys.match if NATIVE else None
 # (C) the deepest of C keys in a dict, or None: precise_prefix's session lookup
 deepest_in = native_keys.deepest if NATIVE else None
+# (C) a worker's block counts as a flat table, read like a Counter (KvView's with the C keys; held_prefixes probes it)
+BlockCounts = native_keys.Counts if NATIVE else None
 
 MASK64 = 2**64 - 1
 ROOT_HASH = 0  # the "parent" of a sequence's first block

@@ -6,13 +6,18 @@
    match(keys, held_by, candidates, bounds=None) -> {candidate: n}: the leading blocks of ``keys`` each candidate holds,
    by a binary search, for holdings prefix-closed along the keys up to ``bounds[candidate]`` blocks (its first gap on
    the path, kv_view.py's; else all of them).
-   deepest(keys, table) -> the deepest of ``keys`` that is a key of the dict ``table``, or None. */
+   deepest(keys, table) -> the deepest of ``keys`` that is a key of the dict ``table``, or None.
+   Counts(): a worker's block counts (KvView._held) as a flat table of 64-bit words, key -> count > 0, read like a
+   Counter (a missing key counts 0, setting 0 removes it); ``add(keys)`` counts each key of an array('Q') once more.
+   match probes it without making an int per probe, and a decision's credit adds its keys without making an int per
+   block: an entry is 16 bytes in one array, where a dict probe reads its index, its entry and the key's int object
+   (three places in memory, cold after the router's event loop). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define CHAIN_API 2  /* hashing.py refuses another (a build older than this source): bump on any change */
+#define CHAIN_API 3  /* hashing.py refuses another (a build older than this source): bump on any change */
 
 static uint64_t K0, K1;
 static PyObject *array_type;  /* array.array */
@@ -85,6 +90,11 @@ static PyObject *keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 /* Keys given as an array('Q') (keys() makes them), else a TypeError; fills ``kb`` (release it). */
 static int keys_buffer(PyObject *obj, Py_buffer *kb, const char *who) {
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: keys must be an array('Q'), as keys() makes them, not %.100s", who,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
     if (PyObject_GetBuffer(obj, kb, PyBUF_FORMAT) < 0)
         return -1;
     if (kb->itemsize != 8 || !kb->format || strcmp(kb->format, "Q") != 0) {
@@ -93,6 +103,228 @@ static int keys_buffer(PyObject *obj, Py_buffer *kb, const char *who) {
         return -1;
     }
     return 0;
+}
+
+/* ---- Counts: open addressing, linear probing, deletion by backward shift (no tombstones); count 0 = an empty slot */
+typedef struct {
+    uint64_t key;
+    int64_t count;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t used;
+    int bits;  /* 2**bits slots, at most half used */
+} Counts;
+
+static PyTypeObject CountsType;
+
+static inline size_t home(const Counts *t, uint64_t key) {  /* Fibonacci hashing: the top bits of key * 2**64/phi */
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits));
+}
+
+static Slot *find(const Counts *t, uint64_t key) {  /* the key's slot, or the empty slot where it would go */
+    size_t mask = ((size_t)1 << t->bits) - 1, i = home(t, key);
+    while (t->slots[i].count && t->slots[i].key != key)
+        i = (i + 1) & mask;
+    return &t->slots[i];
+}
+
+static int resize(Counts *t, int bits) {
+    Slot *old = t->slots;
+    size_t n = (size_t)1 << t->bits;
+    Slot *slots = PyMem_Calloc((size_t)1 << bits, sizeof(Slot));
+    if (!slots) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->slots = slots;
+    t->bits = bits;
+    for (size_t i = 0; i < n; i++)
+        if (old[i].count)
+            *find(t, old[i].key) = old[i];
+    PyMem_Free(old);
+    return 0;
+}
+
+static int bump(Counts *t, uint64_t key, int64_t by) {  /* count += by, the key new or not (by > 0) */
+    Slot *s = find(t, key);
+    if (s->count) {
+        s->count += by;
+        return 0;
+    }
+    s->key = key;
+    s->count = by;
+    if (++t->used * 2 > ((Py_ssize_t)1 << t->bits))
+        return resize(t, t->bits + 1);
+    return 0;
+}
+
+static void unslot(Counts *t, Slot *s) {  /* empty ``s``, shifting back the entries its own would have blocked */
+    size_t mask = ((size_t)1 << t->bits) - 1, i = (size_t)(s - t->slots), j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!t->slots[j].count)
+            break;
+        size_t k = home(t, t->slots[j].key);
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+            continue;  /* its home is after the hole: it stays */
+        t->slots[i] = t->slots[j];
+        i = j;
+    }
+    t->slots[i].count = 0;
+    t->used--;
+}
+
+static int shrink(Counts *t) {  /* an eighth full: down to a quarter full at most (memory follows what is held) */
+    if (t->bits <= 4 || t->used * 8 >= ((Py_ssize_t)1 << t->bits))
+        return 0;
+    int bits = 4;
+    while (((Py_ssize_t)1 << bits) < t->used * 4)
+        bits++;
+    return resize(t, bits);
+}
+
+static int as_key(PyObject *o, uint64_t *key) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "Counts: a key is an int, not %.100s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *key = PyLong_AsUnsignedLongLong(o);
+    if (*key == (uint64_t)-1 && PyErr_Occurred()) {  /* negative, or past 64 bits: no such block key */
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Counts_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "Counts() takes no arguments");
+        return NULL;
+    }
+    Counts *t = (Counts *)type->tp_alloc(type, 0);
+    if (!t)
+        return NULL;
+    t->bits = 4;
+    t->slots = PyMem_Calloc(16, sizeof(Slot));
+    if (!t->slots) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)t;
+}
+
+static void Counts_dealloc(Counts *t) {
+    PyMem_Free(t->slots);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t Counts_len(Counts *t) {
+    return t->used;
+}
+
+static int Counts_contains(Counts *t, PyObject *o) {
+    uint64_t key;
+    int r = as_key(o, &key);
+    return r <= 0 ? r : find(t, key)->count != 0;
+}
+
+static PyObject *Counts_get(Counts *t, PyObject *o) {  /* a missing key counts 0, as in a Counter */
+    uint64_t key;
+    int r = as_key(o, &key);
+    if (r < 0)
+        return NULL;
+    return PyLong_FromLongLong(r ? find(t, key)->count : 0);
+}
+
+static int Counts_set(Counts *t, PyObject *o, PyObject *v) {
+    uint64_t key;
+    int r = as_key(o, &key);
+    if (r < 0)
+        return -1;
+    Slot *s = r ? find(t, key) : NULL;
+    if (!v) {  /* del */
+        if (!s || !s->count) {
+            PyErr_SetObject(PyExc_KeyError, o);
+            return -1;
+        }
+        unslot(t, s);
+        return shrink(t);
+    }
+    long long n = PyLong_AsLongLong(v);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0 || !r) {
+        PyErr_Format(PyExc_ValueError, "Counts: a count is >= 0 and a key a 64-bit unsigned int, got %R: %R", o, v);
+        return -1;
+    }
+    if (!n) {
+        if (s->count) {
+            unslot(t, s);
+            return shrink(t);
+        }
+        return 0;
+    }
+    if (s->count) {
+        s->count = n;
+        return 0;
+    }
+    return bump(t, key, n);
+}
+
+static PyObject *Counts_add(Counts *t, PyObject *keys) {
+    Py_buffer kb;
+    if (keys_buffer(keys, &kb, "Counts.add") < 0)
+        return NULL;
+    const uint64_t *ks = kb.buf;
+    Py_ssize_t n = kb.len / 8;
+    int r = 0;
+    for (Py_ssize_t i = 0; i < n && r == 0; i++)
+        r = bump(t, ks[i], 1);
+    PyBuffer_Release(&kb);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Counts_repr(Counts *t) {
+    return PyUnicode_FromFormat("<Counts: %zd keys>", t->used);
+}
+
+static PyMappingMethods Counts_mapping = {(lenfunc)Counts_len, (binaryfunc)Counts_get, (objobjargproc)Counts_set};
+static PySequenceMethods Counts_sequence = {.sq_contains = (objobjproc)Counts_contains};
+static PyMethodDef Counts_methods[] = {
+    {"add", (PyCFunction)Counts_add, METH_O, "add(keys: array('Q')): count each key once more"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject CountsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "framework.kv_events.native_keys.Counts",
+    .tp_basicsize = sizeof(Counts),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A worker's block counts: key -> count > 0, read like a Counter (a missing key counts 0)",
+    .tp_new = Counts_new,
+    .tp_dealloc = (destructor)Counts_dealloc,
+    .tp_repr = (reprfunc)Counts_repr,
+    .tp_as_mapping = &Counts_mapping,
+    .tp_as_sequence = &Counts_sequence,
+    .tp_methods = Counts_methods,
+};
+
+/* Whether ``held`` (a Counts or a dict) holds key ``i`` of ``ks``: 1, 0, or -1 on an error. */
+static inline int holds(PyObject *held, const uint64_t *ks, Py_ssize_t i) {
+    if (Py_IS_TYPE(held, &CountsType))
+        return find((Counts *)held, ks[i])->count != 0;
+    PyObject *k = PyLong_FromUnsignedLongLong(ks[i]);
+    if (!k)
+        return -1;
+    int r = PyDict_Contains(held, k);
+    Py_DECREF(k);
+    return r;
 }
 
 static PyObject *deepest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -137,10 +369,8 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     const uint64_t *ks = kb.buf;
     Py_ssize_t n = kb.len / 8;
-    PyObject *out = PyDict_New(), *first = NULL;
+    PyObject *out = PyDict_New();
     if (!out)
-        goto fail;
-    if (n && !(first = PyLong_FromUnsignedLongLong(ks[0])))
         goto fail;
     for (Py_ssize_t c = 0; c < PyList_GET_SIZE(args[2]); c++) {
         PyObject *w = PyList_GET_ITEM(args[2], c);
@@ -149,8 +379,8 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         int r;
         if (!held && PyErr_Occurred())
             goto fail;
-        if (held && !PyDict_Check(held)) {
-            PyErr_Format(PyExc_TypeError, "match: held_by[%R] must be a dict of keys, not %.100s", w,
+        if (held && !PyDict_Check(held) && !Py_IS_TYPE(held, &CountsType)) {
+            PyErr_Format(PyExc_TypeError, "match: held_by[%R] must be a dict of keys or a Counts, not %.100s", w,
                          Py_TYPE(held)->tp_name);
             goto fail;
         }
@@ -163,18 +393,13 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             } else if (PyErr_Occurred())
                 goto fail;
         }
-        if (held && first) {
-            if ((r = PyDict_Contains(held, first)) < 0)
+        if (held && n) {
+            if ((r = holds(held, ks, 0)) < 0)
                 goto fail;
             if (r) {  /* it holds block 1: the first lo blocks, not the first hi + 1 */
                 for (lo = 1; lo < hi;) {
                     Py_ssize_t mid = (lo + hi + 1) >> 1;
-                    PyObject *k = PyLong_FromUnsignedLongLong(ks[mid - 1]);
-                    if (!k)
-                        goto fail;
-                    r = PyDict_Contains(held, k);
-                    Py_DECREF(k);
-                    if (r < 0)
+                    if ((r = holds(held, ks, mid - 1)) < 0)
                         goto fail;
                     if (r)
                         lo = mid;
@@ -190,11 +415,9 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         }
         Py_DECREF(v);
     }
-    Py_XDECREF(first);
     PyBuffer_Release(&kb);
     return out;
 fail:
-    Py_XDECREF(first);
     Py_XDECREF(out);
     PyBuffer_Release(&kb);
     return NULL;
@@ -234,8 +457,11 @@ PyMODINIT_FUNC PyInit_native_keys(void) {
     Py_DECREF(array);
     if (!array_type)
         return NULL;
+    if (PyType_Ready(&CountsType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "API", CHAIN_API) < 0) {
+    if (m && (PyModule_AddIntConstant(m, "API", CHAIN_API) < 0 ||
+              PyModule_AddObjectRef(m, "Counts", (PyObject *)&CountsType) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

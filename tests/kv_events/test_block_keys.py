@@ -1,7 +1,9 @@
 """The router's block keys (framework/kv_events/hashing.py), in C (native_keys.c) and in Python: chained (a sequence's keys
 are its prefix's, then the rest's on the last of them), full blocks only, the same for a block whether it comes as
-bytes or as token ids, also inside a sequence with tokens of 256 or more; and the C extension is built wherever the
-install had a C compiler (else the Python path runs, which would hide a broken build)."""
+bytes or as token ids, also inside a sequence with tokens of 256 or more; the C table of a worker's block counts
+(``BlockCounts``) answers as a Counter does, through growth, deletions and shrinking, and the C match reads it as it
+reads a dict; and the C extension is built wherever the install had a C compiler (else the Python path runs, which
+would hide a broken build)."""
 from __future__ import annotations
 
 import os
@@ -13,8 +15,10 @@ from array import array
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from collections import Counter
+
 from framework.kv_events import hashing
-from framework.kv_events.hashing import NATIVE, ROOT_HASH, BlockKeys
+from framework.kv_events.hashing import NATIVE, ROOT_HASH, BlockCounts, BlockKeys
 
 needs_c = pytest.mark.skipif(not NATIVE, reason="the C extension is not built")
 MODES = [pytest.param(False, id="python"), pytest.param(True, id="c", marks=needs_c)]
@@ -88,7 +92,7 @@ def test_c_keys_are_salted_per_process_unless_pythonhashseed_fixes_them():
 def test_c_calls_say_what_was_wrong():
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         hashing.native_keys.keys(b"abcd", 0, 0)
-    with pytest.raises(TypeError, match="bytes-like"):
+    with pytest.raises(TypeError, match=r"array\('Q'\), as keys\(\) makes them, not list"):
         hashing.held_prefixes([1, 2], {}, ["w"])
     with pytest.raises(TypeError, match=r"array\('Q'\)"):
         hashing.held_prefixes(b"12345678", {}, ["w"])
@@ -115,6 +119,82 @@ def test_the_deepest_key_in_a_table():
     assert hashing.deepest_in(keys, {7: 1}) is None and hashing.deepest_in(array("Q"), {}) is None
     with pytest.raises(TypeError, match=r"array\('Q'\)"):
         hashing.deepest_in(b"12345678", {})
+
+
+# a few keys that collide in a small table (their top bits agree once multiplied), and words at both ends
+KEY = st.one_of(st.integers(0, 40), st.integers(2**64 - 3, 2**64 - 1), st.sampled_from([0, 1 << 60, 1 << 63, 12345]))
+COUNT_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(KEY, max_size=30)),  # a credit: each key once more
+    st.tuples(st.just("drop"), KEY),                        # _drop: one less, gone at 0
+    st.tuples(st.just("set"), KEY, st.integers(0, 3)),      # 0 removes it
+    st.tuples(st.just("del"), KEY)), max_size=60)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(ops=COUNT_OPS, probes=st.lists(KEY, max_size=20))
+def test_the_c_counts_answer_as_a_counter(ops, probes):
+    table, model = BlockCounts(), Counter()
+    for op, *args in ops:
+        if op == "add":
+            table.add(array("Q", args[0]))
+            model.update(args[0])
+        elif op == "drop":
+            key = args[0]
+            if model[key]:
+                n = table[key] - 1
+                if n:
+                    table[key] = n
+                else:
+                    del table[key]
+                model[key] -= 1
+                model += Counter()  # drops the zeros
+        elif op == "set":
+            key, n = args
+            table[key] = n
+            model[key] = n
+            model += Counter()
+        else:
+            key = args[0]
+            if model[key]:
+                del table[key]
+                del model[key]
+            else:
+                with pytest.raises(KeyError):
+                    del table[key]
+        assert len(table) == len(model)
+        for key in {*model, *probes}:
+            assert (key in table) == (key in model) and table[key] == model[key]
+        assert -1 not in table and 2**64 not in table and table[-1] == 0  # no such key: as a dict of 64-bit keys
+
+
+@needs_c
+def test_the_c_counts_grow_and_shrink_with_what_is_held():
+    table = BlockCounts()
+    keys = array("Q", BlockKeys(B, True).chain(os.urandom(B * 5000)))
+    table.add(keys)
+    table.add(keys[:10])
+    assert len(table) == 5000 and table[keys[0]] == 2 and table[keys[-1]] == 1
+    for key in keys[10:]:
+        del table[key]
+    assert len(table) == 10 and all(table[k] == 2 for k in keys[:10]) and keys[10] not in table
+    keys_left = BlockKeys(B, True).chain(b"abcdefgh")
+    assert hashing.held_prefixes(keys_left, {"w": table}, ["w"]) == {"w": 0}
+    table.add(keys_left)
+    assert hashing.held_prefixes(keys_left, {"w": table}, ["w"]) == {"w": 2}
+
+
+@needs_c
+def test_c_counts_say_what_was_wrong():
+    table = BlockCounts()
+    with pytest.raises(TypeError, match="a key is an int"):
+        "7" in table
+    with pytest.raises(ValueError, match="a count is >= 0"):
+        table[7] = -1
+    with pytest.raises(TypeError, match=r"array\('Q'\)"):
+        table.add([1, 2])
+    with pytest.raises(TypeError, match="no arguments"):
+        BlockCounts({1: 2})
 
 
 def test_asking_for_c_keys_without_the_extension_says_how_to_build_it(monkeypatch):

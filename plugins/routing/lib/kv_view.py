@@ -38,11 +38,13 @@ children of each block, ``_conf_children``), off the request path: events and en
 (its blocks past those its worker held, each the parent of the next), which can open a gap only at its first block's
 parent: the view keeps those parents with their depth (``_starts``: a key names one path, so one depth) and, as the
 worker's counts change, the ones it lacks (``_missing``: empty as a rule), and a match checks the gaps and those
-against the path. So a decision credits its blocks in one C-level count update (``Counter.update``) and one entry for
-its chain, with no per-block index work; the stored-or-recent index also answers ``confirmed_prefix``.
+against the path. So a decision credits its blocks in one C-level count update (``Counter.update``'s core, or the C
+table's ``add``) and one entry for its chain, with no per-block index work; the stored-or-recent index also answers
+``confirmed_prefix``.
 
-Per worker, ``_held[worker]`` counts each block's stored, in-flight and recent credits together (one dictionary per
-worker, probed once per step of a search).
+Per worker, ``_held[worker]`` counts each block's stored, in-flight and recent credits together (one table per worker,
+probed once per step of a search): a Counter, or with the C keys the C table (``BlockCounts``: 64-bit words in one
+array, which the C search probes and a credit fills without making an int per block).
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ from collections import Counter, deque
 from typing import Sequence
 
 from framework.kv_events.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
-from framework.kv_events.hashing import ROOT_HASH, BlockKeys, held_prefixes
+from framework.kv_events.hashing import ROOT_HASH, BlockCounts, BlockKeys, held_prefixes
 
 try:
     from _collections import _count_elements  # CPython's C loop behind Counter.update, without its Python-level checks
@@ -69,6 +71,8 @@ class KvView:
     def __init__(self, block_size: int, confirm_s: float = 2.0, native: bool | None = None):
         self.block_size, self.confirm_s = block_size, confirm_s
         self.keys = BlockKeys(block_size, native)  # native: the C keys and search (hashing.py), when built
+        # a worker's counts: a Counter, or with the C keys the C table (``BlockCounts``), and how a credit adds to them
+        self._counts, self._add = (BlockCounts, BlockCounts.add) if self.keys.native else (Counter, _count_elements)
         self._held: dict[str, Counter] = {}  # worker -> block key -> stored + in flight + recent
         self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
         self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
@@ -343,8 +347,8 @@ class KvView:
             return
         held = self._held.get(worker)
         if held is None:
-            held = self._held[worker] = Counter()
-        _count_elements(held, keys)  # Counter.update's C core, without its Python-level checks
+            held = self._held[worker] = self._counts()
+        self._add(held, keys)  # a C loop either way (Counter.update's core without its checks, or the C table's)
         missing = self._missing.get(worker)
         if missing:  # (rare) a missing parent of another chain may be among the blocks credited now
             missing.difference_update([key for key in missing if key in held])
@@ -421,7 +425,7 @@ class KvView:
     def _held_by(self, worker: str) -> Counter:
         held = self._held.get(worker)
         if held is None:
-            held = self._held[worker] = Counter()
+            held = self._held[worker] = self._counts()
         return held
 
     def _drop(self, worker: str, key: int) -> None:
