@@ -28,7 +28,7 @@ def _salt() -> bytes:
     return hashlib.blake2b(seed.encode(), digest_size=16, person=b"servelab-keys").digest()
 
 
-_CHAIN_API = 3  # native_keys.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
+_CHAIN_API = 4  # native_keys.c's CHAIN_API: a build of an older source is not used (pip install -e . rebuilds it)
 try:
     if os.environ.get("SERVELAB_NO_EXTENSIONS", "0") not in ("", "0"):
         raise ImportError("SERVELAB_NO_EXTENSIONS is set")

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CHAIN_API 3  /* hashing.py refuses another (a build older than this source): bump on any change */
+#define CHAIN_API 4  /* hashing.py refuses another (a build older than this source): bump on any change */
 
 static uint64_t K0, K1;
 static PyObject *array_type;  /* array.array */
@@ -151,13 +151,21 @@ static int resize(Counts *t, int bits) {
 static int bump(Counts *t, uint64_t key, int64_t by) {  /* count += by, the key new or not (by > 0) */
     Slot *s = find(t, key);
     if (s->count) {
+        if (s->count > INT64_MAX - by) {
+            PyErr_SetString(PyExc_OverflowError, "Counts: a count past 2**63 - 1");
+            return -1;
+        }
         s->count += by;
         return 0;
     }
+    if ((t->used + 1) * 2 > ((Py_ssize_t)1 << t->bits)) {  /* grow first: a failed grow leaves the table as it was */
+        if (resize(t, t->bits + 1) < 0)
+            return -1;
+        s = find(t, key);
+    }
     s->key = key;
     s->count = by;
-    if (++t->used * 2 > ((Py_ssize_t)1 << t->bits))
-        return resize(t, t->bits + 1);
+    t->used++;
     return 0;
 }
 
@@ -177,13 +185,14 @@ static void unslot(Counts *t, Slot *s) {  /* empty ``s``, shifting back the entr
     t->used--;
 }
 
-static int shrink(Counts *t) {  /* an eighth full: down to a quarter full at most (memory follows what is held) */
+static void shrink(Counts *t) {  /* an eighth full: down to a quarter full at most (memory follows what is held) */
     if (t->bits <= 4 || t->used * 8 >= ((Py_ssize_t)1 << t->bits))
-        return 0;
+        return;
     int bits = 4;
     while (((Py_ssize_t)1 << bits) < t->used * 4)
         bits++;
-    return resize(t, bits);
+    if (resize(t, bits) < 0)  /* optional: the larger table stays, consistent, and the deletion done stands */
+        PyErr_Clear();
 }
 
 static int as_key(PyObject *o, uint64_t *key) {
@@ -242,6 +251,15 @@ static PyObject *Counts_get(Counts *t, PyObject *o) {  /* a missing key counts 0
 }
 
 static int Counts_set(Counts *t, PyObject *o, PyObject *v) {
+    long long n = 0;
+    if (v) {  /* the count first, an int only: nothing after this runs Python code that could resize the table */
+        if (!PyLong_Check(v)) {
+            PyErr_Format(PyExc_TypeError, "Counts: a count is an int, not %.100s", Py_TYPE(v)->tp_name);
+            return -1;
+        }
+        if ((n = PyLong_AsLongLong(v)) == -1 && PyErr_Occurred())
+            return -1;
+    }
     uint64_t key;
     int r = as_key(o, &key);
     if (r < 0)
@@ -253,11 +271,9 @@ static int Counts_set(Counts *t, PyObject *o, PyObject *v) {
             return -1;
         }
         unslot(t, s);
-        return shrink(t);
+        shrink(t);
+        return 0;
     }
-    long long n = PyLong_AsLongLong(v);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
     if (n < 0 || !r) {
         PyErr_Format(PyExc_ValueError, "Counts: a count is >= 0 and a key a 64-bit unsigned int, got %R: %R", o, v);
         return -1;
@@ -265,7 +281,7 @@ static int Counts_set(Counts *t, PyObject *o, PyObject *v) {
     if (!n) {
         if (s->count) {
             unslot(t, s);
-            return shrink(t);
+            shrink(t);
         }
         return 0;
     }
@@ -297,8 +313,21 @@ static PyObject *Counts_repr(Counts *t) {
 
 static PyMappingMethods Counts_mapping = {(lenfunc)Counts_len, (binaryfunc)Counts_get, (objobjargproc)Counts_set};
 static PySequenceMethods Counts_sequence = {.sq_contains = (objobjproc)Counts_contains};
+static PyObject *Counts_sizeof(Counts *t, PyObject *unused) {
+    return PyLong_FromSize_t(sizeof(Counts) + ((size_t)1 << t->bits) * sizeof(Slot));
+}
+
+static PyObject *Counts_slots(Counts *t, void *unused) {
+    return PyLong_FromSsize_t((Py_ssize_t)1 << t->bits);
+}
+
+static PyGetSetDef Counts_getset[] = {
+    {"slots", (getter)Counts_slots, NULL, "the table's slots: at most twice its keys once grown, at least 16", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
 static PyMethodDef Counts_methods[] = {
     {"add", (PyCFunction)Counts_add, METH_O, "add(keys: array('Q')): count each key once more"},
+    {"__sizeof__", (PyCFunction)Counts_sizeof, METH_NOARGS, "the table's bytes, its slots included"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject CountsType = {
@@ -313,6 +342,7 @@ static PyTypeObject CountsType = {
     .tp_as_mapping = &Counts_mapping,
     .tp_as_sequence = &Counts_sequence,
     .tp_methods = Counts_methods,
+    .tp_getset = Counts_getset,
 };
 
 /* Whether ``held`` (a Counts or a dict) holds key ``i`` of ``ks``: 1, 0, or -1 on an error. */
@@ -369,12 +399,16 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     const uint64_t *ks = kb.buf;
     Py_ssize_t n = kb.len / 8;
-    PyObject *out = PyDict_New();
+    PyObject *out = PyDict_New(), *owned = NULL;  /* owned: the candidate's holdings, while it is searched */
     if (!out)
         goto fail;
     for (Py_ssize_t c = 0; c < PyList_GET_SIZE(args[2]); c++) {
-        PyObject *w = PyList_GET_ITEM(args[2], c);
-        PyObject *held = PyDict_GetItemWithError(args[1], w);  /* borrowed */
+        PyObject *w = PyList_GET_ITEM(args[2], c);  /* borrowed: a str runs no Python code in a lookup */
+        if (!PyUnicode_CheckExact(w)) {
+            PyErr_Format(PyExc_TypeError, "match: a candidate is a worker's name (str), not %.100s", Py_TYPE(w)->tp_name);
+            goto fail;
+        }
+        PyObject *held = PyDict_GetItemWithError(args[1], w);  /* borrowed: owned below, as other lookups run code */
         Py_ssize_t lo = 0, hi = n;
         int r;
         if (!held && PyErr_Occurred())
@@ -384,6 +418,8 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                          Py_TYPE(held)->tp_name);
             goto fail;
         }
+        Py_XINCREF(held);
+        Py_XSETREF(owned, held);
         if (bounds) {  /* the first gap on the path: at most that many (within the keys) */
             PyObject *bound = PyDict_GetItemWithError(bounds, w);
             if (bound) {
@@ -415,9 +451,11 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         }
         Py_DECREF(v);
     }
+    Py_XDECREF(owned);
     PyBuffer_Release(&kb);
     return out;
 fail:
+    Py_XDECREF(owned);
     Py_XDECREF(out);
     PyBuffer_Release(&kb);
     return NULL;

@@ -6,6 +6,7 @@ reads a dict; and the C extension is built wherever the install had a C compiler
 would hide a broken build)."""
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -98,6 +99,8 @@ def test_c_calls_say_what_was_wrong():
         hashing.held_prefixes(b"12345678", {}, ["w"])
     with pytest.raises(TypeError, match="candidates: list"):
         hashing.held_prefixes(array("Q"), {}, ("w",))
+    with pytest.raises(TypeError, match=r"a worker's name \(str\), not int"):
+        hashing.held_prefixes(array("Q"), {}, [3])
     with pytest.raises(TypeError, match="must be a dict"):
         hashing.held_prefixes(array("Q", [1]), {"w": None}, ["w"])
     with pytest.raises(TypeError, match="integer"):
@@ -168,6 +171,25 @@ def test_the_c_counts_answer_as_a_counter(ops, probes):
         assert -1 not in table and 2**64 not in table and table[-1] == 0  # no such key: as a dict of 64-bit keys
 
 
+def homed(slot: int, bits: int, low: int) -> int:
+    """A key whose home slot in a table of 2**bits slots is ``slot`` (the table's hash inverted: Fibonacci hashing,
+    the top bits of key * 0x9E3779B97F4A7C15); ``low`` tells apart keys of one home."""
+    return (((slot << (64 - bits)) | low) * pow(0x9E3779B97F4A7C15, -1, 2**64)) % 2**64
+
+
+@needs_c
+def test_c_counts_delete_across_the_end_of_the_table():
+    # homes 14, 15, 15, 0, 0, 1 of 16 slots: the run wraps past the last slot, and a deletion must shift back across it
+    keys = [homed(14, 4, 1), homed(15, 4, 2), homed(15, 4, 3), homed(0, 4, 4), homed(0, 4, 5), homed(1, 4, 6)]
+    for order in itertools.permutations(keys):
+        for gone in keys:
+            table = BlockCounts()
+            table.add(array("Q", order))
+            del table[gone]
+            assert table.slots == 16 and len(table) == 5 and gone not in table
+            assert all(table[k] == 1 for k in keys if k != gone)
+
+
 @needs_c
 def test_the_c_counts_grow_and_shrink_with_what_is_held():
     table = BlockCounts()
@@ -175,9 +197,13 @@ def test_the_c_counts_grow_and_shrink_with_what_is_held():
     table.add(keys)
     table.add(keys[:10])
     assert len(table) == 5000 and table[keys[0]] == 2 and table[keys[-1]] == 1
+    assert 2 * len(table) <= table.slots <= 4 * len(table)  # at most half full, grown by doubling
+    assert sys.getsizeof(table) >= 16 * table.slots  # its slots counted
     for key in keys[10:]:
         del table[key]
+        assert table.slots <= max(16, 8 * len(table))  # below an eighth full it shrinks at once
     assert len(table) == 10 and all(table[k] == 2 for k in keys[:10]) and keys[10] not in table
+    assert table.slots <= 64  # shrunk with what it holds: 10 keys, at most a quarter full after a shrink
     keys_left = BlockKeys(B, True).chain(b"abcdefgh")
     assert hashing.held_prefixes(keys_left, {"w": table}, ["w"]) == {"w": 0}
     table.add(keys_left)
@@ -191,6 +217,8 @@ def test_c_counts_say_what_was_wrong():
         "7" in table
     with pytest.raises(ValueError, match="a count is >= 0"):
         table[7] = -1
+    with pytest.raises(TypeError, match="a count is an int"):
+        table[7] = 1.0
     with pytest.raises(TypeError, match=r"array\('Q'\)"):
         table.add([1, 2])
     with pytest.raises(TypeError, match="no arguments"):

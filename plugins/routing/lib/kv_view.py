@@ -71,9 +71,10 @@ class KvView:
     def __init__(self, block_size: int, confirm_s: float = 2.0, native: bool | None = None):
         self.block_size, self.confirm_s = block_size, confirm_s
         self.keys = BlockKeys(block_size, native)  # native: the C keys and search (hashing.py), when built
-        # a worker's counts: a Counter, or with the C keys the C table (``BlockCounts``), and how a credit adds to them
+        # a worker's counts: a Counter, or with the C keys the C table (``BlockCounts``), and how a credit adds to them;
+        # the view uses only what both do ([], []=, del, in, len: the C table does not iterate)
         self._counts, self._add = (BlockCounts, BlockCounts.add) if self.keys.native else (Counter, _count_elements)
-        self._held: dict[str, Counter] = {}  # worker -> block key -> stored + in flight + recent
+        self._held: dict[str, Counter | BlockCounts] = {}  # worker -> block key -> stored + in flight + recent
         self._external: dict[str, dict[BlockHash, int]] = {}  # worker -> its own block hash -> our key
         self._by_events: dict[str, dict[int, int]] = {}  # worker -> key -> events that stored it
         self._recent: dict[str, dict[int, int]] = {}  # worker -> key -> ended requests awaiting its event
@@ -303,7 +304,7 @@ class KvView:
             matched[w] = last = lo
         return matched
 
-    def _bound(self, worker: str, keys: Sequence[int], held: Counter, hi: int) -> int:
+    def _bound(self, worker: str, keys: Sequence[int], held: Counter | BlockCounts, hi: int) -> int:
         """At most ``hi`` leading blocks of ``keys``, and fewer when ``worker`` has a gap on their path: a block it lacks
         right above one it holds, or the missing parent of one of its chains in flight."""
         gaps = self._conf_gaps.get(worker)
@@ -422,7 +423,7 @@ class KvView:
         else:
             counts[key] -= 1
 
-    def _held_by(self, worker: str) -> Counter:
+    def _held_by(self, worker: str) -> Counter | BlockCounts:
         held = self._held.get(worker)
         if held is None:
             held = self._held[worker] = self._counts()
