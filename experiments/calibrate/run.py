@@ -71,8 +71,9 @@ CONFIGS = {   # key -> overrides; what experiments/sim_fidelity runs for real
     "dp_attn2": ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused"],
 }
 # 256 new tokens and 12 requests: the sizes whose steps fill the fidelity runs (long prefills under round robin, 4-16
-# decoding requests under a KV budget), where a coarser grid left the fit below its own measured points
-GRID = {"new": [8, 32, 128, 256, 512], "prefix": [0, 256, 1024], "batch": [1, 2, 4, 8, 12, 16, 32],
+# decoding requests under a KV budget), where a coarser grid left the fit below its own measured points; a prefix of 16:
+# the engine's absorbed form on a small cached prefix (sim.cost.prefix_regime=absorbed prices the cached columns apart)
+GRID = {"new": [8, 32, 128, 256, 512], "prefix": [0, 16, 256, 1024], "batch": [1, 2, 4, 8, 12, 16, 32],
         "context": [32, 256, 1024]}
 QUICK = {"new": [8, 64], "prefix": [0, 64], "batch": [1, 4], "context": [32, 128]}
 DECODE_TOKENS = 16

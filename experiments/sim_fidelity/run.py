@@ -53,9 +53,12 @@ cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
 every collective, stalls while either of its cores is; `processes` (the default, as every round before): steal counts
 as busy processes of other work, which a two-rank instance only shares the cores with.
+`--prefix-regime absorbed` (the round of protocol_absorbed.md) prices an extend batch in the form the engine runs it
+in: with no cached prefix from the profile's p = 0 column, with any from its cached columns (`sim.cost.prefix_regime`);
+`smooth` (the default, as every round before) reads one grid across both.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
-deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--serving`, `--sharing`, `--contention`,
-`--collectives`, `--steal`) and each
+deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`, `--sharing`,
+`--contention`, `--collectives`, `--steal`) and each
 `--answers`, and writes --resim-out.
 """
 from __future__ import annotations
@@ -477,6 +480,9 @@ def main() -> None:
                     help="sim.cost.point: each profiled point's fastest or median repeat (plugins/cost/calibrated.py)")
     ap.add_argument("--extend", choices=["batch", "per_request"], default="batch",
                     help="sim.cost.extend: a multi-request extend batch priced as one request or per request")
+    ap.add_argument("--prefix-regime", choices=["smooth", "absorbed"], default="smooth",
+                    help="sim.cost.prefix_regime: one grid across every prefix, or an extend priced from the profile's "
+                         "p = 0 column or its cached columns, as the engine runs it (plugins/cost/calibrated.py)")
     ap.add_argument("--serving", choices=["none", "measured"], default="measured",
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
@@ -593,7 +599,7 @@ def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
     cost = [f"sim.cost.path={args.profile}", f"sim.cost.between={args.between}", f"sim.cost.point={args.point}",
-            f"sim.cost.extend={args.extend}",
+            f"sim.cost.extend={args.extend}", f"sim.cost.prefix_regime={args.prefix_regime}",
             f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
     if args.contention == "block":                # each block's own (sim_config)
         return cost

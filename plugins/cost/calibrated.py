@@ -20,6 +20,17 @@ inside the measured grid by the measured points, bilinear between them (each poi
 repeats), and past the grid's edges by the fit's growth from the nearest edge point: a lookup of what was measured
 (Vidur fits a random forest to its points instead), with the fit only where nothing was measured.
 
+``prefix_regime=absorbed`` (servelab's, a named switch; ``smooth`` the default, as every committed figure was priced)
+prices an extend batch in the regime the engine runs it in. The MLA engine attends a batch in the weight-absorbed form
+when any of its requests has a cached prefix or earlier chunk, and in the normal form otherwise
+(framework/model/attention.py, as SGLang v0.4). The absorbed form costs more even on a tiny prefix: on an AMD EPYC host
+(2026-12-04, calibrate's own prefill measure) 512 new tokens took 87 ms on no prefix, 102 on 8 cached tokens and 151 on
+256. ``smooth`` reads one grid across both regimes, so a small prefix gets the normal form's price plus a sliver of the
+slope to the first cached column. ``absorbed`` prices a batch with no cached prefix from the profile's p = 0 column
+alone, and any other batch from its cached columns alone. Those have their own fit, from which a prefix below the
+smallest measured one is extrapolated. It needs a profile with at least two cached columns; for small prefixes, one
+near 0 (experiments/calibrate's grid measures 16 since 2026-12-04).
+
 ``point=fastest`` (the default, as every committed figure was priced) reads each point's fastest repeat, the
 instance's own cost; ``point=median`` its median repeat, what a step typically takes on the profiled host.
 
@@ -75,12 +86,14 @@ class CalibratedConfig(CostConfig):
     serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
     host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
     collective_s: float | None = None  # one collective's seconds on the host; None: the profile's (module doc)
+    prefix_regime: str = "smooth"     # an extend's price: smooth (one grid) | absorbed (by the engine's form: module doc)
 
 
 BETWEEN = ("fit", "grid")
 EXTEND = ("batch", "per_request")
 POINTS = {"fastest": "seconds", "median": "seconds_median"}     # sim.cost.point -> the profile's key
 SERVING = ("none", "measured")
+PREFIX_REGIMES = ("smooth", "absorbed")
 
 
 PREFILL_TERMS = (lambda n, p: 1.0, lambda n, p: n, lambda n, p: n * p, lambda n, p: n * n)
@@ -251,6 +264,27 @@ class CalibratedCost(CostModel):
         if cfg.between == "grid":  # the measured points, with the fit past them
             self._prefill_time = Grid(pre["new"], pre["prefix"], pre_s, self._prefill_time)
             self._decode_time = Grid(dec["batch"], dec["context"], dec_s, self._decode_time)
+        if cfg.prefix_regime not in PREFIX_REGIMES:
+            raise ValueError(f"sim.cost.prefix_regime={cfg.prefix_regime!r} is not one of {PREFIX_REGIMES}")
+        # absorbed: (no cached prefix, some) -> (price, its fit's coefficients); None: one grid for both
+        self._regimes = self._by_regime(pre["new"], pre["prefix"], pre_s, cfg) if cfg.prefix_regime == "absorbed" \
+            else None
+
+    def _by_regime(self, new: list, prefix: list, seconds: list[list[float]], cfg: CalibratedConfig) -> tuple:
+        """The prefill priced apart for a batch in the normal form (the p = 0 column) and in the absorbed one (the
+        cached columns), each with its own fit, read as ``between`` says."""
+        if prefix[0] != 0 or len(prefix) < 3:
+            raise ValueError(f"sim.cost.prefix_regime=absorbed needs a profile whose prefill grid has a p = 0 column and "
+                             f"at least two cached-prefix columns; {cfg.path} has prefixes {list(prefix)}: re-profile "
+                             f"with experiments/calibrate/run.py, or use sim.cost.prefix_regime=smooth")
+        fresh = Fit(PREFILL_TERMS, new, [0], [row[:1] for row in seconds])
+        cached = Fit(PREFILL_TERMS, new, prefix[1:], [row[1:] for row in seconds])
+        out = []
+        for fit, ys, rows in ((fresh, [0, 1], [row[:1] * 2 for row in seconds]),   # flat in p: only p = 0 is read
+                              (cached, prefix[1:], [row[1:] for row in seconds])):
+            price = partial(prefill_time, fit.coef)
+            out.append((Grid(new, ys, rows, price) if cfg.between == "grid" else price, fit.coef))
+        return tuple(out)
 
     def step_time(self, step: Step) -> float:
         groups, t, wait = len(step.batches), 0.0, self._wait
@@ -264,18 +298,20 @@ class CalibratedCost(CostModel):
                 wait = self._wait_extend          # a step that extends waits on an extend step's collectives
                 new = sum(b.new_tokens)
                 attended = sum(x * p for x, p in zip(b.new_tokens, b.prefix))
-                bt = self._prefill_time(new, attended / new)
+                price, coef = (self._prefill_time, self._pc) if self._regimes is None else \
+                    self._regimes[attended > 0]           # absorbed: some request has a cached prefix
+                bt = price(new, attended / new)
                 if self.per_request and n > 1:
-                    bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens))
+                    bt *= self._per_request_share(new, attended, sum(x * x for x in b.new_tokens), coef)
             t = bt if bt > t else t
         return t + wait if t else t
 
     def serving_host_s(self) -> tuple[float, float]:
         return self._serving
 
-    def _per_request_share(self, new: int, attended: int, squares: int) -> float:
-        """The fit's price of a batch attended request by request over its price as one request of the same tokens."""
-        c = self._pc
+    def _per_request_share(self, new: int, attended: int, squares: int, c: list[float]) -> float:
+        """The fit's price (coefficients ``c``) of a batch attended request by request over its price as one request
+        of the same tokens."""
         whole = prefill_time(c, new, attended / new)
         return (whole - c[3] * (new * new - squares)) / whole if whole > 0 else 1.0
 
