@@ -6,7 +6,9 @@ times are read where a client sees them, between consecutive token deliveries (s
 collectives included):
 
 - prefill: one request of `n` new tokens on top of a cached prefix of `p` tokens (the prefix is served first, on
-  every DP group), on an idle instance: its time to first token, the fastest and the median of --repeats;
+  every DP group), on an idle instance: its time to first token, the fastest and the median of --repeats, taken in
+  sweeps of every point in a shuffled order (`--prefill-order interleaved`, since 2026-12-04: this host's speed moves
+  1.3-1.7x between minutes, more than the engine's two attention forms differ) or point by point (`points`);
 - decode: `b` requests (prompts of `c` tokens, no shared prefix) decoding together: the mean gap between one's
   tokens once every one of them decodes (tokens that arrive together count as one gap each: a slow poll does not
   matter), the fastest and the median of --repeats (DP attention: the dispatcher spreads them over the DP groups).
@@ -121,7 +123,8 @@ def _probed(measure, handle, cores: Cores, speeds: list[dict]):
     return out
 
 
-def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: int = 0) -> dict:
+def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: int = 0,
+            interleaved: bool = True) -> dict:
     cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])   # the largest batch fits
     handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
     face, rng = SyncFace(handle), random.Random(seed)
@@ -129,8 +132,7 @@ def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: 
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
         dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)
         pre_speeds, dec_speeds = [], []
-        prefill = [[_probed(lambda: [_prefill(face, rng, n, p, dp) for _ in range(repeats)], handle, cores,
-                            pre_speeds) for p in grid["prefix"]] for n in grid["new"]]
+        prefill = _prefill_grid(face, rng, grid, repeats, dp, handle, cores, pre_speeds, interleaved)
         decode = [[_probed(lambda: [_decode(face, rng, b, c) for _ in range(repeats)], handle, cores, dec_speeds)
                    for c in grid["context"]] for b in grid["batch"]]
     finally:
@@ -139,6 +141,30 @@ def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: 
     return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
             "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, pre_speeds)},
             "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode, dec_speeds)}}
+
+
+def _prefill_grid(face: SyncFace, rng: random.Random, grid: dict, repeats: int, dp: int, handle, cores: Cores,
+                  speeds: list[dict], interleaved: bool) -> list[list[list[float]]]:
+    """Each prefill point's repeats. ``interleaved``: each repeat is one sweep of every point in a shuffled order,
+    the host taken before each sweep, so a drift of the host's speed lands on every point alike and the points keep
+    their ratios (the engine's two attention forms differ by 1.1-1.3x at 512 new tokens, less than the host moves
+    between points minutes apart); each point's host is then the mean of the sweeps'. Otherwise a point's repeats run
+    back to back, the host taken before each point."""
+    points = [(i, j) for i in range(len(grid["new"])) for j in range(len(grid["prefix"]))]
+    got = {pt: [] for pt in points}
+    if not interleaved:
+        for i, j in points:
+            got[i, j] = _probed(lambda: [_prefill(face, rng, grid["new"][i], grid["prefix"][j], dp)
+                                         for _ in range(repeats)], handle, cores, speeds)
+    else:
+        sweeps = []
+        for _ in range(repeats):
+            order = rng.sample(points, len(points))
+            _probed(lambda: [got[i, j].append(_prefill(face, rng, grid["new"][i], grid["prefix"][j], dp))
+                             for i, j in order], handle, cores, sweeps)
+        mean = {k: statistics.fmean(s[k] for s in sweeps) for k, v in sweeps[0].items() if isinstance(v, float)}
+        speeds += [mean] * len(points)
+    return [[got[i, j] for j in range(len(grid["prefix"]))] for i in range(len(grid["new"]))]
 
 
 def _rows(flat: list[float], shape: list[list]) -> list[list[float]]:
@@ -260,6 +286,9 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--repeats", type=int, default=5)   # each point's fastest and median of 5
     ap.add_argument("--quick", action="store_true", help="a small grid, one repeat: the smoke test")
+    ap.add_argument("--prefill-order", choices=["interleaved", "points"], default="interleaved",
+                    help="interleaved: each repeat sweeps every prefill point in a shuffled order (_prefill_grid); "
+                         "points: a point's repeats back to back (the profiles before 2026-12-04 10:40 UTC)")
     ap.add_argument("--normalize", choices=["pinned", "none"], default="pinned",
                     help="each point at the reference speed, a config of several ranks split first (module doc); "
                          "none: as measured")
@@ -276,7 +305,7 @@ def main() -> None:
     keys = []
     with Cores() as cores:
         for name in args.configs:
-            p = profile(CONFIGS[name], grid, repeats, cores)
+            p = profile(CONFIGS[name], grid, repeats, cores, interleaved=args.prefill_order == "interleaved")
             keys.append(p["key"])
             profiles[p["key"]] = p
             print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms "
@@ -290,6 +319,7 @@ def main() -> None:
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
            "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, normalized),
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
+           "prefill_order": args.prefill_order,
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled
            "wall_s": time.perf_counter() - t0, "note": "shared machine: other processes ran beside the profile",
            "profiles": profiles, **({"serving": serving} if serving else {})}   # serving.py's
