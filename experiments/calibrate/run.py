@@ -139,7 +139,8 @@ def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: 
         handle.close()
         handle.terminate()
     return {"key": config_key(cfg.parallel.name, cfg.parallel.size, cfg.moe.name), "overrides": overrides,
-            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, pre_speeds)},
+            "prefill": {"new": grid["new"], "prefix": grid["prefix"], **_points(prefill, pre_speeds),
+                        "order": "interleaved" if interleaved else "points"},
             "decode": {"batch": grid["batch"], "context": grid["context"], **_points(decode, dec_speeds)}}
 
 
@@ -191,6 +192,16 @@ def _smoothed(flat: list[float]) -> list[float]:
     return [statistics.fmean(flat[max(0, i - SMOOTH):i + SMOOTH + 1]) for i in range(len(flat))]
 
 
+def _in_order(pre: dict, dec: dict, key: str) -> list[float]:
+    """A config's ``key`` (a host reading per point), prefill points then decode points, each smoothed over its
+    measuring order. Interleaved prefill points were measured together (each has the sweeps' mean): they keep it, and
+    only the decode points are smoothed, among themselves."""
+    flat = lambda g: [x for row in g[key] for x in row]      # noqa: E731
+    if pre.get("order") == "interleaved":
+        return flat(pre) + _smoothed(flat(dec))
+    return _smoothed(flat(pre) + flat(dec))
+
+
 def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     """The reference speed of the profiles measured now, the mean of their points' (returned: the stamp); ``apply``:
     each point's seconds x reference / the host's speed then (the mean of its own and its SMOOTH neighbours' each
@@ -207,12 +218,12 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     for n in names:
         pre, dec = profiles[n]["prefill"], profiles[n]["decode"]
         flat = lambda key: [x for g in (pre, dec) for row in g[key] for x in row]      # noqa: E731 (measuring order)
-        speed = iter(_smoothed(flat("pinned_s")))
+        speed = iter(_in_order(pre, dec, "pinned_s"))
         split = ("collective_s" in pre and None not in flat("collective_s")
                  and max(flat("collectives_per_step")) > 0)
         if split:
             latency, per_step = flat("collective_s"), flat("collectives_per_step")
-            waits = iter([k * c for k, c in zip(per_step, _smoothed(latency))])
+            waits = iter([k * c for k, c in zip(per_step, _in_order(pre, dec, "collective_s"))])
             profiles[n]["collectives_per_step"] = {kind: statistics.median(x for row in g["collectives_per_step"]
                                                                            for x in row)
                                                    for kind, g in (("prefill", pre), ("decode", dec))}

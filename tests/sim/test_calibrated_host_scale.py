@@ -57,6 +57,19 @@ def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
     assert "collectives_per_step" not in profiles["x"] and prefill["contention"] == [[1.2] * 9]   # (recorded)
 
 
+def test_interleaved_prefill_points_keep_their_sweeps_speed_and_are_not_smoothed_into_the_decode_points():
+    calibrate = load_script("experiments/calibrate/run.py")
+    # prefill points measured together in sweeps (each carries the sweeps' mean, 10 ms), then decode points at 20 ms
+    prefill = {**calibrate._points([[[1.0, 2.0, 3.0]] * 4], [{"pinned_s": 0.010}] * 4), "order": "interleaved"}
+    decode = calibrate._points([[[4.0, 4.0, 8.0]] * 9], [{"pinned_s": 0.010}] + [{"pinned_s": 0.020}] * 8)
+    profiles = {"x": {"prefill": prefill, "decode": decode}}
+    ref = calibrate.normalize(profiles, ["x"])
+    assert prefill["pinned_s_smoothed"] == [[0.010] * 4]                 # every prefill point alike: ratios kept
+    assert prefill["seconds"][0] == pytest.approx([1.0 * ref / 0.010] * 4)    # each its fastest, at the sweeps' speed
+    # the decode points are smoothed among themselves: the first one's 4 (itself and 3 after) hold 1 at 10 ms
+    assert decode["pinned_s_smoothed"][0][0] == pytest.approx((0.010 + 3 * 0.020) / 4)
+
+
 def test_a_config_of_several_ranks_has_its_waits_on_collectives_split_off_before_rescaling():
     calibrate = load_script("experiments/calibrate/run.py")
     host = {"pinned_s": 0.010, "contention": 1.2, "collective_s": 0.002, "collectives_per_step": 12.0}
