@@ -38,6 +38,12 @@ rescaled to the reference speed; plugins/cost/calibrated.py adds the waits back 
 against 11-12, within a point's few percent). On this VM the latency was found to move with the compute probe, and
 the split removed no error (experiments/sim_fidelity/notes_collectives.md): the committed profile is not split.
 
+`--engine-probe` also times experiments/calibrate/engine_probe's fixed mix of the engine's own steps before each point
+(`engine_s`) and stamps the profile with their mean (`host_probe.engine_s`): the speed experiments/sim_fidelity's
+`--host-scale engine` scales a block to. On this AMD EPYC VM host_probe's work did not follow the engine's speed
+(experiments/calibrate/probe_tracking.py), so a profile for that scale is kept as measured (`--normalize none`);
+experiments/calibrate/renormalize.py derives its host_probe-normalized twin from the same readings.
+
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
 
@@ -46,6 +52,7 @@ Writes data/calibration/cpu.json (or --out); plugins/cost/calibrated.py reads it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -109,7 +116,20 @@ def _serve(face: SyncFace, prompts: list[list[int]], max_new: int) -> list[list[
     return [[start] + times[r.rid] for r in reqs]
 
 
-def _probed(measure, handle, cores: Cores, speeds: list[dict]):
+class Readings:
+    """The host before a point: host_probe.Cores' readings, and with an engine probe open (--engine-probe:
+    experiments/calibrate/engine_probe, a fixed mix of the engine's own steps) its step CPU as `engine_s`, the speed
+    experiments/sim_fidelity's `--host-scale engine` scales to."""
+
+    def __init__(self, cores: Cores, engine=None) -> None:
+        self.cores, self.engine = cores, engine
+
+    def measure(self, seconds: float) -> dict:
+        out = self.cores.measure(seconds)
+        return out if self.engine is None else {**out, "engine_s": self.engine.measure()}
+
+
+def _probed(measure, handle, cores: Cores | Readings, speeds: list[dict]):
     """``measure()``, after taking the host's speed, alone and with every core busy, and its collectives' latency
     (host_probe.Cores), appended to ``speeds`` with the collectives the instance waited on per step meanwhile."""
     host = cores.measure(POINT_PINNED_S)
@@ -181,7 +201,7 @@ def _points(repeats: list[list[list[float]]], speeds: list[dict] | None = None) 
     (`collectives_per_step`), which ``normalize`` uses once every config is measured."""
     out = {"seconds": [[min(r) for r in row] for row in repeats],
            "seconds_median": [[statistics.median(r) for r in row] for row in repeats]}
-    for key in ("pinned_s", "contention", "collective_s", "collectives_per_step"):
+    for key in ("pinned_s", "contention", "collective_s", "collectives_per_step", "engine_s"):
         if speeds is not None and key in speeds[0]:
             out[key] = _rows([m[key] for m in speeds], repeats)
     return out
@@ -303,6 +323,9 @@ def main() -> None:
     ap.add_argument("--normalize", choices=["pinned", "none"], default="pinned",
                     help="each point at the reference speed, a config of several ranks split first (module doc); "
                          "none: as measured")
+    ap.add_argument("--engine-probe", action="store_true",
+                    help="before each point, also time engine_probe's mix (the engine's own steps): the profile is "
+                         "stamped with its mean (`host_probe.engine_s`), which sim_fidelity --host-scale engine reads")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
     import torch
@@ -314,9 +337,11 @@ def main() -> None:
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
     kept = set(profiles) - {config_key_of(n) for n in args.configs}     # (moved to this profile's speed: rebase)
     keys = []
-    with Cores() as cores:
+    from engine_probe import EngineProbe            # (this script's folder: on sys.path when run)
+    with Cores() as cores, (EngineProbe() if args.engine_probe else contextlib.nullcontext()) as engine:
         for name in args.configs:
-            p = profile(CONFIGS[name], grid, repeats, cores, interleaved=args.prefill_order == "interleaved")
+            p = profile(CONFIGS[name], grid, repeats, Readings(cores, engine),
+                        interleaved=args.prefill_order == "interleaved")
             keys.append(p["key"])
             profiles[p["key"]] = p
             print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms "
@@ -327,8 +352,12 @@ def main() -> None:
     serving = old.get("serving")
     if normalized:           # what is kept was expressed at the old reference: move it to the new one
         serving = rebase(profiles, kept, serving, (old.get("host_probe") or {}), reference)
+    host = stamp(before, probe(), reference, normalized)
+    if args.engine_probe:     # the engine's speed over the profile: where its points, as measured or not, were taken
+        host["engine_s"] = statistics.fmean(x for k in keys for kind in ("prefill", "decode")
+                                            for row in profiles[k][kind]["engine_s"] for x in row)
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_1m": os.getloadavg()[0], "host_probe": stamp(before, probe(), reference, normalized),
+           "loadavg_1m": os.getloadavg()[0], "host_probe": host,
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),
            "prefill_order": args.prefill_order,
            "engine_host_allocator_cache": compose([]).engine.host_allocator_cache,   # the engines' allocator, as profiled

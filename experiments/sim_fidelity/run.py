@@ -48,6 +48,11 @@ host; `pinned` in this process until 2e3a2ac, `Cores`' pinned processes since) a
 calibrated second scaled by their mean over the profile's reference (`host_probe.pinned_s`; `sim.cost.host_scale`);
 `none` (the default) prices the profile's seconds as they are. The scale comes from the probe alone, never from a
 real run's figures or CPU.
+`--host-scale engine` (the round of protocol_engine_probe.md) takes the host's speed the same way with the engine's own
+steps: experiments/calibrate/engine_probe's fixed mix on a one-rank engine kept idle in this process, before and after
+each block, over the profile's mean of the same mix (a profile taken with `calibrate/run.py --engine-probe`). On this
+AMD EPYC VM host_probe's work correlated 0.09 with the engine's speed in the seconds after it, the engine's mix 0.51
+(experiments/calibrate/probe_tracking.py).
 `--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
 cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
@@ -135,36 +140,45 @@ class HostSpeed:
     it) and ``simulated`` (what its simulation takes from it, as ``block_host`` derives it)."""
 
     def __init__(self, cores: Cores | None = None, reference_s: float | None = None, per_block: bool = False,
-                 collectives: bool = False) -> None:
-        self.cores, self.switches = cores, (reference_s, per_block, collectives)
+                 collectives: bool = False, engine=None, by: str = "host_pinned_s") -> None:
+        self.cores, self.engine, self.switches = cores, engine, (reference_s, per_block, collectives, by)
         self.taken: list[dict] = []
+        self.engine_taken: list[float] = []
+
+    def _take(self) -> None:
+        if self.cores is not None:
+            self.taken.append(self.cores.measure(PINNED_S))
+        if self.engine is not None:
+            self.engine_taken.append(self.engine.measure())
 
     def __enter__(self) -> "HostSpeed":
-        if self.cores is not None:
-            self.taken = [self.cores.measure(PINNED_S)]
+        self._take()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.cores is not None and exc[0] is None:         # (a block that failed: its error, not a measurement's)
-            self.taken.append(self.cores.measure(PINNED_S))
+        if exc[0] is None:                                      # (a block that failed: its error, not a measurement's)
+            self._take()
 
     def record(self) -> dict:
-        """Before and after: the speeds alone, the contentions and the collective latencies (None: not measured)."""
+        """Before and after: the speeds alone, the contentions and the collective latencies, and the engine probe's
+        step CPU (None: not measured)."""
         taken = self.taken or None
-        return {k: taken and [m[key] for m in taken] for k, key in (
-            ("host_pinned_s", "pinned_s"), ("host_contentions", "contention"), ("host_collective_s", "collective_s"))}
+        return {**{k: taken and [m[key] for m in taken] for k, key in (
+            ("host_pinned_s", "pinned_s"), ("host_contentions", "contention"), ("host_collective_s", "collective_s"))},
+            "host_engine_s": self.engine_taken or None}
 
     def simulated(self) -> tuple[float, float | None, float | None]:
         return block_host(self.record(), *self.switches)
 
 
-def block_host(record: dict, reference_s: float | None, per_block: bool, collectives: bool
-               ) -> tuple[float, float | None, float | None]:
+def block_host(record: dict, reference_s: float | None, per_block: bool, collectives: bool,
+               by: str = "host_pinned_s") -> tuple[float, float | None, float | None]:
     """A block's host as its simulation takes it, from what was measured around it (``HostSpeed.record``, or a stored
-    run's): the scale, its speeds over the profile's reference speed (1.0 without one: --host-scale none); the
+    run's): the scale, its speeds over the profile's reference speed (1.0 without one: --host-scale none; ``by``:
+    which speeds, host_probe's `host_pinned_s` or the engine probe's `host_engine_s`); the
     contention (--contention block; None: the run's switches'); one collective's latency (--collectives block;
     None: the profile's own)."""
-    scale = statistics.fmean(record["host_pinned_s"]) / reference_s if reference_s else 1.0
+    scale = statistics.fmean(record[by]) / reference_s if reference_s else 1.0
     contention = statistics.fmean(record["host_contentions"]) if per_block else None
     latency = record.get("host_collective_s")
     collective = statistics.fmean(latency) if collectives and latency and None not in latency else None
@@ -409,7 +423,8 @@ def host_check(profile: str) -> dict:
     problems = mismatch(stamp, now)
     for p in problems:
         print(f"WARNING: the calibration profile ({profile}) may not describe this host: {p}", flush=True)
-    return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp)}
+    return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp),
+            "engine_s": (stamp or {}).get("engine_s")}
 
 
 def host_line(host: dict) -> str:
@@ -423,7 +438,8 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
 
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
-               collectives: bool = False, lockstep: bool = False, blocks: bool = False) -> tuple[list[dict], str]:
+               collectives: bool = False, lockstep: bool = False, blocks: bool = False,
+               by: str = "host_pinned_s") -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
@@ -435,7 +451,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         cases = []
         for run in rep:
             c = meta[run["case"]]
-            host = block_host(run, reference_s, per_block, collectives)
+            host = block_host(run, reference_s, per_block, collectives, by)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
@@ -487,8 +503,10 @@ def main() -> None:
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
                     help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
-    ap.add_argument("--host-scale", choices=["none", "pinned"], default="none",
-                    help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's")
+    ap.add_argument("--host-scale", choices=["none", "pinned", "engine"], default="none",
+                    help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's: "
+                         "host_probe's (pinned) or the engine's own steps' (engine: experiments/calibrate/"
+                         "engine_probe, a profile taken with --engine-probe)")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs), block (host_probe.Cores around each real block, with its speed), engine "
@@ -520,14 +538,24 @@ def main() -> None:
     t0 = time.time()
     args.profile = args.profile or DEFAULT_PATH
     host = host_check(args.profile)
-    reference_s = host["reference_s"] if args.host_scale == "pinned" else None
+    reference_s = {"pinned": host["reference_s"], "engine": host["engine_s"]}.get(args.host_scale)
     if args.host_scale == "pinned" and reference_s is None:
         sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
                  "normalized 'pinned'); re-profile with experiments/calibrate/run.py")
+    if args.host_scale == "engine" and reference_s is None:
+        sys.exit("--host-scale engine: the calibration profile has no engine probe's speed (host_probe.engine_s); "
+                 "re-profile with experiments/calibrate/run.py --engine-probe")
+    by = "host_engine_s" if args.host_scale == "engine" else "host_pinned_s"
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
     per_block = args.contention == "block"
-    measured = reference_s is not None or args.contention in ("measured", "block") or args.collectives == "block"
-    with Cores() if measured else contextlib.nullcontext() as probes:
+    # (--host-scale engine: host_probe's readings are taken around each block all the same, for --resimulate
+    # --host-scale pinned on the same runs)
+    measured = args.host_scale != "none" or args.contention in ("measured", "block") or args.collectives == "block"
+    if args.host_scale == "engine":
+        sys.path.insert(0, str(ROOT / "experiments" / "calibrate"))
+        from engine_probe import EngineProbe                       # experiments/calibrate/engine_probe.py
+    with Cores() if measured else contextlib.nullcontext() as probes, \
+            EngineProbe() if args.host_scale == "engine" else contextlib.nullcontext() as engine:
         cores = probes.measure(3.0) if args.contention in ("measured", "block") else engine_contention() \
             if args.contention == "engine" else None         # (block: recorded, for --resimulate --contention measured)
         if cores is not None:
@@ -536,7 +564,8 @@ def main() -> None:
             print(f"contention ({args.contention}{said}): decode steps {decode:.3f}, extend steps {extend:.3f}",
                   flush=True)
         sim_args = SIM + switches(args, cores) + [f"sim.answers={args.answers[0]}"]
-        around = functools.partial(HostSpeed, probes, reference_s, per_block, args.collectives == "block")
+        around = functools.partial(HostSpeed, probes, reference_s, per_block, args.collectives == "block", engine,
+                                   by)
         lockstep = args.steal == "lockstep"
         repeats = []
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
@@ -572,7 +601,7 @@ def main() -> None:
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
                       "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
-                      "host_collective_s": c["host_collective_s"],
+                      "host_collective_s": c["host_collective_s"], "host_engine_s": c["host_engine_s"],
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -620,15 +649,17 @@ def resimulate_main(args) -> None:
     if args.profile != ran_with:
         print(f"profile: {args.profile}, where {args.resimulate} was simulated with {ran_with}", flush=True)
     out["profile"] = args.profile
-    if args.host_scale == "pinned" and stored.get("host_scale") != "pinned":
-        sys.exit(f"--host-scale pinned: {args.resimulate} took no host speed around its blocks (run without "
-                 f"--host-scale pinned); give --host-scale none")
-    reference_s = None
-    if args.host_scale == "pinned":
+    reference_s, by = None, "host_engine_s" if args.host_scale == "engine" else "host_pinned_s"
+    if args.host_scale != "none" and any(not r.get(by) for rep in stored["runs"] for r in rep):
+        sys.exit(f"--host-scale {args.host_scale}: {args.resimulate} took no such host speed around its blocks (it "
+                 f"ran with --host-scale {stored.get('host_scale')}); give --host-scale none")
+    if args.host_scale != "none":
         from plugins.cost.calibrated import read_calibration, reference_pinned_s
-        reference_s = reference_pinned_s(read_calibration(args.profile).get("host_probe"))
+        stamp = read_calibration(args.profile).get("host_probe") or {}
+        reference_s = reference_pinned_s(stamp) if args.host_scale == "pinned" else stamp.get("engine_s")
         if reference_s is None:
-            sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed; re-profile")
+            sys.exit(f"--host-scale {args.host_scale}: the calibration profile has no reference speed of that probe; "
+                     f"re-profile")
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
     if args.contention in ("measured", "engine") and not cores:
         sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
@@ -646,11 +677,12 @@ def resimulate_main(args) -> None:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
-                                 args.steal == "lockstep", args.blocks)
+                                 args.steal == "lockstep", args.blocks, by)
         print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
-                                "reference_pinned_s": reference_s,
+                                "reference_pinned_s": reference_s if by == "host_pinned_s" else None,
+                                "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors", "host_scales")} for c in cells]}

@@ -1,0 +1,107 @@
+"""The host's speed as the engine feels it: a fixed piece of the engine's own work (issue 19, item 9).
+
+framework/core/host_probe's work (small matmuls and a Python loop, cache-resident) stamps a host and finds one that is
+3x slower. It does not follow the minute-to-minute speed of this AMD EPYC VM as the engine runs, though. Measured
+2026-12-04 (experiments/calibrate/probe_tracking.py): over 46 takes ~2 s apart, the probe moved 8-17 ms but correlated
+0.04-0.08 with the engine's 512-token extends beside it, and -0.18 with itself one take later. The engine's own steps
+correlated 0.65 with themselves one take later.
+
+So this times a fixed mix of the engine's own steps on a one-rank engine (experiments/calibrate's `single` config),
+opened once and idle between takes:
+- extends of 512 new tokens, with no cached prefix and on 16 cached (the engine's two attention forms);
+- a decode of 8 requests of 256 tokens (16 steps).
+
+Fresh prompts each take, same shapes. Its seconds are the engine thread's CPU in those steps (the engine's
+`extend_cpu_s` + `decode_cpu_s`): the core's speed, not the time others took from it. host_probe's thread clock counts
+the same way; steal and other work are simulated apart.
+
+    python experiments/calibrate/engine_probe.py --takes 5      # prints each take's seconds
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from framework.config import compose  # noqa: E402
+from framework.engine.request import Req, SamplingParams  # noqa: E402
+from framework.engine.stats import STEP_CPU_KEYS  # noqa: E402
+from framework.instance.client import open_engine  # noqa: E402
+from framework.instance.handle import SyncFace  # noqa: E402
+from framework.instance.rank_loop import InstanceSpec  # noqa: E402
+
+OVERRIDES = ["parallel=single", "moe=reference", "engine.kv_budget_mb=64", "logger.mode=disabled"]
+EXTENDS = [(512, 0), (512, 16)] * 2          # (new tokens, cached prefix)
+DECODE = (8, 256, 16)                         # requests, prompt tokens, tokens each
+
+
+class EngineProbe:
+    """A one-rank engine kept for ``measure``: the engine thread's step CPU over the fixed mix (module doc)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed, self.handle = seed, None
+
+    def __enter__(self) -> "EngineProbe":
+        cfg = compose(OVERRIDES)
+        self.handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, self.seed))
+        self.face, self.rng = SyncFace(self.handle), random.Random(self.seed)
+        self._serve([self._text(64)], 4)                                  # warm-up
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.close()
+        self.handle.terminate()
+
+    def _text(self, n: int) -> list[int]:
+        return [self.rng.randrange(32, 127) for _ in range(n)]
+
+    def _serve(self, prompts: list[list[int]], max_new: int) -> None:
+        reqs = [Req(p, SamplingParams(max_new_tokens=max_new, ignore_eos=True)) for p in prompts]
+        for r in reqs:
+            self.face.add(r)
+        while not all(r.finished for r in reqs):
+            self.face.step(timeout=1.0)
+
+    def _cpu(self) -> float:
+        stats = self.handle.stats()
+        return sum(stats.get(k, 0.0) for k in STEP_CPU_KEYS)
+
+    def measure(self) -> float:
+        """The engine thread's CPU seconds in the mix's steps (its stats come fresh with the finish that drains it)."""
+        before = self._cpu()
+        for new, cached in EXTENDS:
+            prefix = self._text(cached)
+            if cached:
+                self._serve([prefix], 1)
+            self._serve([prefix + self._text(new)], 1)     # (a cached prefix is served first: part of the mix)
+        n, length, tokens = DECODE
+        self._serve([self._text(length) for _ in range(n)], tokens)
+        after = self._cpu()
+        if not after > before:
+            raise RuntimeError("engine probe: the engine's step CPU did not move over the mix (its stats not fresh?)")
+        return after - before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--takes", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    with EngineProbe() as probe:
+        takes = []
+        for _ in range(args.takes):
+            t0 = time.perf_counter()
+            takes.append(probe.measure())
+            print(f"{takes[-1] * 1e3:.1f} ms of step CPU ({time.perf_counter() - t0:.2f} s)", flush=True)
+    print(f"median {statistics.median(takes) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""A profile taken as measured (`run.py --normalize none`), normalized afterwards by host_probe's speeds as run.py's
+default (`pinned`) would have done it, from the readings it recorded before each point. It is the same measurement
+under the other method: experiments/sim_fidelity compares the two scales on the same real runs (issue 19, item 9;
+protocol_engine_probe.md). The serving measurement is moved to the same reference by the speeds serving.py took
+before each of its runs.
+
+    python experiments/calibrate/renormalize.py data/calibration/cpu_amd_epyc_engine.json \\
+        data/calibration/cpu_amd_epyc_engine_pinned.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))              # (before the checkout's root: its own run.py is another script)
+
+import run as calibrate  # noqa: E402  (experiments/calibrate/run.py)
+
+
+def pinned_twin(data: dict) -> dict:
+    """``data`` (a profile as measured) with its profiled configs and serving measurement at host_probe's reference
+    speed, the mean of its points' readings."""
+    stamp = data["host_probe"]
+    if stamp.get("normalized") != "none":
+        raise ValueError(f"the profile is normalized already ({stamp.get('normalized')!r}): renormalize takes one "
+                         f"taken with --normalize none")
+    keys = [calibrate.config_key_of(name) for name in data["profiled_now"]]
+    out = json.loads(json.dumps(data))
+    reference = calibrate.normalize(out["profiles"], keys)
+    out["host_probe"] = {**stamp, "pinned_s": reference, "normalized": "pinned"}
+    serving = out.get("serving")
+    if serving:
+        if not serving.get("pinned_s"):
+            raise ValueError("the serving measurement recorded no host speeds: re-measure it with serving.py")
+        k = reference / statistics.fmean(serving["pinned_s"])
+        out["serving"] = {**serving, "request_cpu_s": serving["request_cpu_s"] * k,
+                          "token_cpu_s": serving["token_cpu_s"] * k, "normalized_to_pinned_s": reference}
+    out["note"] = out.get("note", "") + "; normalized by host_probe afterwards (experiments/calibrate/renormalize.py)"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source", type=Path)
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args()
+    args.out.write_text(json.dumps(pinned_twin(json.loads(args.source.read_text())), indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The engine probe (experiments/calibrate/engine_probe.py): the engine's own step CPU over a fixed mix, on a real
+one-rank engine; the scale sim_fidelity's --host-scale engine takes from it; probe_tracking's correlations."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from framework.core.host_probe import Cores
+from script_loader import ROOT, load_script
+
+
+@pytest.fixture
+def engine_probe(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
+    return load_script("experiments/calibrate/engine_probe.py")
+
+
+def test_the_mix_reads_the_engines_step_cpu_and_a_calibrate_reading_carries_it(engine_probe):
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with engine_probe.EngineProbe() as probe:
+            takes = [probe.measure() for _ in range(2)]
+            calibrate = load_script("experiments/calibrate/run.py")
+            with Cores() as cores:
+                reading = calibrate.Readings(cores, probe).measure(0.05)
+    finally:
+        torch.set_num_threads(threads)
+    # four 512-token extends and 16 decode steps of 8: tens of ms at least, and the two takes of one size
+    assert all(t > 0.02 for t in takes) and max(takes) < 3 * min(takes)
+    assert reading["pinned_s"] > 0 and reading["engine_s"] > 0.02
+
+
+def test_engine_scale_divides_the_blocks_engine_readings_by_the_profiles():
+    f = load_script("experiments/sim_fidelity/run.py")
+    record = {"host_pinned_s": [0.010, 0.014], "host_engine_s": [0.9, 1.1], "host_contentions": [1.0, 1.2],
+              "host_collective_s": None}
+    assert f.block_host(record, 0.8, False, False, "host_engine_s")[0] == pytest.approx(1.25)
+    assert f.block_host(record, 0.012, False, False)[0] == pytest.approx(1.0)        # host_probe's, the default
+    assert f.block_host(record, None, False, False, "host_engine_s")[0] == 1.0       # --host-scale none
+
+
+def test_tracking_says_which_probe_follows_the_engine(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
+    tracking = load_script("experiments/calibrate/probe_tracking.py")
+    speeds = [1.0, 2.0] * 4                                    # the host's speed, take by take
+    noise = [1.0, 1.0, 2.0, 2.0] * 2                           # unrelated to it (correlation 0)
+    takes = [{"host_probe": n, "engine_probe": 0.8 * s, "extend_512": 0.1 * s, "extend_512_on_16": 0.12 * s,
+              "decode_8x256": 0.01 * s} for s, n in zip(speeds, noise)]
+    out = tracking.summary(takes)
+    assert out["engine_probe"]["window"] == pytest.approx(1.0)
+    assert out["host_probe"]["window"] == pytest.approx(0.0, abs=1e-9)
+    assert out["engine_probe"]["lag1"] == pytest.approx(-1.0)          # fast, then slow, then fast
+    assert out["engine_probe"]["with_extend_512"] == pytest.approx(1.0)
+
+
+def test_a_profile_as_measured_gets_a_twin_normalized_by_host_probe(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
+    monkeypatch.setitem(sys.modules, "run", None)       # (restored after: renormalize imports calibrate's as `run`)
+    del sys.modules["run"]
+    renormalize = load_script("experiments/calibrate/renormalize.py")
+    calibrate = sys.modules["run"]                      # experiments/calibrate/run.py, as renormalize imports it
+    prefill = {**calibrate._points([[[1.0, 2.0]] * 4], [{"pinned_s": 0.010}] * 4), "order": "interleaved"}
+    decode = calibrate._points([[[4.0, 4.0]] * 4], [{"pinned_s": 0.030}] * 4)
+    data = {"profiled_now": ["single"], "host_probe": {"pinned_s": 0.020, "normalized": "none", "engine_s": 0.8},
+            "profiles": {"singlex1/reference": {"prefill": prefill, "decode": decode}},
+            "serving": {"request_cpu_s": 0.002, "token_cpu_s": 0.0002, "pinned_s": [0.010, 0.030],
+                        "normalized_to_pinned_s": None}}
+    twin = renormalize.pinned_twin(data)
+    assert twin["host_probe"] == {"pinned_s": pytest.approx(0.020), "normalized": "pinned", "engine_s": 0.8}
+    grid = twin["profiles"]["singlex1/reference"]
+    assert grid["prefill"]["seconds"][0] == pytest.approx([2.0] * 4)        # fastest 1.0, taken at 10 ms: x 20/10
+    assert grid["decode"]["seconds"][0] == pytest.approx([4.0 * 2 / 3] * 4)
+    assert twin["serving"]["request_cpu_s"] == pytest.approx(0.002) and \
+        twin["serving"]["normalized_to_pinned_s"] == pytest.approx(0.020)    # its runs' mean speed was the reference
+    assert data["host_probe"]["normalized"] == "none" and prefill["seconds"][0] == [1.0] * 4      # left as it was
+    with pytest.raises(ValueError, match="normalized already"):
+        renormalize.pinned_twin(twin)
