@@ -2,12 +2,11 @@
 
 framework/core/host_probe's work (small matmuls and a Python loop, cache-resident) stamps a host and finds one that is
 3x slower. It does not follow the minute-to-minute speed of this AMD EPYC VM as the engine runs, though. Measured
-2026-12-04 (experiments/calibrate/probe_tracking.py): over 46 takes ~2 s apart, the probe moved 8-17 ms but correlated
-0.04-0.08 with the engine's 512-token extends beside it, and -0.18 with itself one take later. The engine's own steps
-correlated 0.65 with themselves one take later.
+2026-12-04 (experiments/calibrate/probe_tracking.py, results_tracking.json: 40 takes ~2 s apart): the probe's work
+(cv 0.21) correlated 0.09 with the engine's work in the seconds just after it; this mix 0.51.
 
 So this times a fixed mix of the engine's own steps on a one-rank engine (experiments/calibrate's `single` config),
-opened once and idle between takes:
+opened once (calibrate/contention.py's) and idle between takes:
 - extends of 512 new tokens, with no cached prefix and on 16 cached (the engine's two attention forms);
 - a decode of 8 requests of 256 tokens (16 steps).
 
@@ -29,14 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from framework.config import compose  # noqa: E402
-from framework.engine.request import Req, SamplingParams  # noqa: E402
+from contention import _engine  # noqa: E402  (experiments/calibrate/contention.py: the same one-rank engine)
 from framework.engine.stats import STEP_CPU_KEYS  # noqa: E402
-from framework.instance.client import open_engine  # noqa: E402
-from framework.instance.handle import SyncFace  # noqa: E402
-from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 
-OVERRIDES = ["parallel=single", "moe=reference", "engine.kv_budget_mb=64", "logger.mode=disabled"]
 EXTENDS = [(512, 0), (512, 16)] * 2          # (new tokens, cached prefix)
 DECODE = (8, 256, 16)                         # requests, prompt tokens, tokens each
 
@@ -48,25 +42,16 @@ class EngineProbe:
         self.seed, self.handle = seed, None
 
     def __enter__(self) -> "EngineProbe":
-        cfg = compose(OVERRIDES)
-        self.handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, self.seed))
-        self.face, self.rng = SyncFace(self.handle), random.Random(self.seed)
+        from run import _serve, _text                              # experiments/calibrate/run.py
+        self.handle, face = _engine(self.seed)
+        rng = random.Random(self.seed)
+        self._serve, self._text = (lambda prompts, n: _serve(face, prompts, n)), (lambda n: _text(rng, n))
         self._serve([self._text(64)], 4)                                  # warm-up
         return self
 
     def __exit__(self, *exc) -> None:
         self.handle.close()
         self.handle.terminate()
-
-    def _text(self, n: int) -> list[int]:
-        return [self.rng.randrange(32, 127) for _ in range(n)]
-
-    def _serve(self, prompts: list[list[int]], max_new: int) -> None:
-        reqs = [Req(p, SamplingParams(max_new_tokens=max_new, ignore_eos=True)) for p in prompts]
-        for r in reqs:
-            self.face.add(r)
-        while not all(r.finished for r in reqs):
-            self.face.step(timeout=1.0)
 
     def _cpu(self) -> float:
         stats = self.handle.stats()

@@ -23,23 +23,30 @@ import run as calibrate  # noqa: E402  (experiments/calibrate/run.py)
 
 
 def pinned_twin(data: dict) -> dict:
-    """``data`` (a profile as measured) with its profiled configs and serving measurement at host_probe's reference
-    speed, the mean of its points' readings."""
-    stamp = data["host_probe"]
+    """``data`` (a profile as measured) with its configs and serving measurement at host_probe's reference speed, the
+    mean of its points' readings. It no longer carries the engine probe's speed: its points are not as measured."""
+    stamp = data.get("host_probe") or {}
     if stamp.get("normalized") != "none":
-        raise ValueError(f"the profile is normalized already ({stamp.get('normalized')!r}): renormalize takes one "
-                         f"taken with --normalize none")
-    keys = [calibrate.config_key_of(name) for name in data["profiled_now"]]
+        raise ValueError(f"the profile's host_probe.normalized is {stamp.get('normalized')!r}: renormalize takes a "
+                         f"profile taken with experiments/calibrate/run.py --normalize none")
+    keys = [calibrate.config_key_of(name) for name in data.get("profiled_now", [])]
+    if not keys or set(data["profiles"]) != set(keys):
+        raise ValueError(f"the profile holds configs {sorted(data['profiles'])}, measured now {sorted(keys)}: only a "
+                         f"profile whose every config was measured in the one run can be normalized to its speed")
     out = json.loads(json.dumps(data))
     reference = calibrate.normalize(out["profiles"], keys)
-    out["host_probe"] = {**stamp, "pinned_s": reference, "normalized": "pinned"}
+    out["host_probe"] = {**{k: v for k, v in stamp.items() if k != "engine_s"}, "pinned_s": reference,
+                         "normalized": "pinned"}
     serving = out.get("serving")
     if serving:
-        if not serving.get("pinned_s"):
-            raise ValueError("the serving measurement recorded no host speeds: re-measure it with serving.py")
+        if serving.get("normalized_to_pinned_s") is not None or not serving.get("pinned_s"):
+            raise ValueError("the serving measurement is normalized already, or recorded no host speeds: re-measure "
+                             "it with experiments/calibrate/serving.py on the profile as measured")
         k = reference / statistics.fmean(serving["pinned_s"])
         out["serving"] = {**serving, "request_cpu_s": serving["request_cpu_s"] * k,
-                          "token_cpu_s": serving["token_cpu_s"] * k, "normalized_to_pinned_s": reference}
+                          "token_cpu_s": serving["token_cpu_s"] * k, "normalized_to_pinned_s": reference,
+                          "per_request_by_output": {o: [v * k for v in vs]
+                                                    for o, vs in serving["per_request_by_output"].items()}}
     out["note"] = out.get("note", "") + "; normalized by host_probe afterwards (experiments/calibrate/renormalize.py)"
     return out
 

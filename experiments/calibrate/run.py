@@ -169,7 +169,8 @@ def _prefill_grid(face: SyncFace, rng: random.Random, grid: dict, repeats: int, 
     """Each prefill point's repeats. ``interleaved``: each repeat is one sweep of every point in a shuffled order,
     the host taken before each sweep, so a drift of the host's speed lands on every point alike and the points keep
     their ratios (the engine's two attention forms differ by 1.1-1.3x at 512 new tokens, less than the host moves
-    between points minutes apart); each point's host is then the mean of the sweeps'. Otherwise a point's repeats run
+    between points minutes apart); each point's host readings (its collectives per step among them) are then the
+    sweeps' mean. Otherwise a point's repeats run
     back to back, the host taken before each point."""
     points = [(i, j) for i in range(len(grid["new"])) for j in range(len(grid["prefix"]))]
     got = {pt: [] for pt in points}

@@ -185,6 +185,30 @@ def block_host(record: dict, reference_s: float | None, per_block: bool, collect
     return scale, contention, collective
 
 
+def scale_reference(stamp: dict | None, host_scale: str) -> tuple[float | None, str]:
+    """--host-scale's reference speed from a profile's host stamp, and which of a block's readings it divides
+    (``block_host``'s ``by``): none -> (None, ...): no scale; pinned -> host_probe's, where the profile's points are
+    normalized to it; engine -> the engine probe's mean over the profile, whose points are as measured (a normalized
+    profile would be rescaled twice). Exits, saying why, when the profile has no such reference."""
+    by = "host_engine_s" if host_scale == "engine" else "host_pinned_s"
+    if host_scale == "none":
+        return None, by
+    from plugins.cost.calibrated import reference_pinned_s
+    stamp = stamp or {}
+    if host_scale == "pinned":
+        reference = reference_pinned_s(stamp)
+        fix = "re-profile with experiments/calibrate/run.py, or make its twin with experiments/calibrate/renormalize.py"
+        why = "its points are not normalized to host_probe's speed (host_probe.normalized 'pinned')"
+    else:
+        reference = stamp.get("engine_s") if stamp.get("normalized") == "none" else None
+        fix = "re-profile with experiments/calibrate/run.py --engine-probe --normalize none"
+        why = f"it has no engine probe's speed over points kept as measured (host_probe.engine_s, normalized 'none'; " \
+              f"this one: engine_s {stamp.get('engine_s')}, normalized {stamp.get('normalized')!r})"
+    if reference is None:
+        sys.exit(f"--host-scale {host_scale}: the calibration profile cannot be scaled so: {why}; {fix}")
+    return reference, by
+
+
 def block_load(record: dict, lockstep: bool) -> tuple[float, float | None]:
     """A block's other work as its simulation takes it, from what was measured during it (``_host``'s record, or a
     stored run's): (busy processes, steal). With --steal lockstep the steal comes off the processes and is simulated
@@ -423,8 +447,7 @@ def host_check(profile: str) -> dict:
     problems = mismatch(stamp, now)
     for p in problems:
         print(f"WARNING: the calibration profile ({profile}) may not describe this host: {p}", flush=True)
-    return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp),
-            "engine_s": (stamp or {}).get("engine_s")}
+    return {"profile": stamp, "now": now, "problems": problems, "reference_s": reference_pinned_s(stamp)}
 
 
 def host_line(host: dict) -> str:
@@ -538,14 +561,7 @@ def main() -> None:
     t0 = time.time()
     args.profile = args.profile or DEFAULT_PATH
     host = host_check(args.profile)
-    reference_s = {"pinned": host["reference_s"], "engine": host["engine_s"]}.get(args.host_scale)
-    if args.host_scale == "pinned" and reference_s is None:
-        sys.exit("--host-scale pinned: the calibration profile's points are not at a reference speed (host_probe."
-                 "normalized 'pinned'); re-profile with experiments/calibrate/run.py")
-    if args.host_scale == "engine" and reference_s is None:
-        sys.exit("--host-scale engine: the calibration profile has no engine probe's speed (host_probe.engine_s); "
-                 "re-profile with experiments/calibrate/run.py --engine-probe")
-    by = "host_engine_s" if args.host_scale == "engine" else "host_pinned_s"
+    reference_s, by = scale_reference(host["profile"], args.host_scale)
     load = {"before": os.getloadavg(), "cores": os.cpu_count()}
     per_block = args.contention == "block"
     # (--host-scale engine: host_probe's readings are taken around each block all the same, for --resimulate
@@ -649,17 +665,11 @@ def resimulate_main(args) -> None:
     if args.profile != ran_with:
         print(f"profile: {args.profile}, where {args.resimulate} was simulated with {ran_with}", flush=True)
     out["profile"] = args.profile
-    reference_s, by = None, "host_engine_s" if args.host_scale == "engine" else "host_pinned_s"
-    if args.host_scale != "none" and any(not r.get(by) for rep in stored["runs"] for r in rep):
+    from plugins.cost.calibrated import read_calibration
+    reference_s, by = scale_reference(read_calibration(args.profile).get("host_probe"), args.host_scale)
+    if reference_s is not None and any(not r.get(by) for rep in stored["runs"] for r in rep):
         sys.exit(f"--host-scale {args.host_scale}: {args.resimulate} took no such host speed around its blocks (it "
                  f"ran with --host-scale {stored.get('host_scale')}); give --host-scale none")
-    if args.host_scale != "none":
-        from plugins.cost.calibrated import read_calibration, reference_pinned_s
-        stamp = read_calibration(args.profile).get("host_probe") or {}
-        reference_s = reference_pinned_s(stamp) if args.host_scale == "pinned" else stamp.get("engine_s")
-        if reference_s is None:
-            sys.exit(f"--host-scale {args.host_scale}: the calibration profile has no reference speed of that probe; "
-                     f"re-profile")
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
     if args.contention in ("measured", "engine") and not cores:
         sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")

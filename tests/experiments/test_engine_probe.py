@@ -10,9 +10,21 @@ from framework.core.host_probe import Cores
 from script_loader import ROOT, load_script
 
 
+BY_BARE_NAME = ("run", "engine_probe", "contention")      # experiments/calibrate's scripts import one another so
+
+
 @pytest.fixture
-def engine_probe(monkeypatch):
+def calibrate_folder(monkeypatch):
+    """experiments/calibrate on sys.path, as when its scripts run; after the test neither it nor the modules they
+    imported by bare name are left (the checkout's root has a run.py of its own)."""
     monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
+    for name in BY_BARE_NAME:
+        monkeypatch.setitem(sys.modules, name, None)       # (whatever was there comes back after)
+        del sys.modules[name]
+
+
+@pytest.fixture
+def engine_probe(calibrate_folder):
     return load_script("experiments/calibrate/engine_probe.py")
 
 
@@ -42,8 +54,7 @@ def test_engine_scale_divides_the_blocks_engine_readings_by_the_profiles():
     assert f.block_host(record, None, False, False, "host_engine_s")[0] == 1.0       # --host-scale none
 
 
-def test_tracking_says_which_probe_follows_the_engine(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
+def test_tracking_says_which_probe_follows_the_engine(calibrate_folder):
     tracking = load_script("experiments/calibrate/probe_tracking.py")
     speeds = [1.0, 2.0] * 4                                    # the host's speed, take by take
     noise = [1.0, 1.0, 2.0, 2.0] * 2                           # unrelated to it (correlation 0)
@@ -56,25 +67,44 @@ def test_tracking_says_which_probe_follows_the_engine(monkeypatch):
     assert out["engine_probe"]["with_extend_512"] == pytest.approx(1.0)
 
 
-def test_a_profile_as_measured_gets_a_twin_normalized_by_host_probe(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "calibrate"))
-    monkeypatch.setitem(sys.modules, "run", None)       # (restored after: renormalize imports calibrate's as `run`)
-    del sys.modules["run"]
+def test_a_profile_as_measured_gets_a_twin_normalized_by_host_probe(calibrate_folder):
     renormalize = load_script("experiments/calibrate/renormalize.py")
     calibrate = sys.modules["run"]                      # experiments/calibrate/run.py, as renormalize imports it
     prefill = {**calibrate._points([[[1.0, 2.0]] * 4], [{"pinned_s": 0.010}] * 4), "order": "interleaved"}
     decode = calibrate._points([[[4.0, 4.0]] * 4], [{"pinned_s": 0.030}] * 4)
     data = {"profiled_now": ["single"], "host_probe": {"pinned_s": 0.020, "normalized": "none", "engine_s": 0.8},
             "profiles": {"singlex1/reference": {"prefill": prefill, "decode": decode}},
-            "serving": {"request_cpu_s": 0.002, "token_cpu_s": 0.0002, "pinned_s": [0.010, 0.030],
-                        "normalized_to_pinned_s": None}}
+            "serving": {"request_cpu_s": 0.002, "token_cpu_s": 0.0002, "pinned_s": [0.010, 0.010],
+                        "per_request_by_output": {"8": [0.003]}, "normalized_to_pinned_s": None}}
     twin = renormalize.pinned_twin(data)
-    assert twin["host_probe"] == {"pinned_s": pytest.approx(0.020), "normalized": "pinned", "engine_s": 0.8}
+    # its points are no longer as measured: the engine probe's speed is not carried (--host-scale engine refuses it)
+    assert twin["host_probe"] == {"pinned_s": pytest.approx(0.020), "normalized": "pinned"}
     grid = twin["profiles"]["singlex1/reference"]
     assert grid["prefill"]["seconds"][0] == pytest.approx([2.0] * 4)        # fastest 1.0, taken at 10 ms: x 20/10
     assert grid["decode"]["seconds"][0] == pytest.approx([4.0 * 2 / 3] * 4)
-    assert twin["serving"]["request_cpu_s"] == pytest.approx(0.002) and \
-        twin["serving"]["normalized_to_pinned_s"] == pytest.approx(0.020)    # its runs' mean speed was the reference
+    # serving ran at 10 ms against the reference's 20: its CPU counts double, every figure of it
+    assert twin["serving"]["request_cpu_s"] == pytest.approx(0.004) and \
+        twin["serving"]["token_cpu_s"] == pytest.approx(0.0004) and \
+        twin["serving"]["per_request_by_output"] == {"8": [pytest.approx(0.006)]} and \
+        twin["serving"]["normalized_to_pinned_s"] == pytest.approx(0.020)
     assert data["host_probe"]["normalized"] == "none" and prefill["seconds"][0] == [1.0] * 4      # left as it was
-    with pytest.raises(ValueError, match="normalized already"):
+    with pytest.raises(ValueError, match="normalized is 'pinned'"):
         renormalize.pinned_twin(twin)
+    with pytest.raises(ValueError, match="normalized already"):          # serving already at some reference
+        renormalize.pinned_twin({**data, "serving": {**data["serving"], "normalized_to_pinned_s": 0.015}})
+    kept = {**data, "profiles": {**data["profiles"], "tpx2/triton_fused": {}}}
+    with pytest.raises(ValueError, match="measured in the one run"):     # a config kept from an earlier profile
+        renormalize.pinned_twin(kept)
+
+
+def test_each_scale_takes_only_a_profile_measured_for_it():
+    f = load_script("experiments/sim_fidelity/run.py")
+    as_measured = {"pinned_s": 0.011, "normalized": "none", "engine_s": 0.8}
+    normalized = {"pinned_s": 0.011, "normalized": "pinned", "engine_s": 0.8}
+    assert f.scale_reference(as_measured, "engine") == (0.8, "host_engine_s")
+    assert f.scale_reference(normalized, "pinned") == (0.011, "host_pinned_s")
+    assert f.scale_reference(normalized, "none")[0] is None
+    with pytest.raises(SystemExit, match="points kept as measured"):      # rescaled twice otherwise
+        f.scale_reference(normalized, "engine")
+    with pytest.raises(SystemExit, match="renormalize.py"):
+        f.scale_reference(as_measured, "pinned")
