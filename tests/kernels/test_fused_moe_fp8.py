@@ -64,11 +64,14 @@ def test_fp8_scheme_stays_near_the_unquantized_layer():
 
 
 def test_quantization_is_per_tensor_and_needs_no_host_read():
-    x = torch.randn(5, 40) * 3
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3
     q, scale = quantize_per_tensor(x)
     assert q.dtype == FP8 and scale.shape == (1,)
     assert q.float().abs().max() == QUANT_MAX                       # the largest |x| lands on e4m3's largest value
-    torch.testing.assert_close(q.float() * scale, x, atol=0, rtol=2**-4)   # round to nearest: half of 2^-3
+    # round to nearest: half of 2^-3 relative for e4m3's normal values (|x| / scale >= 2^-6), half of its subnormal
+    # step (2^-9) below them, where a relative bound alone fails on a draw near zero
+    bound = torch.where(x.abs() >= scale * 2**-6, x.abs() * 2**-4, scale * 2**-10)
+    assert ((q.float() * scale - x).abs() <= bound * (1 + 1e-6)).all()
     meta_q, meta_scale = quantize_per_tensor(torch.empty(5, 40, device="meta"))   # data-dependent ops would fail
     assert meta_q.shape == (5, 40) and meta_scale.shape == (1,)
     w_q, w_scale = quantize_weights(torch.randn(3, 4, 6))
