@@ -41,8 +41,11 @@ the split removed no error (experiments/sim_fidelity/notes_collectives.md): the 
 `--engine-probe` also times experiments/calibrate/engine_probe's fixed mix of the engine's own steps before each point
 (`engine_s`) and stamps the profile with their mean (`host_probe.engine_s`): the speed experiments/sim_fidelity's
 `--host-scale engine` scales a block to. On this AMD EPYC VM host_probe's work did not follow the engine's speed
-(experiments/calibrate/probe_tracking.py), so a profile for that scale is kept as measured (`--normalize none`);
-experiments/calibrate/renormalize.py derives its host_probe-normalized twin from the same readings.
+(experiments/calibrate/probe_tracking.py), so a profile for that scale is normalized by the engine probe's readings
+instead (`--normalize engine`: each point at the mean of the mix's, as `pinned` does with host_probe's). Round K took
+its profile as measured (`--normalize none`) and scaled it to that mean, but its configs were measured at different
+speeds (the one-rank config's prefill points at a mix of 0.67 s, the profile's mean 0.80): its one-rank extends were
+priced 1.2x cheap. experiments/calibrate/renormalize.py derives either normalized twin from a profile as measured.
 
     python experiments/calibrate/run.py                 # the configs the fidelity runs use (~15 min)
     python experiments/calibrate/run.py --quick --out /tmp/c.json   # a smoke run (tests)
@@ -223,8 +226,9 @@ def _in_order(pre: dict, dec: dict, key: str) -> list[float]:
     return _smoothed(flat(pre) + flat(dec))
 
 
-def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
-    """The reference speed of the profiles measured now, the mean of their points' (returned: the stamp); ``apply``:
+def normalize(profiles: dict, names: list[str], apply: bool = True, by: str = "pinned_s") -> float:
+    """The reference speed of the profiles measured now, the mean of their points' readings ``by`` (host_probe's
+    `pinned_s`, or the engine probe's `engine_s`) (returned: the stamp); ``apply``:
     each point's seconds x reference / the host's speed then (the mean of its own and its SMOOTH neighbours' each
     side, in measuring order: a config's prefill points, then its decode points), the seconds as measured kept
     (`*_raw`). A config whose steps wait on collectives (several ranks) is split first: a point's waits (its
@@ -233,13 +237,13 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
     points', and of its decode points') and `collective_s` (their mean latency), which plugins/cost/calibrated.py adds
     back to each step, at the latency of the host it prices."""
     grids = [profiles[n][kind] for n in names for kind in ("prefill", "decode")]
-    ref = statistics.fmean(x for g in grids for row in g["pinned_s"] for x in row)
+    ref = statistics.fmean(x for g in grids for row in g[by] for x in row)
     if not apply:
         return ref
     for n in names:
         pre, dec = profiles[n]["prefill"], profiles[n]["decode"]
         flat = lambda key: [x for g in (pre, dec) for row in g[key] for x in row]      # noqa: E731 (measuring order)
-        speed = iter(_in_order(pre, dec, "pinned_s"))
+        speed = iter(_in_order(pre, dec, by))
         split = ("collective_s" in pre and None not in flat("collective_s")
                  and max(flat("collectives_per_step")) > 0)
         if split:
@@ -250,12 +254,12 @@ def normalize(profiles: dict, names: list[str], apply: bool = True) -> float:
                                                    for kind, g in (("prefill", pre), ("decode", dec))}
             profiles[n]["collective_s"] = statistics.fmean(latency)
         for g in (pre, dec):
-            g["pinned_s_smoothed"] = [[next(speed) for _ in row] for row in g["pinned_s"]]
-            g["wait_s"] = [[next(waits) if split else 0.0 for _ in row] for row in g["pinned_s"]]
+            g[f"{by}_smoothed"] = [[next(speed) for _ in row] for row in g[by]]
+            g["wait_s"] = [[next(waits) if split else 0.0 for _ in row] for row in g[by]]
             for key in ("seconds", "seconds_median"):
                 g[f"{key}_raw"] = g[key]
                 g[key] = [[max(s - w, WAIT_FLOOR * s) * ref / sp for s, w, sp in zip(row, wrow, srow)]
-                          for row, wrow, srow in zip(g[key], g["wait_s"], g["pinned_s_smoothed"])]
+                          for row, wrow, srow in zip(g[key], g["wait_s"], g[f"{by}_smoothed"])]
     return ref
 
 
@@ -301,16 +305,17 @@ def rebase(profiles: dict, kept: set[str], serving: dict | None, old_stamp: dict
     return serving
 
 
-def stamp(before: dict, after: dict, pinned_s: float, normalized: bool) -> dict:
+def stamp(before: dict, after: dict, pinned_s: float, normalized: str) -> dict:
     """framework.core.host_probe's probe, taken before and after profiling: the mean is the stamp (a host whose
-    speed moved during the profile is said: the profile then mixes two speeds, unless ``normalized``); and
-    ``pinned_s``, the reference speed of ``normalize``."""
+    speed moved during the profile is said: the profile then mixes two speeds, unless ``normalized``); ``pinned_s``,
+    host_probe's reference speed (``normalize``'s); and ``normalized``: by which readings the points were expressed
+    at one speed (pinned, engine: the engine probe's, whose reference run.py stamps as `engine_s`), or none."""
     for problem in mismatch(before, after):
         print(f"WARNING: the host changed during profiling (probe after vs before): {problem}"
-              + ("; each point is expressed at the reference speed" if normalized else ""), flush=True)
+              + ("; each point is expressed at the reference speed" if normalized != "none" else ""), flush=True)
     return {**before, "probe_s": (before["probe_s"] + after["probe_s"]) / 2,
             "probe_s_before_after": [before["probe_s"], after["probe_s"]], "pinned_s": pinned_s,
-            "normalized": "pinned" if normalized else "none"}
+            "normalized": normalized}
 
 
 def main() -> None:
@@ -321,14 +326,17 @@ def main() -> None:
     ap.add_argument("--prefill-order", choices=["interleaved", "points"], default="interleaved",
                     help="interleaved: each repeat sweeps every prefill point in a shuffled order (_prefill_grid); "
                          "points: a point's repeats back to back (the profiles before 2026-12-04 10:40 UTC)")
-    ap.add_argument("--normalize", choices=["pinned", "none"], default="pinned",
-                    help="each point at the reference speed, a config of several ranks split first (module doc); "
+    ap.add_argument("--normalize", choices=["pinned", "engine", "none"], default="pinned",
+                    help="each point at the reference speed by host_probe's readings (pinned) or the engine probe's "
+                         "(engine: needs --engine-probe), a config of several ranks split first (module doc); "
                          "none: as measured")
     ap.add_argument("--engine-probe", action="store_true",
                     help="before each point, also time engine_probe's mix (the engine's own steps): the profile is "
                          "stamped with its mean (`host_probe.engine_s`), which sim_fidelity --host-scale engine reads")
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_PATH, help="updated in place: other configs are kept")
     args = ap.parse_args()
+    if args.normalize == "engine" and not args.engine_probe:
+        ap.error("--normalize engine expresses each point at the engine probe's speed: it needs --engine-probe")
     import torch
     torch.set_num_threads(1)
     grid, repeats = (QUICK, 1) if args.quick else (GRID, args.repeats)
@@ -337,6 +345,9 @@ def main() -> None:
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     profiles = dict(old.get("profiles", {}))        # configs not profiled this time are kept
     kept = set(profiles) - {config_key_of(n) for n in args.configs}     # (moved to this profile's speed: rebase)
+    if kept and args.normalize == "engine":
+        sys.exit(f"--normalize engine: {args.out} holds configs not profiled now ({sorted(kept)}), at a speed the "
+                 f"engine probe did not read: profile every config in one run (--configs), or write a new --out")
     keys = []
     from engine_probe import EngineProbe            # (this script's folder: on sys.path when run)
     with Cores() as cores, (EngineProbe() if args.engine_probe else contextlib.nullcontext()) as engine:
@@ -348,15 +359,15 @@ def main() -> None:
             print(f"{p['key']}: prefill {[round(x * 1e3, 2) for x in p['prefill']['seconds'][0]]} ms "
                   f"(n={grid['new'][0]}), decode {[round(row[0] * 1e3, 2) for row in p['decode']['seconds']]} ms "
                   f"(c={grid['context'][0]})", flush=True)
-    normalized = args.normalize != "none"
-    reference = normalize(profiles, keys, apply=normalized)
+    reference = normalize(profiles, keys, apply=args.normalize == "pinned")
     serving = old.get("serving")
-    if normalized:           # what is kept was expressed at the old reference: move it to the new one
+    if args.normalize == "pinned":        # what is kept was expressed at the old reference: move it to the new one
         serving = rebase(profiles, kept, serving, (old.get("host_probe") or {}), reference)
-    host = stamp(before, probe(), reference, normalized)
-    if args.engine_probe:     # the engine's speed over the profile: where its points, as measured or not, were taken
-        host["engine_s"] = statistics.fmean(x for k in keys for kind in ("prefill", "decode")
-                                            for row in profiles[k][kind]["engine_s"] for x in row)
+    elif serving and args.normalize == "engine":
+        print("WARNING: the serving measurement is kept as measured (serving.py reads host_probe only)", flush=True)
+    host = stamp(before, probe(), reference, args.normalize)
+    if args.engine_probe:     # the engine's speed over the profile: the points' mean, their reference under engine
+        host["engine_s"] = normalize(profiles, keys, apply=args.normalize == "engine", by="engine_s")
     out = {"model": compose([]).model.name, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
            "loadavg_1m": os.getloadavg()[0], "host_probe": host,
            "profiled_now": list(args.configs), "torch_threads": 1, "git_sha": git_sha(),

@@ -52,7 +52,10 @@ real run's figures or CPU.
 steps: experiments/calibrate/engine_probe's fixed mix on a one-rank engine kept idle in this process, before and after
 each block, over the profile's mean of the same mix (a profile taken with `calibrate/run.py --engine-probe`). On this
 AMD EPYC VM host_probe's work correlated 0.09 with the engine's speed in the seconds after it, the engine's mix 0.51
-(experiments/calibrate/probe_tracking.py).
+(experiments/calibrate/probe_tracking.py). The profile's points are at that mean by the readings before each
+(`calibrate/run.py --normalize engine`, the round of protocol_engine_level.md); round K's was kept as measured.
+`--contention engine --contention-siblings 3 --contention-clock cpu` measures the engines' slowing per step kind in the
+HTTP cells' shape (4 engines on 2 cores) on their threads' CPU clock, the cores' sharing left to the simulator.
 `--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
 cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
@@ -188,8 +191,10 @@ def block_host(record: dict, reference_s: float | None, per_block: bool, collect
 def scale_reference(stamp: dict | None, host_scale: str) -> tuple[float | None, str]:
     """--host-scale's reference speed from a profile's host stamp, and which of a block's readings it divides
     (``block_host``'s ``by``): none -> (None, ...): no scale; pinned -> host_probe's, where the profile's points are
-    normalized to it; engine -> the engine probe's mean over the profile, whose points are as measured (a normalized
-    profile would be rescaled twice). Exits, saying why, when the profile has no such reference."""
+    normalized to it; engine -> the engine probe's mean over the profile, where its points are normalized to it
+    (calibrate `--normalize engine`), or kept as measured (round K's way, said: each config is then priced at the
+    speed it was measured at, which was not the mean; a host_probe-normalized profile would be rescaled twice). Exits,
+    saying why, when the profile has no such reference."""
     by = "host_engine_s" if host_scale == "engine" else "host_pinned_s"
     if host_scale == "none":
         return None, by
@@ -200,10 +205,15 @@ def scale_reference(stamp: dict | None, host_scale: str) -> tuple[float | None, 
         fix = "re-profile with experiments/calibrate/run.py, or make its twin with experiments/calibrate/renormalize.py"
         why = "its points are not normalized to host_probe's speed (host_probe.normalized 'pinned')"
     else:
-        reference = stamp.get("engine_s") if stamp.get("normalized") == "none" else None
-        fix = "re-profile with experiments/calibrate/run.py --engine-probe --normalize none"
-        why = f"it has no engine probe's speed over points kept as measured (host_probe.engine_s, normalized 'none'; " \
-              f"this one: engine_s {stamp.get('engine_s')}, normalized {stamp.get('normalized')!r})"
+        reference = stamp.get("engine_s") if stamp.get("normalized") in ("engine", "none") else None
+        fix = "re-profile with experiments/calibrate/run.py --engine-probe --normalize engine"
+        why = f"it has no engine probe's speed over points normalized to it or kept as measured (host_probe.engine_s, " \
+              f"normalized 'engine' or 'none'; this one: engine_s {stamp.get('engine_s')}, normalized " \
+              f"{stamp.get('normalized')!r})"
+        if reference is not None and stamp.get("normalized") == "none":
+            print("WARNING: --host-scale engine on a profile kept as measured (round K's way): each config is priced "
+                  "at the speed it was measured at, not the profile's mean; normalize it with "
+                  "experiments/calibrate/renormalize.py --by engine", flush=True)
     if reference is None:
         sys.exit(f"--host-scale {host_scale}: the calibration profile cannot be scaled so: {why}; {fix}")
     return reference, by
@@ -533,8 +543,16 @@ def main() -> None:
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs), block (host_probe.Cores around each real block, with its speed), engine "
-                         "(experiments/calibrate/contention.py: per step kind), or a factor; with --resimulate, "
+                         "(experiments/calibrate/contention.py: per step kind), a factor, or two (decode,extend); with --resimulate, "
                          "measured, block or engine: the stored run's")
+    ap.add_argument("--contention-siblings", type=int, default=1,
+                    help="--contention engine: busy sibling engines beside the measured one (1: round F's; 3: the "
+                         "HTTP cells' four workers)")
+    ap.add_argument("--contention-clock", choices=["wall", "cpu"], default="wall",
+                    help="--contention engine: a point's wall time (round F's) or its steps' thread CPU (with more "
+                         "engines than cores: the sharing is the simulator's own, calibrate/contention.py)")
+    ap.add_argument("--contention-rounds", type=int, default=2,
+                    help="--contention engine: alone / beside alternations (calibrate/contention.py --rounds)")
     ap.add_argument("--collectives", choices=["none", "block"], default="none",
                     help="sim.cost.collective_s: the profile's own latency of one collective (none), or the host's "
                          "around each real block (host_probe.Cores; a two-rank profile split its steps' waits off)")
@@ -572,7 +590,9 @@ def main() -> None:
         from engine_probe import EngineProbe                       # experiments/calibrate/engine_probe.py
     with Cores() if measured else contextlib.nullcontext() as probes, \
             EngineProbe() if args.host_scale == "engine" else contextlib.nullcontext() as engine:
-        cores = probes.measure(3.0) if args.contention in ("measured", "block") else engine_contention() \
+        in_load = functools.partial(engine_contention, args.contention_siblings, args.contention_clock,
+                                    args.contention_rounds)
+        cores = probes.measure(3.0) if args.contention in ("measured", "block") else in_load() \
             if args.contention == "engine" else None         # (block: recorded, for --resimulate --contention measured)
         if cores is not None:
             decode, extend = factors(cores)
@@ -594,7 +614,7 @@ def main() -> None:
             repeats.append(cases)
         load["after"] = os.getloadavg()
         if cores is not None:                         # a check of how it held over the run (not used)
-            cores["after"] = engine_contention() if args.contention == "engine" else probes.measure(3.0)
+            cores["after"] = in_load() if args.contention == "engine" else probes.measure(3.0)
     cells = combine(repeats)
     for c in cells:
         c["errors"] = errors(c)
@@ -627,9 +647,11 @@ def main() -> None:
           f"  ({out['wall_s']:.0f} s)")
 
 
-def engine_contention() -> dict:
-    """experiments/calibrate/contention.py's factors, measured now: ``decode`` and ``extend``."""
-    out = subprocess.run([sys.executable, str(ROOT / "experiments/calibrate/contention.py")], check=True, cwd=ROOT,
+def engine_contention(siblings: int = 1, clock: str = "wall", rounds: int = 2) -> dict:
+    """experiments/calibrate/contention.py's factors, measured now beside ``siblings`` busy engines on ``clock``,
+    alone / beside ``rounds`` times: ``decode`` and ``extend``."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/calibrate/contention.py"), "--siblings",
+                          str(siblings), "--clock", clock, "--rounds", str(rounds)], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
     return json.loads(out.splitlines()[0])
 
@@ -640,6 +662,17 @@ def factors(cores: dict) -> tuple[float, float]:
     return decode, cores.get("extend", decode)
 
 
+def given_factors(text: str) -> tuple[float, float]:
+    """(decode, extend) contention as --contention gives it: one factor for both, or `decode,extend`."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or not all(v > 0 for v in values):
+        sys.exit(f"--contention {text!r}: none, measured, block, engine, a factor > 0, or two (decode,extend)")
+    return values[0], values[-1]
+
+
 def switches(args, cores: dict | None = None) -> list[str]:
     """The calibrated cost model's switches and the host's sharing (and contention: ``cores``, as measured, or the
     --contention factor) this run simulates with."""
@@ -648,8 +681,8 @@ def switches(args, cores: dict | None = None) -> list[str]:
             f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
     if args.contention == "block":                # each block's own (sim_config)
         return cost
-    factor = 1.0 if args.contention in ("none", "measured", "engine") else float(args.contention)
-    decode, extend = factors(cores) if cores else (factor, factor)
+    decode, extend = factors(cores) if cores else (1.0, 1.0) if args.contention in ("none", "measured", "engine") \
+        else given_factors(args.contention)
     return cost + [f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"]
 
 

@@ -212,6 +212,8 @@ class RankLoop:
                 self.pending += self.kv.poll()        # a decode DP group's allocations, for rank 0
             if self.rank == 0:
                 self.snapshots[0] = self.engine.server_info()
+                if self.size == 1:     # that snapshot shows this step's adds: a request added and finished in the
+                    self.sent_adds = False     # one step (one token) drains the instance with fresh stats too
                 self._flush_outbox()
         return self.engine.server_info()
 

@@ -104,7 +104,66 @@ def test_each_scale_takes_only_a_profile_measured_for_it():
     assert f.scale_reference(as_measured, "engine") == (0.8, "host_engine_s")
     assert f.scale_reference(normalized, "pinned") == (0.011, "host_pinned_s")
     assert f.scale_reference(normalized, "none")[0] is None
-    with pytest.raises(SystemExit, match="points kept as measured"):      # rescaled twice otherwise
+    engine = {"pinned_s": 0.011, "normalized": "engine", "engine_s": 0.7}
+    assert f.scale_reference(engine, "engine") == (0.7, "host_engine_s")
+    with pytest.raises(SystemExit, match="normalized to it or kept as measured"):      # rescaled twice otherwise
         f.scale_reference(normalized, "engine")
     with pytest.raises(SystemExit, match="renormalize.py"):
+        f.scale_reference(engine, "pinned")
+    with pytest.raises(SystemExit, match="renormalize.py"):
         f.scale_reference(as_measured, "pinned")
+
+
+def test_a_profile_as_measured_gets_a_twin_normalized_by_the_engine_probe(calibrate_folder):
+    """Round K scaled a profile as measured to its mean engine reading, where each config had been measured at its
+    own: the engine twin puts every point at that mean, by the readings before it, as host_probe's twin does."""
+    renormalize = load_script("experiments/calibrate/renormalize.py")
+    calibrate = sys.modules["run"]
+    fast = {"pinned_s": 0.010, "engine_s": 0.6}               # the one config's prefill points: a fast quarter hour
+    slow = {"pinned_s": 0.010, "engine_s": 1.0}
+    prefill = {**calibrate._points([[[1.0, 1.0]] * 4], [fast] * 4), "order": "interleaved"}
+    decode = calibrate._points([[[3.0, 3.0]] * 4], [slow] * 4)
+    serving = {"request_cpu_s": 0.002, "token_cpu_s": 0.0002, "pinned_s": [0.010], "normalized_to_pinned_s": None}
+    data = {"profiled_now": ["single"], "host_probe": {"pinned_s": 0.010, "normalized": "none", "engine_s": 0.8},
+            "profiles": {"singlex1/reference": {"prefill": prefill, "decode": decode}}, "serving": serving}
+    twin = renormalize.engine_twin(data)
+    assert twin["host_probe"]["normalized"] == "engine" and twin["host_probe"]["engine_s"] == pytest.approx(0.8)
+    grid = twin["profiles"]["singlex1/reference"]
+    assert grid["prefill"]["seconds_median"][0] == pytest.approx([1.0 * 0.8 / 0.6] * 4)   # dearer at the mean
+    assert grid["decode"]["seconds_median"][0] == pytest.approx([3.0 * 0.8 / 1.0] * 4)    # cheaper
+    assert twin["serving"] == serving                                   # serving.py read no engine probe
+    f = load_script("experiments/sim_fidelity/run.py")
+    assert f.scale_reference(twin["host_probe"], "engine") == (pytest.approx(0.8), "host_engine_s")
+    with pytest.raises(ValueError, match="normalized is 'engine'"):
+        renormalize.engine_twin(twin)
+    no_probe = {**data, "host_probe": {"pinned_s": 0.010, "normalized": "none"}}
+    with pytest.raises(ValueError, match="--engine-probe"):
+        renormalize.engine_twin(no_probe)
+
+
+@pytest.mark.slow
+def test_contention_on_the_cpu_clock_reads_each_steps_thread_cpu_beside_busy_engines(calibrate_folder, monkeypatch):
+    """calibrate/contention.py --clock cpu on a real engine beside two real busy sibling engines (a small grid):
+    every point is a step's thread CPU (tens of ms for a 512-token extend, a few for a decode step), and the factors
+    are the points' ratios beside / alone."""
+    contention = load_script("experiments/calibrate/contention.py")
+    monkeypatch.setattr(contention, "PREFILL", [(256, 0)])
+    monkeypatch.setattr(contention, "DECODE", [(4, 64)])
+    out = contention.measure(rounds=1, repeats=2, siblings=2, clock="cpu")
+    assert (out["siblings"], out["clock"]) == (2, "cpu")
+    extend, decode = out["points"]
+    assert 0.003 < extend["alone_s"] < 1.0 and 0.0003 < decode["alone_s"] < extend["alone_s"]
+    assert out["extend"] == pytest.approx(extend["beside_s"] / extend["alone_s"])
+    assert out["decode"] == pytest.approx(decode["beside_s"] / decode["alone_s"])
+    with pytest.raises(ValueError, match="at least one busy sibling"):
+        contention.measure(siblings=0)
+    with pytest.raises(ValueError, match="not one of"):
+        contention.measure(clock="thread")
+
+
+def test_contention_given_as_two_factors_is_decode_then_extend():
+    f = load_script("experiments/sim_fidelity/run.py")
+    assert f.given_factors("1.24,1.0") == (1.24, 1.0) and f.given_factors("1.1") == (1.1, 1.1)
+    for bad in ("fast", "1,2,3", "0", "-1,1"):
+        with pytest.raises(SystemExit, match="decode,extend"):
+            f.given_factors(bad)

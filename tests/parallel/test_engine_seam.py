@@ -78,3 +78,25 @@ def test_a_memory_budget_below_the_weights_fails_before_any_rank_starts(tmp_path
                                         r"under parallel=dp_attn x2, moe=reference; raise engine.mem_budget_mb"):
         run(cfg, str(tmp_path), {})
     assert_no_rank_left([])
+
+
+def test_a_one_token_request_drains_the_instance_with_stats_that_count_its_step():
+    """A request added and finished in one step (max_new_tokens=1: its extend samples its only token) still drains
+    the instance with fresh stats: a client reading them at the finish sees that step's CPU and count (experiments/
+    calibrate/contention.py times single extends so)."""
+    from framework.instance.client import open_engine
+    from framework.instance.rank_loop import InstanceSpec
+    cfg = make_cfg("engine.kv_budget_mb=1")
+    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))   # a rank process
+    face = SyncFace(client)
+    try:
+        for n in range(1, 4):
+            req = Req(client.tokenizer.encode(f"prompt {n} " * 8), SamplingParams(max_new_tokens=1, ignore_eos=True))
+            face.add(req)
+            face.wait_all([req], timeout=60)
+            stats = client.stats()
+            assert (stats["extend_steps"], stats["decode_steps"], len(req.output_ids)) == (n, 0, 1)
+            assert stats["extend_cpu_s"] > 0
+    finally:
+        client.close()
+        client.terminate()
