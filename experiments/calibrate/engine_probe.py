@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from contention import _engine  # noqa: E402  (experiments/calibrate/contention.py: the same one-rank engine)
+from framework.core.paths import load_script  # noqa: E402
 from framework.engine.stats import STEP_CPU_KEYS  # noqa: E402
 
 EXTENDS = [(512, 0), (512, 16)] * 2          # (new tokens, cached prefix)
@@ -42,7 +43,8 @@ class EngineProbe:
         self.seed, self.handle = seed, None
 
     def __enter__(self) -> "EngineProbe":
-        from run import _serve, _text                              # experiments/calibrate/run.py
+        calibrate = load_script(HERE / "run.py")        # (by path: a bare `run` may be another folder's run.py here)
+        _serve, _text = calibrate._serve, calibrate._text
         self.handle, face = _engine(self.seed)
         rng = random.Random(self.seed)
         self._serve, self._text = (lambda prompts, n: _serve(face, prompts, n)), (lambda n: _text(rng, n))

@@ -93,7 +93,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
-from framework.core.paths import git_sha  # noqa: E402
+from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH  # noqa: E402
@@ -271,8 +271,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
 
 def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
-    sys.path.insert(0, str(ROOT / "experiments" / "dp_attn_vs_tp"))
-    from run import bench                                      # experiments/dp_attn_vs_tp/run.py
+    bench = load_script("experiments/dp_attn_vs_tp/run.py").bench      # (not a bare `run`: calibrate's may be loaded)
     plan = OmegaConf.to_container(OmegaConf.load(ROOT / "experiments/dp_attn_vs_tp/config.yaml"))
     base = plan["overrides"] + (plan["tiny"]["overrides"] if quick else []) + plan["sizings"]["kv_budget"]
     cases = []

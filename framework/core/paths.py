@@ -1,7 +1,10 @@
-"""Where the checkout is, and which commit its code is (so every results file says what produced it)."""
+"""Where the checkout is, which commit its code is (so every results file says what produced it), and its scripts as
+modules."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -20,3 +23,22 @@ def git_sha() -> str:
         return sha + ("+dirty" if changed else "") or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def load_script(path: str | Path, *, fresh: bool = False):
+    """A script of the checkout (a path from its root, or absolute: experiments/ is no package, each script a file to
+    run) as the module <folder>_<stem>, without running its main; once per process unless ``fresh``. It is in
+    sys.modules before it runs (a dataclass in it looks its module up there). A bare `import run` would take whichever
+    folder's run.py the process imported first."""
+    path = REPO_ROOT / path
+    name = f"{path.parent.name}_{path.stem}"
+    if not fresh and name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]        # no half-run module for the next caller to find
+        raise
+    return module
