@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from framework.config import compose  # noqa: E402
+from framework.core.paths import load_script  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
@@ -54,7 +55,8 @@ def _engine(seed: int = 0):
 def _sibling(seed: int = 1) -> None:
     """Keep an engine busy until stopped: random prompts, prefilled then decoded, two at a time."""
     import torch
-    from run import _serve, _text                              # experiments/calibrate/run.py
+    calibrate = load_script(HERE / "run.py")         # (by path: a bare `run` may be another folder's run.py)
+    _serve, _text = calibrate._serve, calibrate._text
     torch.set_num_threads(1)
     handle, face = _engine(seed=seed)
     rng = random.Random(seed)
@@ -86,7 +88,11 @@ def _stop(siblings: list[subprocess.Popen]) -> None:
     for sibling in siblings:
         sibling.terminate()
     for sibling in siblings:
-        sibling.wait(timeout=30)
+        try:
+            sibling.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sibling.kill()
+            sibling.wait()
 
 
 def _step_cpu(handle, kind: str, serve) -> float:
@@ -108,7 +114,9 @@ def measure(rounds: int = 2, repeats: int = 3, siblings: int = 1, clock: str = "
     if clock not in CLOCKS:
         raise ValueError(f"clock={clock!r} is not one of {CLOCKS}")
     import torch
-    from run import DECODE_TOKENS, _decode, _prefill, _serve, _text      # experiments/calibrate/run.py
+    calibrate = load_script(HERE / "run.py")         # (by path: a bare `run` may be another folder's run.py)
+    DECODE_TOKENS, _decode, _prefill = calibrate.DECODE_TOKENS, calibrate._decode, calibrate._prefill
+    _serve, _text = calibrate._serve, calibrate._text
     torch.set_num_threads(1)
     handle, face = _engine()
     rng = random.Random(0)
@@ -167,8 +175,8 @@ def main() -> None:
     t0 = time.perf_counter()
     out = measure(args.rounds, args.repeats, args.siblings, args.clock)
     print(json.dumps({k: v for k, v in out.items() if k != "points"}))
-    print(f"engine contention beside {args.siblings} busy engine(s), {args.clock} clock: extend {out['extend']:.3f}, decode "
-          f"{out['decode']:.3f} ({time.perf_counter() - t0:.0f} s)")
+    print(f"engine contention beside {args.siblings} busy engine(s), {args.clock} clock: "
+          f"extend {out['extend']:.3f}, decode {out['decode']:.3f} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

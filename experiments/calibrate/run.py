@@ -363,8 +363,10 @@ def main() -> None:
     serving = old.get("serving")
     if args.normalize == "pinned":        # what is kept was expressed at the old reference: move it to the new one
         serving = rebase(profiles, kept, serving, (old.get("host_probe") or {}), reference)
-    elif serving and args.normalize == "engine":
-        print("WARNING: the serving measurement is kept as measured (serving.py reads host_probe only)", flush=True)
+    elif serving:             # measured at another hour (and maybe at the old pinned reference): not this profile's
+        print(f"WARNING: the serving measurement in {args.out} was taken with the earlier profile: dropped; "
+              f"re-measure it with experiments/calibrate/serving.py --out {args.out}", flush=True)
+        serving = None
     host = stamp(before, probe(), reference, args.normalize)
     if args.engine_probe:     # the engine's speed over the profile: the points' mean, their reference under engine
         host["engine_s"] = normalize(profiles, keys, apply=args.normalize == "engine", by="engine_s")

@@ -202,14 +202,15 @@ def scale_reference(stamp: dict | None, host_scale: str) -> tuple[float | None, 
     stamp = stamp or {}
     if host_scale == "pinned":
         reference = reference_pinned_s(stamp)
-        fix = "re-profile with experiments/calibrate/run.py, or make its twin with experiments/calibrate/renormalize.py"
+        fix = ("re-profile with experiments/calibrate/run.py, or make its twin with "
+               "experiments/calibrate/renormalize.py from the profile as measured (--normalize none)")
         why = "its points are not normalized to host_probe's speed (host_probe.normalized 'pinned')"
     else:
         reference = stamp.get("engine_s") if stamp.get("normalized") in ("engine", "none") else None
         fix = "re-profile with experiments/calibrate/run.py --engine-probe --normalize engine"
-        why = f"it has no engine probe's speed over points normalized to it or kept as measured (host_probe.engine_s, " \
-              f"normalized 'engine' or 'none'; this one: engine_s {stamp.get('engine_s')}, normalized " \
-              f"{stamp.get('normalized')!r})"
+        why = (f"it has no engine probe's speed over points normalized to it or kept as measured "
+               f"(host_probe.engine_s, normalized 'engine' or 'none'; this one: engine_s {stamp.get('engine_s')}, "
+               f"normalized {stamp.get('normalized')!r})")
         if reference is not None and stamp.get("normalized") == "none":
             print("WARNING: --host-scale engine on a profile kept as measured (round K's way): each config is priced "
                   "at the speed it was measured at, not the profile's mean; normalize it with "
@@ -542,7 +543,8 @@ def main() -> None:
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs), block (host_probe.Cores around each real block, with its speed), engine "
-                         "(experiments/calibrate/contention.py: per step kind), a factor, or two (decode,extend); with --resimulate, "
+                         "(experiments/calibrate/contention.py: per step kind), a factor, or two (decode,extend); "
+                         "with --resimulate, "
                          "measured, block or engine: the stored run's")
     ap.add_argument("--contention-siblings", type=int, default=1,
                     help="--contention engine: busy sibling engines beside the measured one (1: round F's; 3: the "
@@ -704,7 +706,12 @@ def resimulate_main(args) -> None:
                  f"ran with --host-scale {stored.get('host_scale')}); give --host-scale none")
     cores = stored.get("host_contention") if args.contention in ("measured", "engine") else None
     if args.contention in ("measured", "engine") and not cores:
-        sys.exit(f"--contention measured: {args.resimulate} measured none; give a factor, or none")
+        sys.exit(f"--contention {args.contention}: {args.resimulate} measured none; give a factor, or none")
+    if args.contention == "engine" and (cores.get("siblings", 1), cores.get("clock", "wall")) != \
+            (args.contention_siblings, args.contention_clock):
+        print(f"WARNING: --contention engine takes the stored run's factors, measured beside "
+              f"{cores.get('siblings', 1)} engine(s) on the {cores.get('clock', 'wall')} clock; "
+              f"--contention-siblings/--contention-clock do not apply to --resimulate", flush=True)
     per_block = args.contention == "block"
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
@@ -720,7 +727,7 @@ def resimulate_main(args) -> None:
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
                                  args.steal == "lockstep", args.blocks, by)
-        print(f"sim.answers={answers}, {' '.join(switches(args))} ({time.time() - t0:.0f} s)\n{text}\n"
+        print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
                                 "reference_pinned_s": reference_s if by == "host_pinned_s" else None,

@@ -35,10 +35,14 @@ def load_script(path: str | Path, *, fresh: bool = False):
     if not fresh and name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    before = sys.modules.get(name)
     module = sys.modules[name] = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]        # no half-run module for the next caller to find
+    except BaseException:            # no half-run module for the next caller to find: the one before, if any
+        if before is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = before
         raise
     return module

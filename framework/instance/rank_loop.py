@@ -213,7 +213,9 @@ class RankLoop:
             if self.rank == 0:
                 self.snapshots[0] = self.engine.server_info()
                 if self.size == 1:     # that snapshot shows this step's adds: a request added and finished in the
-                    self.sent_adds = False     # one step (one token) drains the instance with fresh stats too
+                    self.sent_adds = False     # one step (one token) drains the instance with fresh stats too (with
+                    # several ranks the others' snapshots predate the step: such a finish still waits for the periodic
+                    # report or the next drain)
                 self._flush_outbox()
         return self.engine.server_info()
 

@@ -65,12 +65,15 @@ def test_fp8_scheme_stays_near_the_unquantized_layer():
 
 def test_quantization_is_per_tensor_and_needs_no_host_read():
     x = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3
+    x[0, :3] = torch.tensor([1e-4, -3e-5, 0.0])                  # e4m3 subnormals (below 2^-6 of the scale) and zero
     q, scale = quantize_per_tensor(x)
     assert q.dtype == FP8 and scale.shape == (1,)
     assert q.float().abs().max() == QUANT_MAX                       # the largest |x| lands on e4m3's largest value
     # round to nearest: half of 2^-3 relative for e4m3's normal values (|x| / scale >= 2^-6), half of its subnormal
     # step (2^-9) below them, where a relative bound alone fails on a draw near zero
-    bound = torch.where(x.abs() >= scale * 2**-6, x.abs() * 2**-4, scale * 2**-10)
+    normal = x.abs() >= scale * 2**-6
+    assert not normal[0, :3].any()                                # the subnormal branch is checked too
+    bound = torch.where(normal, x.abs() * 2**-4, scale * 2**-10)
     assert ((q.float() * scale - x).abs() <= bound * (1 + 1e-6)).all()
     meta_q, meta_scale = quantize_per_tensor(torch.empty(5, 40, device="meta"))   # data-dependent ops would fail
     assert meta_q.shape == (5, 40) and meta_scale.shape == (1,)

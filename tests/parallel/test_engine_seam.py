@@ -87,7 +87,7 @@ def test_a_one_token_request_drains_the_instance_with_stats_that_count_its_step(
     from framework.instance.client import open_engine
     from framework.instance.rank_loop import InstanceSpec
     cfg = make_cfg("engine.kv_budget_mb=1")
-    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))   # a rank process
+    client = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, cfg.seed))   # its rank loop
     face = SyncFace(client)
     try:
         for n in range(1, 4):
