@@ -141,7 +141,7 @@ def test_a_profile_as_measured_gets_a_twin_normalized_by_the_engine_probe(calibr
         renormalize.engine_twin(no_probe)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_contention_on_the_cpu_clock_reads_each_steps_thread_cpu_beside_busy_engines(calibrate_folder, monkeypatch):
     """calibrate/contention.py --clock cpu on a real engine beside two real busy sibling engines (a small grid):
     every point is a step's thread CPU (tens of ms for a 512-token extend, a few for a decode step), and the factors
