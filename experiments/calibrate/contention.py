@@ -20,6 +20,7 @@ clock holds only how much slower a step runs while it has a core.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -55,15 +56,14 @@ def _engine(seed: int = 0):
 def _sibling(seed: int = 1) -> None:
     """Keep an engine busy until stopped: random prompts, prefilled then decoded, two at a time."""
     import torch
-    calibrate = load_script(HERE / "run.py")         # (by path: a bare `run` may be another folder's run.py)
-    _serve, _text = calibrate._serve, calibrate._text
+    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
     torch.set_num_threads(1)
     handle, face = _engine(seed=seed)
     rng = random.Random(seed)
     print("ready", flush=True)
     try:
         while True:
-            _serve(face, [_text(rng, rng.choice([64, 256, 512])) for _ in range(2)], rng.choice([4, 16]))
+            c._serve(face, [c._text(rng, rng.choice([64, 256, 512])) for _ in range(2)], rng.choice([4, 16]))
     finally:
         handle.close()
         handle.terminate()
@@ -114,26 +114,25 @@ def measure(rounds: int = 2, repeats: int = 3, siblings: int = 1, clock: str = "
     if clock not in CLOCKS:
         raise ValueError(f"clock={clock!r} is not one of {CLOCKS}")
     import torch
-    calibrate = load_script(HERE / "run.py")         # (by path: a bare `run` may be another folder's run.py)
-    DECODE_TOKENS, _decode, _prefill = calibrate.DECODE_TOKENS, calibrate._decode, calibrate._prefill
-    _serve, _text = calibrate._serve, calibrate._text
+    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
+    _serve, _text = c._serve, c._text
     torch.set_num_threads(1)
     handle, face = _engine()
     rng = random.Random(0)
 
-    def extend_cpu(n: int, p: int) -> float:
-        prefix = _text(rng, p)
-        if p:
-            _serve(face, [prefix], 1)
+    def extend(n: int, p: int) -> float:
+        if clock == "wall":
+            return c._prefill(face, rng, n, p, 1)
+        prefix = c._cached_prefix(face, rng, p)
         return _step_cpu(handle, "extend", lambda: _serve(face, [prefix + _text(rng, n)], 1))
 
-    def decode_cpu(b: int, c: int) -> float:
-        return _step_cpu(handle, "decode", lambda: _serve(face, [_text(rng, c) for _ in range(b)], DECODE_TOKENS))
+    def decode(b: int, n: int) -> float:
+        if clock == "wall":
+            return c._decode(face, rng, b, n)
+        return _step_cpu(handle, "decode", lambda: _serve(face, [_text(rng, n) for _ in range(b)], c.DECODE_TOKENS))
 
-    extend, decode = (_prefill, _decode) if clock == "wall" else \
-        (lambda face, rng, n, p, dp: extend_cpu(n, p), lambda face, rng, b, c: decode_cpu(b, c))
-    points = [("extend", (n, p), lambda n=n, p=p: extend(face, rng, n, p, 1)) for n, p in PREFILL] + \
-             [("decode", (b, c), lambda b=b, c=c: decode(face, rng, b, c)) for b, c in DECODE]
+    points = [("extend", (n, p), functools.partial(extend, n, p)) for n, p in PREFILL] + \
+             [("decode", (b, n), functools.partial(decode, b, n)) for b, n in DECODE]
     times = {(kind, p, side): [] for kind, p, _ in points for side in ("alone", "beside")}
     try:
         _serve(face, [_text(rng, 64)], 4)                          # warm-up

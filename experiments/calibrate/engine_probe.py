@@ -43,12 +43,10 @@ class EngineProbe:
         self.seed, self.handle = seed, None
 
     def __enter__(self) -> "EngineProbe":
-        calibrate = load_script(HERE / "run.py")        # (by path: a bare `run` may be another folder's run.py here)
-        _serve, _text = calibrate._serve, calibrate._text
-        self.handle, face = _engine(self.seed)
-        rng = random.Random(self.seed)
-        self._serve, self._text = (lambda prompts, n: _serve(face, prompts, n)), (lambda n: _text(rng, n))
-        self._serve([self._text(64)], 4)                                  # warm-up
+        self.calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py here)
+        self.handle, self.face = _engine(self.seed)
+        self.rng = random.Random(self.seed)
+        self.calibrate._serve(self.face, [self.calibrate._text(self.rng, 64)], 4)          # warm-up
         return self
 
     def __exit__(self, *exc) -> None:
@@ -61,14 +59,13 @@ class EngineProbe:
 
     def measure(self) -> float:
         """The engine thread's CPU seconds in the mix's steps (its stats come fresh with the finish that drains it)."""
+        c, face, rng = self.calibrate, self.face, self.rng
         before = self._cpu()
         for new, cached in EXTENDS:
-            prefix = self._text(cached)
-            if cached:
-                self._serve([prefix], 1)
-            self._serve([prefix + self._text(new)], 1)     # (a cached prefix is served first: part of the mix)
+            prefix = c._cached_prefix(face, rng, cached)   # (served first, when cached: part of the mix)
+            c._serve(face, [prefix + c._text(rng, new)], 1)
         n, length, tokens = DECODE
-        self._serve([self._text(length) for _ in range(n)], tokens)
+        c._serve(face, [c._text(rng, length) for _ in range(n)], tokens)
         after = self._cpu()
         if not after > before:
             raise RuntimeError("engine probe: the engine's step CPU did not move over the mix (its stats not fresh?)")

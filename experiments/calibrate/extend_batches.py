@@ -20,19 +20,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))
 
-from run import CONFIGS, _serve, _text  # noqa: E402
 from framework.config import compose  # noqa: E402
 from framework.contracts.cost import BatchShape, Step  # noqa: E402
 from framework.core.host_probe import pinned  # noqa: E402
-from framework.core.paths import git_sha  # noqa: E402
+from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.core.registry import COST  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.runs.sim import cost_instance  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s  # noqa: E402
+
+_calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
+CONFIGS, _serve, _text = _calibrate.CONFIGS, _calibrate._serve, _calibrate._text
 
 SHAPES = [(1, 512, 0), (2, 256, 0), (4, 128, 0), (8, 64, 0), (4, 64, 0), (2, 64, 0),     # (requests, new, prefix)
           (1, 104, 512), (2, 104, 512), (4, 104, 512), (4, 104, 256), (2, 256, 256)]   # each one step (<= 512 new)

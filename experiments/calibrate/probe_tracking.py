@@ -27,16 +27,17 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))              # (before the checkout's root: its own run.py is another script)
+sys.path.insert(0, str(HERE))              # (engine_probe, a sibling)
 
-import run as calibrate  # noqa: E402  (experiments/calibrate/run.py)
 from engine_probe import EngineProbe  # noqa: E402
 from framework.config import compose  # noqa: E402
 from framework.core.host_probe import probe  # noqa: E402
-from framework.core.paths import git_sha  # noqa: E402
+from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.instance.client import open_engine  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
 from framework.instance.rank_loop import InstanceSpec  # noqa: E402
+
+calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
 
 SERIES = ("host_probe", "engine_probe", "extend_512", "extend_512_on_16", "decode_8x256")
 

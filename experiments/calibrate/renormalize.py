@@ -20,9 +20,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))              # (before the checkout's root: its own run.py is another script)
 
-import run as calibrate  # noqa: E402  (experiments/calibrate/run.py)
+from framework.core.paths import load_script  # noqa: E402
+
+calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
 
 
 def pinned_twin(data: dict) -> dict:

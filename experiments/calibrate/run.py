@@ -263,10 +263,17 @@ def normalize(profiles: dict, names: list[str], apply: bool = True, by: str = "p
     return ref
 
 
-def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:
+def _cached_prefix(face: SyncFace, rng: random.Random, p: int, dp: int = 1) -> list[int]:
+    """A fresh prompt of ``p`` tokens, served first so that it is cached on every DP group (wherever the dispatcher
+    sends the request that extends it)."""
     prefix = _text(rng, p)
-    for _ in range(dp if p else 0):          # now cached on every DP group, wherever the dispatcher sends the next
+    for _ in range(dp if p else 0):
         _serve(face, [prefix], 1)
+    return prefix
+
+
+def _prefill(face: SyncFace, rng: random.Random, n: int, p: int, dp: int) -> float:
+    prefix = _cached_prefix(face, rng, p, dp)
     (times,) = _serve(face, [prefix + _text(rng, n)], 1)
     return times[1] - times[0]
 

@@ -212,10 +212,6 @@ class RankLoop:
                 self.pending += self.kv.poll()        # a decode DP group's allocations, for rank 0
             if self.rank == 0:
                 self.snapshots[0] = self.engine.server_info()
-                if self.size == 1:     # that snapshot shows this step's adds: a request added and finished in the
-                    self.sent_adds = False     # one step (one token) drains the instance with fresh stats too (with
-                    # several ranks the others' snapshots predate the step: such a finish still waits for the periodic
-                    # report or the next drain)
                 self._flush_outbox()
         return self.engine.server_info()
 
@@ -283,7 +279,9 @@ class RankLoop:
                         self.kv.allocated_elsewhere(event)
                     self.pending = [e for e in self.pending if not isinstance(e, KVAllocated)]
         self.sent_cmds = bool(cmds)
-        self.sent_adds = any(isinstance(c, Add) for c in cmds)
+        # adds the gathered snapshots predate; one rank has none: its own snapshot is taken after each step, so a
+        # request added and finished in one step (one token) drains the instance with fresh stats too
+        self.sent_adds = self.size > 1 and any(isinstance(c, Add) for c in cmds)
         return cmds
 
     def _apply(self, cmds: list) -> bool:

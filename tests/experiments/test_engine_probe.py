@@ -10,7 +10,7 @@ from framework.core.host_probe import Cores
 from script_loader import ROOT, load_script
 
 
-BY_BARE_NAME = ("run", "engine_probe", "contention")      # experiments/calibrate's scripts import one another so
+BY_BARE_NAME = ("engine_probe", "contention")      # experiments/calibrate's scripts import these siblings so
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_tracking_says_which_probe_follows_the_engine(calibrate_folder):
 
 def test_a_profile_as_measured_gets_a_twin_normalized_by_host_probe(calibrate_folder):
     renormalize = load_script("experiments/calibrate/renormalize.py")
-    calibrate = sys.modules["run"]                      # experiments/calibrate/run.py, as renormalize imports it
+    calibrate = renormalize.calibrate                   # experiments/calibrate/run.py, as renormalize loads it
     prefill = {**calibrate._points([[[1.0, 2.0]] * 4], [{"pinned_s": 0.010}] * 4), "order": "interleaved"}
     decode = calibrate._points([[[4.0, 4.0]] * 4], [{"pinned_s": 0.030}] * 4)
     data = {"profiled_now": ["single"], "host_probe": {"pinned_s": 0.020, "normalized": "none", "engine_s": 0.8},
@@ -118,7 +118,7 @@ def test_a_profile_as_measured_gets_a_twin_normalized_by_the_engine_probe(calibr
     """Round K scaled a profile as measured to its mean engine reading, where each config had been measured at its
     own: the engine twin puts every point at that mean, by the readings before it, as host_probe's twin does."""
     renormalize = load_script("experiments/calibrate/renormalize.py")
-    calibrate = sys.modules["run"]
+    calibrate = renormalize.calibrate
     fast = {"pinned_s": 0.010, "engine_s": 0.6}               # the one config's prefill points: a fast quarter hour
     slow = {"pinned_s": 0.010, "engine_s": 1.0}
     prefill = {**calibrate._points([[[1.0, 1.0]] * 4], [fast] * 4), "order": "interleaved"}
