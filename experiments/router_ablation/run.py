@@ -12,6 +12,7 @@ divided by the requests.
 
     python experiments/router_ablation/run.py            # ~3-4 minutes on the shared 2-core CPU
     python experiments/router_ablation/run.py --quick    # a smoke run at tiny size (tests use it)
+    python experiments/router_ablation/run.py --overrides workload.seed=1   # the same workloads, another draw
 
 Prints one table and writes results.json beside this file (or to --out).
 """
@@ -57,7 +58,9 @@ DEFAULT_WORKLOADS = ("shared_prefix", "multi_turn")
 COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled", "seed=0",
           "workload.sample_interval_s=0"]    # no /metrics scrapes: they would count in the router's CPU
 QUICK = ["cluster.instances=2", "workload.max_concurrency=1", "workload.system_prompt_len=64", "engine.kv_budget_mb=1"]
-QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"]}   # else: 8 requests
+# else: 8 requests; multi_turn's at 3 turns, so that any draw's last prompt fits the quick KV budget (819 tokens)
+QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"],
+              "multi_turn": ["workload.num_requests=8", "workload.turns=3"]}
 
 
 def main() -> None:
@@ -70,9 +73,12 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell; the table shows medians")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--overrides", nargs="+", default=[],
+                    help="Hydra overrides after the common ones, for every workload (workload.seed=1: another draw "
+                         "of the same workloads, as experiments/sim_fidelity's level blocks run them)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else [])
+    extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else []) + args.overrides
     size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) for w in args.workloads}
     cfgs = {w: compose(WORKLOADS[w] + extra + size[w]) for w in args.workloads}
     routers = {}

@@ -56,6 +56,13 @@ AMD EPYC VM host_probe's work correlated 0.09 with the engine's speed in the sec
 (`calibrate/run.py --normalize engine`, the round of protocol_engine_level.md); round K's was kept as measured.
 `--contention engine --contention-siblings 3 --contention-clock cpu` measures the engines' slowing per step kind in the
 HTTP cells' shape (4 engines on 2 cores) on their threads' CPU clock, the cores' sharing left to the simulator.
+`--host-scale level` (the round of protocol_level.md) reads each cell's level in its own shape and hour: before each
+repeat's judged runs, a level block runs the same cells on the same workers with another draw of their workloads
+(`workload.seed` 1000 + the repeat; the judged runs draw seed 0), and each judged cell is simulated at the level read
+from its own (``read_level``): for a one-rank instance, per step kind, its engines' step CPU over the simulated price
+(`sim.cost.host_scale_extend`, `sim.cost.host_scale`); for an instance of several ranks, whose waits on collectives
+the CPU clock does not count, the scale at which the block's simulation lasts as long as it did. The profile then
+gives only the shape of the costs. Not with a contention factor: the CPU clock holds the cores' contention.
 `--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
 cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
@@ -196,7 +203,7 @@ def scale_reference(stamp: dict | None, host_scale: str) -> tuple[float | None, 
     speed it was measured at, which was not the mean; a host_probe-normalized profile would be rescaled twice). Exits,
     saying why, when the profile has no such reference."""
     by = "host_engine_s" if host_scale == "engine" else "host_pinned_s"
-    if host_scale == "none":
+    if host_scale in ("none", "level"):                 # (level: each cell's own, read_level)
         return None, by
     from plugins.cost.calibrated import reference_pinned_s
     stamp = stamp or {}
@@ -231,15 +238,17 @@ def block_load(record: dict, lockstep: bool) -> tuple[float, float | None]:
 
 
 def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
-               host: tuple[float, float | None, float | None] = (1.0, None, None)):
+               host: tuple[float, float | None, float | None] = (1.0, None, None), level: dict | None = None):
     """The simulated run of a real one: its overrides, mode=sim's, the other work during it (``block_load``; the
     in-process TP/DP driver has no network or router) and the host then (``block_host``: its scale, its contention
-    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then)."""
+    with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then), or
+    with --host-scale level its cell's level by step kind (``read_level``), which replaces the scale."""
     background, steal = load
-    host_scale, contention, collective = host
+    host_scale, contention, collective = host if level is None else (level["decode"], *host[1:])
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
+    block += [] if level is None else [f"sim.cost.host_scale_extend={level['extend']:.4f}"]
     block += [] if collective is None else [f"sim.cost.collective_s={collective:.6f}"]
     block += [] if steal is None else [f"sim.host_steal={steal:.3f}"]
     return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
@@ -252,39 +261,116 @@ def _host(background: "Background", speed: HostSpeed) -> dict:
             **speed.record()}
 
 
-def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False) -> list[dict]:
-    """Real runs by experiments/router_ablation, then each simulated."""
+LEVEL_SEED = 1000      # --host-scale level: repeat k's level block draws workload.seed LEVEL_SEED + k (judged: seed 0)
+LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s")     # what read_level takes from a level block's real run
+MIN_LEVEL = 0.05       # read_level's floor (said when reached)
+
+
+def read_level(study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
+               real: dict) -> dict:
+    """--host-scale level: a cell's level by step kind, read from its level block (the same cell at another seed, run
+    just before the judged one: the host's speed in the cell's own shape and hour, from a run that is not judged),
+    against the block's simulation at the profile's own level. A one-rank instance: the engines' step CPU over the
+    simulated price, per kind (a one-rank profile's points were timed alone, where wall and CPU agree; the CPU clock
+    leaves the cores' sharing to the simulator and holds the cores' contention, so none is simulated on top). An
+    instance of several ranks waits at every step on collectives that its ranks' CPU clock does not count: one scale
+    for both kinds, the one at which the block's simulation lasts as long as the real run did (its duration taken as
+    linear in the scale, between simulations at 1 and 2)."""
+    cfg = sim_config(study, overrides, sim_args, load)
+    at_one, _ = simulate(cfg)
+    if cfg.parallel.size == 1:
+        return {"by": "step_cpu", **{kind: real[key] / at_one[key] if at_one[key] > 0 else 1.0
+                                     for kind, key in (("extend", "extend_cpu_s"), ("decode", "decode_cpu_s"))}}
+    at_two, _ = simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))
+    slope = at_two["duration_s"] - at_one["duration_s"]
+    if not slope > 0:
+        raise ValueError(f"--host-scale level: {study} {overrides}: the simulated duration does not grow with the "
+                         f"host's scale ({at_one['duration_s']:.2f} s at 1, {at_two['duration_s']:.2f} s at 2)")
+    scale = 1.0 + (real["duration_s"] - at_one["duration_s"]) / slope
+    if scale < MIN_LEVEL:        # the real run was shorter than the simulation's unscaled part (its waits) alone
+        print(f"WARNING: --host-scale level: {study} {overrides[-2:]}: the real run took {real['duration_s']:.2f} s, "
+              f"less than its simulation's waits alone ({at_one['duration_s'] - slope:.2f} s); level {MIN_LEVEL}",
+              flush=True)
+    return {"by": "duration", "extend": max(scale, MIN_LEVEL), "decode": max(scale, MIN_LEVEL)}
+
+
+def level_block(study: str, overrides: list[str], real: dict, measured: dict) -> dict:
+    """What a case keeps of its level block: enough for read_level, here and in --resimulate."""
+    return {"overrides": overrides, "real": {k: real.get(k) for k in LEVEL_KEEP},
+            "host_background": measured["host_background"], "host_steal": measured["host_steal"]}
+
+
+def with_level(block: dict | None, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
+    """A case's level from its level block (None: none, --host-scale other than level)."""
+    if block is None:
+        return None
+    return read_level(study, block["overrides"], sim_args, block_load(block, lockstep), block["real"])
+
+
+def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
+                                                                                    HostSpeed]:
+    """One run of experiments/router_ablation: its trials as (case, overrides, figures), the host during it, its
+    speed."""
     cmd = [sys.executable, str(ROOT / "experiments/router_ablation/run.py"), "--impls", "servelab", "--policies",
-           *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else [])
+           *POLICIES, "--out", str(out / "router_ablation")] + (["--quick"] if quick else []) \
+        + (["--overrides", *extra] if extra else [])
     with host() as speed, Background() as background:
         subprocess.run(cmd, check=True, cwd=ROOT)
     real = json.loads((out / "router_ablation" / "results.json").read_text())
-    measured = _host(background, speed)
+    trials = [(f"{t['workload']}/{t['router']}", real["overrides"][t["workload"]] + [f"router={t['router']}"], t)
+              for t in real["trials"]]
+    return trials, _host(background, speed), speed
+
+
+def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
+                 level_seed: int | None = None) -> list[dict]:
+    """Real runs by experiments/router_ablation, then each simulated; with ``level_seed`` (--host-scale level), a
+    level block first: the same cells at that seed, each cell simulated at the level read from its own."""
+    blocks = {}
+    if level_seed is not None:
+        trials, measured, _ = _router_block(quick, out / "level", HostSpeed, [f"workload.seed={level_seed}"])
+        blocks = {case: level_block("router_ablation", overrides, real, measured) for case, overrides, real in trials}
+    trials, measured, speed = _router_block(quick, out, host)
     cases = []
-    for trial in real["trials"]:
-        overrides = real["overrides"][trial["workload"]] + [f"router={trial['router']}"]
+    for case, overrides, trial in trials:
+        level = with_level(blocks.get(case), "router_ablation", sim_args, lockstep)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
-                                     speed.simulated()))
-        cases.append({"case": f"{trial['workload']}/{trial['router']}", "study": "router_ablation",
-                      "overrides": overrides, "real": trial, "sim": sim, **measured})
+                                     speed.simulated(), level))
+        cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
+                      **measured, **_level_record(blocks.get(case), level)})
     return cases
 
 
-def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False) -> list[dict]:
-    """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated."""
+def _level_record(block: dict | None, level: dict | None) -> dict:
+    """A case's record of its level (nothing without one): the block and the level read from it; the scale it was
+    simulated with is the decode level."""
+    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": level["decode"]}
+
+
+def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
+                 level_seed: int | None = None) -> list[dict]:
+    """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated; with
+    ``level_seed``, each scheme's level block first (router_cases)."""
     bench = load_script("experiments/dp_attn_vs_tp/run.py").bench      # (not a bare `run`: calibrate's may be loaded)
     plan = OmegaConf.to_container(OmegaConf.load(ROOT / "experiments/dp_attn_vs_tp/config.yaml"))
     base = plan["overrides"] + (plan["tiny"]["overrides"] if quick else []) + plan["sizings"]["kv_budget"]
     cases = []
     for scheme in SCHEMES:
         overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
+        block = level = None
+        if level_seed is not None:
+            seeded = overrides + [f"workload.seed={level_seed}"]
+            with contextlib.redirect_stdout(io.StringIO()), HostSpeed() as speed, Background() as background:
+                real = bench(seeded, out / "level" / "dp_attn_vs_tp" / scheme)
+            block = level_block("dp_attn_vs_tp", seeded, real, _host(background, speed))
+            level = with_level(block, "dp_attn_vs_tp", sim_args, lockstep)
         with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
             real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
         measured = _host(background, speed)
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
-                                     speed.simulated()))
+                                     speed.simulated(), level))
         cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **measured})
+                      "sim": sim, **measured, **_level_record(block, level)})
     return cases
 
 
@@ -371,6 +457,7 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
                     "real_spread": real, "sim_spread": sim, "inside_real_range": inside, "real_below_sim": below,
                     "host_background": statistics.median(bg), "host_background_range": [min(bg), max(bg)],
                     "host_steal": None if None in steal else statistics.median(steal), "host_scales": scales,
+                    "host_levels": [r.get("host_level") for r in runs],
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
     return out
 
@@ -425,6 +512,23 @@ def chance_line(cells: list[dict]) -> str:
             f"below the simulated median (throughput/TTFT p50/hit rate): {ranks}")
 
 
+def level_table(cells: list[dict]) -> str:
+    """--host-scale level: each cell's levels over the repeats (its level blocks' reading: medians [min-max]), by
+    step kind, and how they were read (read_level). Empty without levels."""
+    rows = []
+    for c in cells:
+        levels = [x for x in c.get("host_levels") or [] if x]
+        if not levels:
+            continue
+        fmt = {k: spread([x[k] for x in levels]) for k in ("extend", "decode")}
+        rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
+            f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " |")
+    if not rows:
+        return ""
+    return "\n".join(["| cell | level read by | extend level median [min-max] | decode level |", "|---|---|---:|---:|",
+                      *rows])
+
+
 def work_table(cells: list[dict]) -> str:
     """Where the time goes, real against simulated (medians over the repeats): the engines' step CPU by kind against
     the prices of the simulated steps of that kind, and the HTTP workers' CPU outside their steps per request (the
@@ -472,12 +576,13 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
-               by: str = "host_pinned_s") -> tuple[list[dict], str]:
+               by: str = "host_pinned_s", level: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
     ``per_block`` / ``collectives``: the contention / collective latency measured around each block; ``blocks``: the
-    table also lists every block's throughput, real and simulated, beside its steal."""
+    table also lists every block's throughput, real and simulated, beside its steal; ``level`` (--host-scale level):
+    each case at the level read again from its stored level block with `sim_args`."""
     meta = {c["case"]: c for c in stored["cases"]}
     repeats = []
     for rep in stored["runs"]:
@@ -485,10 +590,12 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host))
+            own = with_level(run.get("level_block") if level else None, c["study"], sim_args, lockstep)
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
-                          "host_steal": run.get("host_steal"), "host_scale": host[0]})
+                          "host_steal": run.get("host_steal"), "host_scale": own["decode"] if own else host[0],
+                          "host_level": own})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -536,10 +643,11 @@ def main() -> None:
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
                     help="sim.host_sharing: how busy processes share the cores (framework/sim/cluster.py)")
-    ap.add_argument("--host-scale", choices=["none", "pinned", "engine"], default="none",
+    ap.add_argument("--host-scale", choices=["none", "pinned", "engine", "level"], default="none",
                     help="sim.cost.host_scale: 1, or the host's speed around each real block over the profile's: "
                          "host_probe's (pinned) or the engine's own steps' (engine: experiments/calibrate/"
-                         "engine_probe, a profile taken with --engine-probe)")
+                         "engine_probe, a profile taken with --engine-probe); or each cell's level by step kind, read "
+                         "from a level block run just before it: the same cell at another seed (level: read_level)")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs), block (host_probe.Cores around each real block, with its speed), engine "
@@ -585,7 +693,12 @@ def main() -> None:
     per_block = args.contention == "block"
     # (--host-scale engine: host_probe's readings are taken around each block all the same, for --resimulate
     # --host-scale pinned on the same runs)
-    measured = args.host_scale != "none" or args.contention in ("measured", "block") or args.collectives == "block"
+    measured = args.host_scale not in ("none", "level") or args.contention in ("measured", "block") \
+        or args.collectives == "block"
+    level = args.host_scale == "level"
+    if level and args.contention != "none":
+        sys.exit(f"--host-scale level with --contention {args.contention}: a level read on the engines' CPU clock "
+                 f"holds their cores' contention already; give --contention none")
     if args.host_scale == "engine":
         sys.path.insert(0, str(ROOT / "experiments" / "calibrate"))
         from engine_probe import EngineProbe                       # experiments/calibrate/engine_probe.py
@@ -606,11 +719,11 @@ def main() -> None:
         lockstep = args.steal == "lockstep"
         repeats = []
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
-            work = args.work / f"repeat{k}"
-            cases = (router_cases(args.quick, work, sim_args, around, lockstep)
+            work, seed = args.work / f"repeat{k}", LEVEL_SEED + k if level else None
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seed)
                      if "router_ablation" in args.studies else []) \
-                + (scheme_cases(args.quick, work, sim_args, around, lockstep) if "dp_attn_vs_tp" in args.studies
-                   else [])
+                + (scheme_cases(args.quick, work, sim_args, around, lockstep, seed)
+                   if "dp_attn_vs_tp" in args.studies else [])
             print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
             repeats.append(cases)
         load["after"] = os.getloadavg()
@@ -622,6 +735,7 @@ def main() -> None:
     print(table(cells))
     print(range_table(cells, load))
     print(work_table(cells))
+    print(level_table(cells))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, args.out / "sim_vs_real.png")
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
@@ -632,18 +746,19 @@ def main() -> None:
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
                                         "inside_real_range", "real_below_sim", "errors", "host_background",
                                         "host_background_range", "host_steal",
-                                        "host_scales", "real", "sim")} for c in cells],
+                                        "host_scales", "host_levels", "real", "sim")} for c in cells],
            "host_scale": args.host_scale,
            "steal": args.steal,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
                       "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
                       "host_collective_s": c["host_collective_s"], "host_engine_s": c["host_engine_s"],
+                      "host_level": c.get("host_level"), "level_block": c.get("level_block"),
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n\n" + work_table(cells)
-                                       + "\n")
+                                       + "\n\n" + level_table(cells) + "\n")
     print(f"results: {args.out / 'results.json'}  table: {args.out / 'table.md'}  plot: {args.out / 'sim_vs_real.png'}"
           f"  ({out['wall_s']:.0f} s)")
 
@@ -713,6 +828,12 @@ def resimulate_main(args) -> None:
               f"{cores.get('siblings', 1)} engine(s) on the {cores.get('clock', 'wall')} clock; "
               f"--contention-siblings/--contention-clock do not apply to --resimulate", flush=True)
     per_block = args.contention == "block"
+    if args.host_scale == "level" and any(not r.get("level_block") for rep in stored["runs"] for r in rep):
+        sys.exit(f"--host-scale level: {args.resimulate} ran no level blocks (it ran with --host-scale "
+                 f"{stored.get('host_scale')}); give --host-scale none")
+    if args.host_scale == "level" and args.contention != "none":
+        sys.exit(f"--host-scale level with --contention {args.contention}: the level holds the cores' contention "
+                 f"already; give --contention none")
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
@@ -726,15 +847,16 @@ def resimulate_main(args) -> None:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
-                                 args.steal == "lockstep", args.blocks, by)
+                                 args.steal == "lockstep", args.blocks, by, args.host_scale == "level")
         print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
-              f"{work_table(cells)}\n", flush=True)
+              f"{work_table(cells)}\n{level_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
                                 "reference_pinned_s": reference_s if by == "host_pinned_s" else None,
                                 "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
-                                                              "errors", "host_scales")} for c in cells]}
+                                                              "errors", "host_scales", "host_levels")}
+                                          for c in cells]}
     if args.resim_out is None:     # named by the run and the switches, so one re-simulation never overwrites another's
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)
         name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]

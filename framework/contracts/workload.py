@@ -75,6 +75,8 @@ class WorkloadConfig:
     model: str = ""                    # OpenAI "model" field; "" = the first id of the server's GET /v1/models
     slo: SloConfig = field(default_factory=SloConfig)
     sample_interval_s: float = 0.25    # how often the HTTP client samples the router's per-worker load; 0 = never
+    seed: int | None = None            # the draw of prompts, lengths and arrivals; None = the run's seed (the weights
+                                       # and sampling keep the run's: another draw of the same workload on one model)
 
 
 def check_arrivals(cfg: WorkloadConfig) -> None:
@@ -92,6 +94,7 @@ class Workload:
     sized_by: tuple[str, ...] = ()   # the Config fields that set how many requests it makes (num_requests caps them)
 
     def __init__(self, cfg: WorkloadConfig, seed: int):
+        seed = seed if getattr(cfg, "seed", None) is None else cfg.seed      # workload.seed: its own draw
         self.cfg, self.seed = cfg, seed
         self.rng = random.Random(seed)
 

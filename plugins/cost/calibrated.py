@@ -43,7 +43,9 @@ arrival and a token's to the step that samples it); ``none`` (the default).
 alike: the host's slowness now against its profiling, as framework/core/host_probe measures it (a fixed piece of work
 shaped like the engine's steps, on each core in turn: ``pinned``, or ``Cores`` since 2e3a2ac), for a host whose speed
 moves between the profile and the run (experiments/sim_fidelity ``--host-scale pinned`` sets it from that probe around
-each real block, never from the run).
+each real block, never from the run). ``host_scale_extend`` (None: ``host_scale``) scales the steps that extend apart,
+``host_scale`` then the decode steps and the serving: the engines' own levels by step kind, as sim_fidelity
+``--host-scale level`` reads them from a run before the judged one.
 
 A profile of several ranks measured since 2e3a2ac splits each step (experiments/calibrate): the ranks' waits on their
 collectives (the profile's `collectives_per_step` by the step's kind, extend or decode, each at `collective_s`,
@@ -85,6 +87,7 @@ class CalibratedConfig(CostConfig):
     point: str = "fastest"            # each measured point's fastest repeat | its median (experiments/calibrate)
     serving: str = "none"             # an HTTP worker's CPU per request outside its steps: none | measured (the profile's)
     host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
+    host_scale_extend: float | None = None   # a step that extends x this instead (None: host_scale; module doc)
     collective_s: float | None = None  # one collective's seconds on the host; None: the profile's (module doc)
     prefix_regime: str = "smooth"     # an extend's price: smooth (one grid) | absorbed (by the engine's form: module doc)
 
@@ -237,8 +240,9 @@ class CalibratedCost(CostModel):
             raise ValueError(f"sim.cost.point={cfg.point}: the profile {cfg.path} holds only each point's fastest "
                              f"repeat (profiled before medians were kept); re-profile with "
                              f"experiments/calibrate/run.py, or use sim.cost.point=fastest")
-        if not cfg.host_scale > 0:
-            raise ValueError(f"sim.cost.host_scale={cfg.host_scale} must be > 0 (the host's probe now / at profiling)")
+        for name, value in (("host_scale", cfg.host_scale), ("host_scale_extend", cfg.host_scale_extend)):
+            if value is not None and not value > 0:
+                raise ValueError(f"sim.cost.{name}={value} must be > 0 (the host's speed now / at profiling)")
         if cfg.collective_s is not None and not cfg.collective_s > 0:
             raise ValueError(f"sim.cost.collective_s={cfg.collective_s} must be > 0 (one collective's seconds), or "
                              f"null for the profile's own")
@@ -246,7 +250,8 @@ class CalibratedCost(CostModel):
         counts = prof.get("collectives_per_step", {})          # a step's waits on collectives, by kind
         self._wait_extend, self._wait = counts.get("prefill", 0) * collective, counts.get("decode", 0) * collective
         scale = cfg.host_scale       # every price below follows the measured seconds: scaled here, once
-        pre_s, dec_s = ([[s * scale for s in row] for row in grid[key]] for grid in (pre, dec))
+        extend = scale if cfg.host_scale_extend is None else cfg.host_scale_extend
+        pre_s, dec_s = ([[s * x for s in row] for row in grid[key]] for grid, x in ((pre, extend), (dec, scale)))
         self.prefill = Fit(PREFILL_TERMS, pre["new"], pre["prefix"], pre_s)
         self.decode = Fit(DECODE_TERMS, dec["batch"], dec["context"], dec_s)
         self._pc, self._dc = self.prefill.coef, self.decode.coef

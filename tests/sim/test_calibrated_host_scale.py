@@ -32,10 +32,23 @@ def test_host_scale_multiplies_every_priced_second_and_one_is_the_default():
     assert min(plain.serving_host_s()) > 0
 
 
+def test_host_scale_extend_scales_the_steps_that_extend_and_host_scale_the_rest():
+    plain, apart = _cost(), _cost(host_scale=1.2, host_scale_extend=0.7)
+    assert COST.get("calibrated").Config().host_scale_extend is None          # default: host_scale for both
+    extend = Step(batches=(BatchShape("extend", (300, 40), (128, 0)),))
+    decode = Step(batches=(BatchShape("decode", (1,) * 6, (200,) * 6),))
+    assert apart.step_time(extend) == pytest.approx(0.7 * plain.step_time(extend))
+    assert apart.step_time(decode) == pytest.approx(1.2 * plain.step_time(decode))
+    assert apart.decode_times((6,), (1200,), 3) == pytest.approx([1.2 * t for t in plain.decode_times((6,), (1200,), 3)])
+    assert all(s == pytest.approx(1.2 * p) for s, p in zip(apart.serving_host_s(), plain.serving_host_s()))
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0])
 def test_a_host_scale_that_is_not_positive_is_refused(bad):
     with pytest.raises(ValueError, match=r"host_scale=.*must be > 0"):
         _cost(host_scale=bad)
+    with pytest.raises(ValueError, match=r"host_scale_extend=.*must be > 0"):
+        _cost(host_scale_extend=bad)
 
 
 def test_calibration_expresses_each_point_at_the_reference_speed_of_the_host():
