@@ -35,22 +35,18 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from framework.config import compose  # noqa: E402
 from framework.core.paths import load_script  # noqa: E402
-from framework.instance.client import open_engine  # noqa: E402
-from framework.instance.handle import SyncFace  # noqa: E402
-from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 
 PREFILL = [(256, 0), (512, 256)]      # (new tokens, cached prefix)
 DECODE = [(8, 256), (16, 256)]        # (requests, prompt tokens)
 CLOCKS = ("wall", "cpu")
-OVERRIDES = ["parallel=single", "moe=reference", "engine.kv_budget_mb=64", "logger.mode=disabled"]
 
 
-def _engine(seed: int = 0):
-    cfg = compose(OVERRIDES)
-    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
-    return handle, SyncFace(handle)
+def one_rank_engine(seed: int = 0):
+    """The one-rank engine measured here (and by engine_probe.py): calibrate/run.py's, as its profile opens it."""
+    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
+    _, handle, face = c.profiled_engine(c.CONFIGS["single"], seed)
+    return handle, face
 
 
 def _sibling(seed: int = 1) -> None:
@@ -58,7 +54,7 @@ def _sibling(seed: int = 1) -> None:
     import torch
     c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
     torch.set_num_threads(1)
-    handle, face = _engine(seed=seed)
+    handle, face = one_rank_engine(seed)
     rng = random.Random(seed)
     print("ready", flush=True)
     try:
@@ -117,7 +113,7 @@ def measure(rounds: int = 2, repeats: int = 3, siblings: int = 1, clock: str = "
     c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
     _serve, _text = c._serve, c._text
     torch.set_num_threads(1)
-    handle, face = _engine()
+    handle, face = one_rank_engine()
     rng = random.Random(0)
 
     def extend(n: int, p: int) -> float:

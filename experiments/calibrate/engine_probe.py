@@ -28,7 +28,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from contention import _engine  # noqa: E402  (experiments/calibrate/contention.py: the same one-rank engine)
 from framework.core.paths import load_script  # noqa: E402
 from framework.engine.stats import STEP_CPU_KEYS  # noqa: E402
 
@@ -44,7 +43,7 @@ class EngineProbe:
 
     def __enter__(self) -> "EngineProbe":
         self.calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py here)
-        self.handle, self.face = _engine(self.seed)
+        _, self.handle, self.face = self.calibrate.profiled_engine(self.calibrate.CONFIGS["single"], self.seed)
         self.rng = random.Random(self.seed)
         self.calibrate._serve(self.face, [self.calibrate._text(self.rng, 64)], 4)          # warm-up
         return self

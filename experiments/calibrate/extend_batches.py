@@ -21,14 +21,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from framework.config import compose  # noqa: E402
 from framework.contracts.cost import BatchShape, Step  # noqa: E402
 from framework.core.host_probe import pinned  # noqa: E402
 from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.core.registry import COST  # noqa: E402
-from framework.instance.client import open_engine  # noqa: E402
-from framework.instance.handle import SyncFace  # noqa: E402
-from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 from framework.runs.sim import cost_instance  # noqa: E402
 from plugins.cost.calibrated import DEFAULT_PATH, read_calibration, reference_pinned_s  # noqa: E402
 
@@ -43,13 +39,12 @@ REPEATS = 7
 def main() -> None:
     import torch
     torch.set_num_threads(1)                       # as experiments/calibrate/run.py profiles
-    cfg = compose(CONFIGS["single"] + ["engine.kv_budget_mb=64", "logger.mode=disabled"])
+    cfg, handle, face = _calibrate.profiled_engine(CONFIGS["single"])
     inst = cost_instance(cfg)
     prices = {(b, e): COST.build("calibrated", COST.get("calibrated").Config(between=b, extend=e), inst)
               for b in ("fit", "grid") for e in ("batch", "per_request")}
     reference = reference_pinned_s(read_calibration(DEFAULT_PATH).get("host_probe"))
-    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, 0))
-    face, rng, rows = SyncFace(handle), random.Random(5), []
+    rng, rows = random.Random(5), []
     try:
         _serve(face, [_text(rng, 64)], 4)          # warm-up
         for k, n, p in SHAPES:

@@ -30,12 +30,9 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))              # (engine_probe, a sibling)
 
 from engine_probe import EngineProbe  # noqa: E402
-from framework.config import compose  # noqa: E402
 from framework.core.host_probe import probe  # noqa: E402
 from framework.core.paths import git_sha, load_script  # noqa: E402
-from framework.instance.client import open_engine  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
-from framework.instance.rank_loop import InstanceSpec  # noqa: E402
 
 calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
 
@@ -75,9 +72,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
-    cfg = compose(calibrate.CONFIGS["single"] + ["engine.kv_budget_mb=64", "logger.mode=disabled"])
-    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, 1))
-    face, rng, takes, t0 = SyncFace(handle), random.Random(1), [], time.time()
+    _, handle, face = calibrate.profiled_engine(calibrate.CONFIGS["single"], 1)
+    rng, takes, t0 = random.Random(1), [], time.time()
     try:
         calibrate._serve(face, [calibrate._text(rng, 64)], 4)             # warm-up
         with EngineProbe() as engine:

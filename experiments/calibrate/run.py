@@ -146,11 +146,18 @@ def _probed(measure, handle, cores: Cores | Readings, speeds: list[dict]):
     return out
 
 
+def profiled_engine(overrides: list[str], seed: int = 0):
+    """A real instance of ``overrides`` as the profile measures one (its largest batch fits; no logger): its config,
+    handle and a synchronous face on it. Every calibrate script opens its engine here."""
+    cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])
+    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
+    return cfg, handle, SyncFace(handle)
+
+
 def profile(overrides: list[str], grid: dict, repeats: int, cores: Cores, seed: int = 0,
             interleaved: bool = True) -> dict:
-    cfg = compose(overrides + ["engine.kv_budget_mb=64", "logger.mode=disabled"])   # the largest batch fits
-    handle = open_engine(InstanceSpec(cfg.model, cfg.engine, cfg.parallel, cfg.moe, seed))
-    face, rng = SyncFace(handle), random.Random(seed)
+    cfg, handle, face = profiled_engine(overrides, seed)
+    rng = random.Random(seed)
     try:
         _serve(face, [_text(rng, 64)], 4)                              # warm-up
         dp = PARALLELISM.get(cfg.parallel.name).dp_size(cfg.parallel)

@@ -58,7 +58,8 @@ DEFAULT_WORKLOADS = ("shared_prefix", "multi_turn")
 COMMON = ["cluster.instances=4", "engine.kv_budget_mb=6", "logger.mode=disabled", "seed=0",
           "workload.sample_interval_s=0"]    # no /metrics scrapes: they would count in the router's CPU
 QUICK = ["cluster.instances=2", "workload.max_concurrency=1", "workload.system_prompt_len=64", "engine.kv_budget_mb=1"]
-# else: 8 requests; multi_turn's at 3 turns, so that any draw's last prompt fits the quick KV budget (819 tokens)
+# else: 8 requests; multi_turn's at 3 turns, so that any draw's last prompt fits the quick KV budget (819 tokens: a
+# request may hold 817, prompt and new tokens)
 QUICK_SIZE = {"shared_prefix": ["workload.num_groups=2", "workload.prompts_per_group=4"],
               "multi_turn": ["workload.num_requests=8", "workload.turns=3"]}
 
@@ -74,17 +75,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell; the table shows medians")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--overrides", nargs="+", default=[],
-                    help="Hydra overrides after the common ones, for every workload (workload.seed=1: another draw "
-                         "of the same workloads, as experiments/sim_fidelity's level blocks run them)")
+                    help="Hydra overrides after every other, for every run (workload.seed=1: another draw of the "
+                         "same workloads, as experiments/sim_fidelity's level blocks run them)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else []) + args.overrides
-    size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) for w in args.workloads}
+    extra = COMMON + [f"router.port={args.port}"] + (QUICK if args.quick else [])
+    size = {w: (QUICK_SIZE.get(w, ["workload.num_requests=8"]) if args.quick else []) + args.overrides
+            for w in args.workloads}         # (the overrides last: they win over the quick sizes)
     cfgs = {w: compose(WORKLOADS[w] + extra + size[w]) for w in args.workloads}
     routers = {}
     for p in args.policies:
         for impl in args.impls:
-            rc = compose([f"router={p}", f"router.impl={impl}"] + extra).router
+            rc = compose([f"router={p}", f"router.impl={impl}"] + extra + args.overrides).router
             try:
                 if impl == "sglang":
                     sglang_router_args(rc, rc, ["http://w"], 1, 2)

@@ -244,7 +244,7 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
     with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then), or
     with --host-scale level its cell's level by step kind (``read_level``), which replaces the scale."""
     background, steal = load
-    host_scale, contention, collective = host if level is None else (level["decode"], *host[1:])
+    host_scale, contention, collective = leveled(host, level)
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
@@ -253,6 +253,12 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
     block += [] if steal is None else [f"sim.host_steal={steal:.3f}"]
     return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
                                                             f"sim.cost.host_scale={host_scale:.4f}"])
+
+
+def leveled(host: tuple[float, float | None, float | None], level: dict | None) -> tuple:
+    """A block's host as simulated: ``block_host``'s, its scale replaced by a level's (read_level) where there is one:
+    `sim.cost.host_scale` is the decode steps' level (and the serving's), `host_scale_extend` the extends'."""
+    return host if level is None else (level["decode"], *host[1:])
 
 
 def _host(background: "Background", speed: HostSpeed) -> dict:
@@ -266,7 +272,7 @@ LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s")     # what read_leve
 MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
-def read_level(study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
+def read_level(case: str, study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
                real: dict) -> dict:
     """--host-scale level: a cell's level by step kind, read from its level block (the same cell at another seed, run
     just before the judged one: the host's speed in the cell's own shape and hour, from a run that is not judged),
@@ -275,36 +281,53 @@ def read_level(study: str, overrides: list[str], sim_args: list[str], load: tupl
     leaves the cores' sharing to the simulator and holds the cores' contention, so none is simulated on top). An
     instance of several ranks waits at every step on collectives that its ranks' CPU clock does not count: one scale
     for both kinds, the one at which the block's simulation lasts as long as the real run did (its duration taken as
-    linear in the scale, between simulations at 1 and 2)."""
+    linear in the scale, between simulations at 1 and 2). A level below MIN_LEVEL is said and floored there."""
     cfg = sim_config(study, overrides, sim_args, load)
     at_one, _ = simulate(cfg)
     if cfg.parallel.size == 1:
-        return {"by": "step_cpu", **{kind: real[key] / at_one[key] if at_one[key] > 0 else 1.0
-                                     for kind, key in (("extend", "extend_cpu_s"), ("decode", "decode_cpu_s"))}}
+        level = {"by": "step_cpu"}
+        for kind, key in (("extend", "extend_cpu_s"), ("decode", "decode_cpu_s")):
+            if real.get(key) is None or not at_one[key] > 0:
+                raise ValueError(f"--host-scale level: {case}'s level block has no {kind} steps to read a level from "
+                                 f"(real {real.get(key)} s, priced {at_one[key]} s): a workload too small for it")
+            level[kind] = _floored(case, kind, real[key] / at_one[key], f"its engines' {kind} CPU {real[key]:.2f} s "
+                                   f"against a price of {at_one[key]:.2f} s")
+        return level
     at_two, _ = simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))
     slope = at_two["duration_s"] - at_one["duration_s"]
     if not slope > 0:
-        raise ValueError(f"--host-scale level: {study} {overrides}: the simulated duration does not grow with the "
-                         f"host's scale ({at_one['duration_s']:.2f} s at 1, {at_two['duration_s']:.2f} s at 2)")
-    scale = 1.0 + (real["duration_s"] - at_one["duration_s"]) / slope
-    if scale < MIN_LEVEL:        # the real run was shorter than the simulation's unscaled part (its waits) alone
-        print(f"WARNING: --host-scale level: {study} {overrides[-2:]}: the real run took {real['duration_s']:.2f} s, "
-              f"less than its simulation's waits alone ({at_one['duration_s'] - slope:.2f} s); level {MIN_LEVEL}",
+        raise ValueError(f"--host-scale level: {case}: the simulated duration does not grow with the host's scale "
+                         f"({at_one['duration_s']:.2f} s at 1, {at_two['duration_s']:.2f} s at 2)")
+    scale = _floored(case, "step", 1.0 + (real["duration_s"] - at_one["duration_s"]) / slope,
+                     f"the real block took {real['duration_s']:.2f} s, its simulation's unscaled waits alone "
+                     f"{at_one['duration_s'] - slope:.2f} s")
+    return {"by": "duration", "extend": scale, "decode": scale}
+
+
+def _floored(case: str, kind: str, level: float, why: str) -> float:
+    if level < MIN_LEVEL:
+        print(f"WARNING: --host-scale level: {case}'s {kind} level reads {level:.3f} ({why}); floored at {MIN_LEVEL}",
               flush=True)
-    return {"by": "duration", "extend": max(scale, MIN_LEVEL), "decode": max(scale, MIN_LEVEL)}
+    return max(level, MIN_LEVEL)
 
 
-def level_block(study: str, overrides: list[str], real: dict, measured: dict) -> dict:
+def level_block(overrides: list[str], real: dict, measured: dict) -> dict:
     """What a case keeps of its level block: enough for read_level, here and in --resimulate."""
     return {"overrides": overrides, "real": {k: real.get(k) for k in LEVEL_KEEP},
             "host_background": measured["host_background"], "host_steal": measured["host_steal"]}
 
 
-def with_level(block: dict | None, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
+def with_level(case: str, block: dict | None, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
     """A case's level from its level block (None: none, --host-scale other than level)."""
     if block is None:
         return None
-    return read_level(study, block["overrides"], sim_args, block_load(block, lockstep), block["real"])
+    return read_level(case, study, block["overrides"], sim_args, block_load(block, lockstep), block["real"])
+
+
+def _level_record(block: dict | None, level: dict | None, host: tuple) -> dict:
+    """A case's record of its level (nothing without one): the block, the level read from it, and the scale it was
+    simulated with (``leveled``: the block's host otherwise)."""
+    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": leveled(host, level)[0]}
 
 
 def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
@@ -329,22 +352,23 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
     blocks = {}
     if level_seed is not None:
         trials, measured, _ = _router_block(quick, out / "level", HostSpeed, [f"workload.seed={level_seed}"])
-        blocks = {case: level_block("router_ablation", overrides, real, measured) for case, overrides, real in trials}
+        blocks = {case: level_block(overrides, real, measured) for case, overrides, real in trials}
     trials, measured, speed = _router_block(quick, out, host)
     cases = []
     for case, overrides, trial in trials:
-        level = with_level(blocks.get(case), "router_ablation", sim_args, lockstep)
+        level = with_level(case, blocks.get(case), "router_ablation", sim_args, lockstep)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
-                      **measured, **_level_record(blocks.get(case), level)})
+                      **measured, **_level_record(blocks.get(case), level, speed.simulated())})
     return cases
 
 
-def _level_record(block: dict | None, level: dict | None) -> dict:
-    """A case's record of its level (nothing without one): the block and the level read from it; the scale it was
-    simulated with is the decode level."""
-    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": level["decode"]}
+def _scheme_block(bench, overrides: list[str], out: Path, host) -> tuple[dict, dict, HostSpeed]:
+    """One run of experiments/dp_attn_vs_tp's harness: its figures, the host during it, its speed."""
+    with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
+        real = bench(overrides, out)
+    return real, _host(background, speed), speed
 
 
 def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
@@ -356,21 +380,18 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
     base = plan["overrides"] + (plan["tiny"]["overrides"] if quick else []) + plan["sizings"]["kv_budget"]
     cases = []
     for scheme in SCHEMES:
-        overrides = base + plan["schemes"][scheme] + ["parallel.size=2"]
+        overrides, case = base + plan["schemes"][scheme] + ["parallel.size=2"], f"{scheme}x2"
         block = level = None
         if level_seed is not None:
             seeded = overrides + [f"workload.seed={level_seed}"]
-            with contextlib.redirect_stdout(io.StringIO()), HostSpeed() as speed, Background() as background:
-                real = bench(seeded, out / "level" / "dp_attn_vs_tp" / scheme)
-            block = level_block("dp_attn_vs_tp", seeded, real, _host(background, speed))
-            level = with_level(block, "dp_attn_vs_tp", sim_args, lockstep)
-        with contextlib.redirect_stdout(io.StringIO()), host() as speed, Background() as background:
-            real = bench(overrides, out / "dp_attn_vs_tp" / scheme)
-        measured = _host(background, speed)
+            real, measured, _ = _scheme_block(bench, seeded, out / "level" / "dp_attn_vs_tp" / scheme, HostSpeed)
+            block = level_block(seeded, real, measured)
+            level = with_level(case, block, "dp_attn_vs_tp", sim_args, lockstep)
+        real, measured, speed = _scheme_block(bench, overrides, out / "dp_attn_vs_tp" / scheme, host)
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
-        cases.append({"case": f"{scheme}x2", "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **measured, **_level_record(block, level)})
+        cases.append({"case": case, "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
+                      "sim": sim, **measured, **_level_record(block, level, speed.simulated())})
     return cases
 
 
@@ -525,7 +546,8 @@ def level_table(cells: list[dict]) -> str:
             f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " |")
     if not rows:
         return ""
-    return "\n".join(["| cell | level read by | extend level median [min-max] | decode level |", "|---|---|---:|---:|",
+    return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] |",
+                      "|---|---|---:|---:|",
                       *rows])
 
 
@@ -590,11 +612,11 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
-            own = with_level(run.get("level_block") if level else None, c["study"], sim_args, lockstep)
+            own = with_level(run["case"], run.get("level_block") if level else None, c["study"], sim_args, lockstep)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
-                          "host_steal": run.get("host_steal"), "host_scale": own["decode"] if own else host[0],
+                          "host_steal": run.get("host_steal"), "host_scale": leveled(host, own)[0],
                           "host_level": own})
         repeats.append(cases)
     cells = combine(repeats)
@@ -679,6 +701,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.host_scale == "level" and (args.contention != "none" or args.collectives != "none"):
+        sys.exit(f"--host-scale level with --contention {args.contention} --collectives {args.collectives}: a one-rank "
+                 f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "
+                 f"at the profile's collective latency (none is measured around a level block); give --contention "
+                 f"none --collectives none")
     if args.resimulate:
         return resimulate_main(args)
     if len(args.answers) != 1:
@@ -696,9 +723,6 @@ def main() -> None:
     measured = args.host_scale not in ("none", "level") or args.contention in ("measured", "block") \
         or args.collectives == "block"
     level = args.host_scale == "level"
-    if level and args.contention != "none":
-        sys.exit(f"--host-scale level with --contention {args.contention}: a level read on the engines' CPU clock "
-                 f"holds their cores' contention already; give --contention none")
     if args.host_scale == "engine":
         sys.path.insert(0, str(ROOT / "experiments" / "calibrate"))
         from engine_probe import EngineProbe                       # experiments/calibrate/engine_probe.py
@@ -831,9 +855,6 @@ def resimulate_main(args) -> None:
     if args.host_scale == "level" and any(not r.get("level_block") for rep in stored["runs"] for r in rep):
         sys.exit(f"--host-scale level: {args.resimulate} ran no level blocks (it ran with --host-scale "
                  f"{stored.get('host_scale')}); give --host-scale none")
-    if args.host_scale == "level" and args.contention != "none":
-        sys.exit(f"--host-scale level with --contention {args.contention}: the level holds the cores' contention "
-                 f"already; give --contention none")
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")

@@ -94,7 +94,7 @@ class Workload:
     sized_by: tuple[str, ...] = ()   # the Config fields that set how many requests it makes (num_requests caps them)
 
     def __init__(self, cfg: WorkloadConfig, seed: int):
-        seed = seed if getattr(cfg, "seed", None) is None else cfg.seed      # workload.seed: its own draw
+        seed = seed if cfg.seed is None else cfg.seed      # workload.seed: its own draw
         self.cfg, self.seed = cfg, seed
         self.rng = random.Random(seed)
 

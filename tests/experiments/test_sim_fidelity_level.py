@@ -1,13 +1,18 @@
 """experiments/sim_fidelity --host-scale level: a cell's level read from a run of it at another draw (read_level),
 checked on the real simulator: the level read from a block reproduces that block's own step CPU (one rank, per
-kind) or duration (two ranks); and workload.seed, the other draw, leaves the weights' seed alone."""
+kind) or duration (two ranks); --resimulate reads each case's level from its own stored block; workload.seed, the
+other draw, leaves the weights' seed alone; and the switches a level cannot be read under are refused."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
 from framework.config import compose
 from framework.core.registry import WORKLOAD
 from framework.runs.sim import simulate
+from framework.core.paths import REPO_ROOT as ROOT
 from script_loader import load_script
 
 SIM = ["mode=sim", "sim.cost=calibrated", "sim.host_cores=2", "sim.host_sharing=fair"]
@@ -24,20 +29,24 @@ def test_a_one_rank_level_is_the_engines_step_cpu_over_the_price_per_kind_and_re
     plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
     real = {"extend_cpu_s": 0.8 * plain["extend_cpu_s"], "decode_cpu_s": 1.3 * plain["decode_cpu_s"],
             "duration_s": plain["duration_s"]}
-    level = f.read_level("router_ablation", ONE_RANK, SIM, load, real)
-    assert level == {"by": "step_cpu", "extend": pytest.approx(0.8), "decode": pytest.approx(1.3)}
+    level = f.read_level("c", "router_ablation", ONE_RANK, SIM, load, real)
+    assert level["by"] == "step_cpu"
     again, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load, level=level))
     for key in ("extend_cpu_s", "decode_cpu_s"):          # the batches may move a little with the new speed
         assert again[key] == pytest.approx(real[key], rel=0.05)
+    with pytest.raises(ValueError, match=r"c's level block has no decode steps"):
+        f.read_level("c", "router_ablation", ONE_RANK, SIM, load, {**real, "decode_cpu_s": None})
+    floored = f.read_level("c", "router_ablation", ONE_RANK, SIM, load, {**real, "extend_cpu_s": 0.0})
+    assert floored["extend"] == f.MIN_LEVEL
 
 
 def test_a_two_rank_level_is_the_scale_at_which_the_block_lasts_as_long_as_it_did():
     f = load_script("experiments/sim_fidelity/run.py")
     load = (0.2, None)
     slow, _ = simulate(f.sim_config("dp_attn_vs_tp", TWO_RANKS, SIM, load, (1.6, None, None)))
-    level = f.read_level("dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": slow["duration_s"]})
+    level = f.read_level("tpx2", "dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": slow["duration_s"]})
     assert level["by"] == "duration" and level["extend"] == level["decode"] == pytest.approx(1.6, rel=0.05)
-    floor = f.read_level("dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": 1e-3})    # shorter than its waits
+    floor = f.read_level("tpx2", "dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": 1e-3})   # below its waits
     assert floor["decode"] == f.MIN_LEVEL
 
 
@@ -51,3 +60,38 @@ def test_workload_seed_draws_other_prompts_and_keeps_the_runs_seed_elsewhere():
     assert other != drawn and cfg.seed == base.seed == 0             # another draw; the weights' seed unchanged
     assert prompts(["workload.seed=1000", "seed=7"])[1] == other      # the draw is workload.seed's alone
     assert prompts(["seed=1000"])[1] == other                         # unset: the run's seed draws, as before
+
+
+def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reproduces_its_simulation():
+    """Two cells of one study, each with a level block whose "real" figures are a simulation at a known level: each
+    is re-simulated at its own block's level, as the run simulated it."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load, cases, runs = (0.1, None), [], []
+    for case, router, slow in (("multi_turn/round_robin", "round_robin", 0.7), ("multi_turn/cache_aware",
+                                                                               "cache_aware", 1.4)):
+        overrides = ONE_RANK + [f"router={router}"]
+        seeded = overrides + ["workload.seed=1000"]
+        block_real, _ = simulate(f.sim_config("router_ablation", seeded, SIM, load, (slow, None, None)))
+        block = f.level_block(seeded, block_real, {"host_background": load[0], "host_steal": None})
+        level = f.with_level(case, block, "router_ablation", SIM, False)
+        judged, _ = simulate(f.sim_config("router_ablation", overrides, SIM, load, level=level))
+        cases.append({"case": case, "study": "router_ablation", "overrides": overrides})
+        runs.append({"case": case, "host_background": load[0], "host_steal": None, "level_block": block,
+                     "real": {k: judged.get(k) for k in f.KEEP}})
+    stored = {"cases": cases, "runs": [runs], "load_average": {"before": [0.5], "after": [0.5], "cores": 2}}
+    cells, table = f.resimulate(stored, SIM, level=True)
+    for cell, slow in zip(cells, (0.7, 1.4)):
+        level, = cell["host_levels"]
+        # priced at `slow`, read back at it (the batches of another speed move a little)
+        assert level["extend"] == pytest.approx(slow, rel=0.05) and level["decode"] == pytest.approx(slow, rel=0.05)
+        assert cell["host_scales"] == [level["decode"]]
+        assert [cell["sim_spread"][k]["median"] for k in f.JUDGED] == [cell["real_spread"][k]["median"]
+                                                                        for k in f.JUDGED]
+    assert "level read by" in f.level_table(cells)
+
+
+@pytest.mark.parametrize("switch", [["--contention", "1.2"], ["--collectives", "block"]])
+def test_a_level_with_a_contention_factor_or_block_collectives_is_refused(switch):
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--host-scale", "level", *switch],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "give --contention none --collectives none" in r.stderr
