@@ -324,10 +324,20 @@ def with_level(case: str, block: dict | None, study: str, sim_args: list[str], l
     return read_level(case, study, block["overrides"], sim_args, block_load(block, lockstep), block["real"])
 
 
-def _level_record(block: dict | None, level: dict | None, host: tuple) -> dict:
-    """A case's record of its level (nothing without one): the block, the level read from it, and the scale it was
-    simulated with (``leveled``: the block's host otherwise)."""
-    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": leveled(host, level)[0]}
+def _level_record(block: dict | None, level: dict | None, host: tuple, needed: dict | None = None) -> dict:
+    """A case's record of its level (nothing without one): the block, the level read from it, the scale it was
+    simulated with (``leveled``: the block's host otherwise), and the level its judged run would have needed
+    (``needed_level``)."""
+    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": leveled(host, level)[0],
+                                     "level_needed": needed}
+
+
+def needed_level(case: str, study: str, overrides: list[str], real: dict, measured: dict, sim_args: list[str],
+                 lockstep: bool) -> dict:
+    """The level a judged run would have needed: read_level's reading of the judged run itself, as of a block (not
+    simulated with; reported beside the level its block read, where the difference is the level's own error: the
+    host's drift between the two and the draw)."""
+    return with_level(case, level_block(overrides, real, measured), study, sim_args, lockstep)
 
 
 def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
@@ -359,8 +369,9 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         level = with_level(case, blocks.get(case), "router_ablation", sim_args, lockstep)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
+        needed = level and needed_level(case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
-                      **measured, **_level_record(blocks.get(case), level, speed.simulated())})
+                      **measured, **_level_record(blocks.get(case), level, speed.simulated(), needed)})
     return cases
 
 
@@ -391,7 +402,8 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         cases.append({"case": case, "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **measured, **_level_record(block, level, speed.simulated())})
+                      "sim": sim, **measured, **_level_record(block, level, speed.simulated(), level and needed_level(
+                          case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep))})
     return cases
 
 
@@ -479,6 +491,7 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
                     "host_background": statistics.median(bg), "host_background_range": [min(bg), max(bg)],
                     "host_steal": None if None in steal else statistics.median(steal), "host_scales": scales,
                     "host_levels": [r.get("host_level") for r in runs],
+                    "levels_needed": [r.get("level_needed") for r in runs],
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
     return out
 
@@ -535,20 +548,23 @@ def chance_line(cells: list[dict]) -> str:
 
 def level_table(cells: list[dict]) -> str:
     """--host-scale level: each cell's levels over the repeats (its level blocks' reading: medians [min-max]), by
-    step kind, and how they were read (read_level). Empty without levels."""
+    step kind, how they were read (read_level), and the medians of what its judged runs would have needed read the
+    same way (``needed_level``; runs before it: -). Empty without levels."""
     rows = []
     for c in cells:
         levels = [x for x in c.get("host_levels") or [] if x]
         if not levels:
             continue
+        needed = [x for x in c.get("levels_needed") or [] if x]
         fmt = {k: spread([x[k] for x in levels]) for k in ("extend", "decode")}
+        want = {k: spread([x[k] for x in needed])["median"] for k in ("extend", "decode")}
         rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
-            f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " |")
+            f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " | " + " / ".join(
+            "-" if v is None else f"{v:.3f}" for v in want.values()) + " |")
     if not rows:
         return ""
-    return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] |",
-                      "|---|---|---:|---:|",
-                      *rows])
+    return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] | "
+                      "judged runs needed, extend / decode |", "|---|---|---:|---:|---:|", *rows])
 
 
 def work_table(cells: list[dict]) -> str:
@@ -617,7 +633,8 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_steal": run.get("host_steal"), "host_scale": leveled(host, own)[0],
-                          "host_level": own})
+                          "host_level": own, "level_needed": own and needed_level(
+                              run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -770,7 +787,8 @@ def main() -> None:
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
                                         "inside_real_range", "real_below_sim", "errors", "host_background",
                                         "host_background_range", "host_steal",
-                                        "host_scales", "host_levels", "real", "sim")} for c in cells],
+                                        "host_scales", "host_levels", "levels_needed", "real", "sim")}
+                     for c in cells],
            "host_scale": args.host_scale,
            "steal": args.steal,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
@@ -778,6 +796,7 @@ def main() -> None:
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
                       "host_collective_s": c["host_collective_s"], "host_engine_s": c["host_engine_s"],
                       "host_level": c.get("host_level"), "level_block": c.get("level_block"),
+                      "level_needed": c.get("level_needed"),
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -876,7 +895,8 @@ def resimulate_main(args) -> None:
                                 "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
-                                                              "errors", "host_scales", "host_levels")}
+                                                              "errors", "host_scales", "host_levels",
+                                                              "levels_needed")}
                                           for c in cells]}
     if args.resim_out is None:     # named by the run and the switches, so one re-simulation never overwrites another's
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)

@@ -85,9 +85,12 @@ def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reprodu
         # priced at `slow`, read back at it (the batches of another speed move a little)
         assert level["extend"] == pytest.approx(slow, rel=0.05) and level["decode"] == pytest.approx(slow, rel=0.05)
         assert cell["host_scales"] == [level["decode"]]
+        needed, = cell["levels_needed"]       # the judged run was simulated at its block's level: it needed that
+        assert needed["extend"] == pytest.approx(level["extend"], rel=0.05)
+        assert needed["decode"] == pytest.approx(level["decode"], rel=0.05)
         assert [cell["sim_spread"][k]["median"] for k in f.JUDGED] == [cell["real_spread"][k]["median"]
                                                                         for k in f.JUDGED]
-    assert "level read by" in f.level_table(cells)
+    assert "judged runs needed" in f.level_table(cells)
 
 
 @pytest.mark.parametrize("switch", [["--contention", "1.2"], ["--collectives", "block"]])
