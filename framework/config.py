@@ -69,6 +69,9 @@ class SimConfig:
     # share a physical core or its caches: this VM's 2 measured 0.93-1.25x at different times, framework/core/host_probe.contention); 1: none
     host_contention: float = 1.0
     host_contention_extend: Optional[float] = None   # extend steps' own factor (None: host_contention's)
+    # the busy processes the factors were measured with (None: host_cores, every core busy, as host_probe measures
+    # them); the slowing grows linearly from 1 busy to it and stays there (experiments/calibrate/contention.py: 4)
+    host_contention_busy: Optional[float] = None
     # with host_cores: the cores' time the hypervisor gives to other guests (steal, /proc/stat), in cores. Each core
     # runs 1 - host_steal / host_cores of the time, and an instance's ranks, which meet at every collective, advance
     # only while every one of their cores runs (framework/sim/cluster.py); 0: none (or counted in host_background)

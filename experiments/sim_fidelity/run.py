@@ -699,6 +699,10 @@ def main() -> None:
     ap.add_argument("--contention-clock", choices=["wall", "cpu"], default="wall",
                     help="--contention engine: a point's wall time (round F's) or its steps' thread CPU (with more "
                          "engines than cores: the sharing is the simulator's own, calibrate/contention.py)")
+    ap.add_argument("--contention-busy", choices=["cores", "measured"], default="cores",
+                    help="--contention engine: the busy processes its factors hold (sim.host_contention_busy): the "
+                         "cores (every round before), or as measured (the siblings + 1: 4 with --contention-siblings 3; "
+                         "the slowing then grows to them)")
     ap.add_argument("--contention-rounds", type=int, default=2,
                     help="--contention engine: alone / beside alternations (calibrate/contention.py --rounds)")
     ap.add_argument("--collectives", choices=["none", "block"], default="none",
@@ -842,7 +846,9 @@ def switches(args, cores: dict | None = None) -> list[str]:
         return cost
     decode, extend = factors(cores) if cores else (1.0, 1.0) if args.contention in ("none", "measured", "engine") \
         else given_factors(args.contention)
-    return cost + [f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"]
+    busy = [f"sim.host_contention_busy={cores.get('siblings', 1) + 1}"] \
+        if cores and args.contention == "engine" and args.contention_busy == "measured" else []
+    return cost + [f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"] + busy
 
 
 def resimulate_main(args) -> None:
@@ -902,6 +908,7 @@ def resimulate_main(args) -> None:
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)
         name = "_".join([run, args.between, args.point, args.extend, args.sharing, f"serving_{args.serving}"]
                         + ([] if args.contention == "none" else [f"contention_{args.contention}"])
+                        + ([] if args.contention_busy == "cores" else [f"busy_{args.contention_busy}"])
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])

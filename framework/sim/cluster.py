@@ -25,6 +25,9 @@ instance alone), so an instance's steps stretch by that factor now over the fact
 a one-rank instance priced alone slows when the others are busy, a two-rank one on two cores was priced so already.
 `host_contention_extend` (when set) is the factor of steps that extend, `host_contention` then the decode steps'
 (this VM: the real engines' extend CPU rose 1.07x under load, their decode CPU 1.2-1.4x).
+`host_contention_busy` b (when set) is the busy processes the factors were measured with (experiments/calibrate/
+contention.py: 4 engines on 2 cores, where one sibling read 1.06 and three 1.25): the slowing is then
+1 + (c - 1) (used - 1) / (b - 1), used = min(busy, b), in place of the cores.
 `host_steal` s (`sim.host_steal`, in cores) is the cores' time the hypervisor gives to other guests: no process here
 runs then, whatever the sharing. Each core runs a share 1 - s / cores of the time, independently, and an instance's
 ranks wait for one another at every collective, so it advances only while all of its cores run: (1 - s / cores) ^
@@ -59,13 +62,14 @@ MAX_RUN = 64                                  # decode steps one event advances 
 HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
 
 
-def slowdown(c: float, used: float, cores: int) -> float:
-    """How much slower a busy core runs with ``used`` cores busy than alone, on a host of ``cores`` whose cores all
-    busy run ``c`` times slower than alone (``contention``): linear in the other cores busy."""
-    if c == 1.0 or cores < 2:
+def slowdown(c: float, used: float, at: float) -> float:
+    """How much slower a busy process runs with ``used`` processes busy than alone, on a host that runs ``c`` times
+    slower with ``at`` busy (``contention``, measured there: every core busy by default): linear in the others busy,
+    and no slower past ``at``."""
+    if c == 1.0 or at < 2:
         return 1.0
-    used = min(max(used, 1.0), cores)
-    return 1.0 + (c - 1.0) * (used - 1.0) / (cores - 1)
+    used = min(max(used, 1.0), at)
+    return 1.0 + (c - 1.0) * (used - 1.0) / (at - 1)
 
 
 @dataclass(eq=False)  # a flight is itself: found by identity
@@ -100,7 +104,8 @@ class Simulation:
     def __init__(self, instances: dict, router, sessions: list[Session], wl_cfg, tokenizer, *, network_s: float = 0.0,
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
-                 host_contention: float = 1.0, host_contention_extend: float | None = None, host_steal: float = 0.0):
+                 host_contention: float = 1.0, host_contention_extend: float | None = None,
+                 host_contention_busy: float | None = None, host_steal: float = 0.0):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -113,6 +118,10 @@ class Simulation:
             if not c > 0:
                 raise ValueError(f"sim.{key}={c} must be > 0 (1: cores that do not slow each other)")
         self.contention = {"decode_cpu_s": host_contention, "extend_cpu_s": extend}   # by step kind (STEP_CPU_KEYS)
+        if host_contention_busy is not None and not host_contention_busy >= 1:
+            raise ValueError(f"sim.host_contention_busy={host_contention_busy} must be >= 1 (the busy processes the "
+                             f"contention was measured with), or null for sim.host_cores")
+        self.contention_at = host_cores if host_contention_busy is None else host_contention_busy
         if host_steal and not host_cores:
             raise ValueError(f"sim.host_steal={host_steal} needs sim.host_cores > 0 (the cores it is taken from)")
         if not 0.0 <= host_steal < max(host_cores, 1):
@@ -290,7 +299,8 @@ class Simulation:
         c, size = self.contention[kind], self.instances[worker].size
         share = min(1.0, self.cores / busy) if busy > 0 else 1.0
         all_up = self.core_up ** min(size, self.cores)   # steal: its ranks advance only while all their cores run
-        return share * all_up * slowdown(c, size, self.cores) / slowdown(c, busy, self.cores)
+        at = self.contention_at
+        return share * all_up * slowdown(c, size, at) / slowdown(c, busy, at)
 
     def _stretch(self, worker: str, kind: str, busy: float) -> float:
         """sharing=at_start: a step of ``kind`` on ``worker`` keeps the stretch of the busy processes at its start."""

@@ -111,6 +111,20 @@ def test_contention_slows_a_rank_priced_alone_by_its_factor_once_every_core_is_b
 
 
 @pytest.mark.parametrize("sharing", ["at_start", "fair"])
+def test_a_contention_measured_with_more_busy_processes_than_cores_grows_up_to_them(sharing):
+    """sim.host_contention_busy=4 (the factor measured with 4 busy processes on 2 cores): with 2 busy a step slows by
+    1 + 0.5 / 3 of the factor's 0.5, with 4 (and 5) by all of it, on top of the cores' sharing; below 1 is refused."""
+    base = EXACT + [f"sim.host_sharing={sharing}"]
+    for background, factor in ((1, 1 + 0.5 / 3), (3, 1.5), (4, 1.5)):
+        plain = _latencies(base + [f"sim.host_background={background}"])
+        slowed = _latencies(base + [f"sim.host_background={background}", "sim.host_contention=1.5",
+                                    "sim.host_contention_busy=4"])
+        assert slowed == pytest.approx([factor * t for t in plain])
+    with pytest.raises(ValueError, match=r"host_contention_busy=0.5 must be >= 1"):
+        simulate(compose(base + ["sim.host_contention=1.5", "sim.host_contention_busy=0.5"]))
+
+
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
 @pytest.mark.parametrize("background", [0, 1])
 def test_contention_leaves_an_instance_priced_with_its_ranks_on_every_core_as_priced(sharing, background):
     """A two-rank instance on 2 cores was profiled with both busy: its steps already hold the contention (beside a
