@@ -55,14 +55,18 @@ AMD EPYC VM host_probe's work correlated 0.09 with the engine's speed in the sec
 (experiments/calibrate/probe_tracking.py). The profile's points are at that mean by the readings before each
 (`calibrate/run.py --normalize engine`, the round of protocol_engine_level.md); round K's was kept as measured.
 `--contention engine --contention-siblings 3 --contention-clock cpu` measures the engines' slowing per step kind in the
-HTTP cells' shape (4 engines on 2 cores) on their threads' CPU clock, the cores' sharing left to the simulator.
+HTTP cells' shape (4 engines on 2 cores) on their threads' CPU clock, the cores' sharing left to the simulator;
+`--contention-busy measured` applies it as measured, growing up to the siblings + 1 busy processes
+(`sim.host_contention_busy`; `cores`, the default: in full once every core is busy, as every round before).
 `--host-scale level` (the round of protocol_level.md) reads each cell's level in its own shape and hour: before each
 repeat's judged runs, a level block runs the same cells on the same workers with another draw of their workloads
 (`workload.seed` 1000 + the repeat; the judged runs draw seed 0), and each judged cell is simulated at the level read
 from its own (``read_level``): for a one-rank instance, per step kind, its engines' step CPU over the simulated price
 (`sim.cost.host_scale_extend`, `sim.cost.host_scale`); for an instance of several ranks, whose waits on collectives
 the CPU clock does not count, the scale at which the block's simulation lasts as long as it did. The profile then
-gives only the shape of the costs. Not with a contention factor: the CPU clock holds the cores' contention.
+gives only the shape of the costs. Not with a contention factor: the CPU clock holds the cores' contention. The
+level table also prints, per cell, what its judged runs would themselves have needed read the same way
+(``needed_level``): the level's own error, the host's drift between block and judged run and the draw.
 `--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
 cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
@@ -332,12 +336,12 @@ def _level_record(block: dict | None, level: dict | None, host: tuple, needed: d
                                      "level_needed": needed}
 
 
-def needed_level(case: str, study: str, overrides: list[str], real: dict, measured: dict, sim_args: list[str],
-                 lockstep: bool) -> dict:
-    """The level a judged run would have needed: read_level's reading of the judged run itself, as of a block (not
-    simulated with; reported beside the level its block read, where the difference is the level's own error: the
-    host's drift between the two and the draw)."""
-    return with_level(case, level_block(overrides, real, measured), study, sim_args, lockstep)
+def needed_level(level: dict | None, case: str, study: str, overrides: list[str], real: dict, measured: dict,
+                 sim_args: list[str], lockstep: bool) -> dict | None:
+    """With a ``level`` (None: none), the level its judged run would have needed: read_level's reading of the judged
+    run itself, as of a block (not simulated with; reported beside the level its block read, where the difference is
+    the level's own error: the host's drift between the two and the draw)."""
+    return level and with_level(case, level_block(overrides, real, measured), study, sim_args, lockstep)
 
 
 def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
@@ -369,7 +373,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         level = with_level(case, blocks.get(case), "router_ablation", sim_args, lockstep)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
-        needed = level and needed_level(case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
+        needed = needed_level(level, case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
                       **measured, **_level_record(blocks.get(case), level, speed.simulated(), needed)})
     return cases
@@ -402,8 +406,8 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         cases.append({"case": case, "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **measured, **_level_record(block, level, speed.simulated(), level and needed_level(
-                          case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep))})
+                      "sim": sim, **measured, **_level_record(block, level, speed.simulated(), needed_level(
+                          level, case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep))})
     return cases
 
 
@@ -633,8 +637,8 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_steal": run.get("host_steal"), "host_scale": leveled(host, own)[0],
-                          "host_level": own, "level_needed": own and needed_level(
-                              run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)})
+                          "host_level": own, "level_needed": needed_level(
+                              own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -722,6 +726,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.contention_busy == "measured" and args.contention != "engine":
+        sys.exit(f"--contention-busy measured: only --contention engine measures with a number of busy engines (its "
+                 f"siblings + 1); got --contention {args.contention}")
     if args.host_scale == "level" and (args.contention != "none" or args.collectives != "none"):
         sys.exit(f"--host-scale level with --contention {args.contention} --collectives {args.collectives}: a one-rank "
                  f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "

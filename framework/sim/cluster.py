@@ -66,7 +66,7 @@ def slowdown(c: float, used: float, at: float) -> float:
     """How much slower a busy process runs with ``used`` processes busy than alone, on a host that runs ``c`` times
     slower with ``at`` busy (``contention``, measured there: every core busy by default): linear in the others busy,
     and no slower past ``at``."""
-    if c == 1.0 or at < 2:
+    if c == 1.0 or at <= 1:
         return 1.0
     used = min(max(used, 1.0), at)
     return 1.0 + (c - 1.0) * (used - 1.0) / (at - 1)

@@ -93,6 +93,34 @@ def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reprodu
     assert "judged runs needed" in f.level_table(cells)
 
 
+def test_needed_level_reads_the_judged_run_not_its_block():
+    f = load_script("experiments/sim_fidelity/run.py")
+    load, measured = (0.1, None), {"host_background": 0.1, "host_steal": None}
+    block_real, _ = simulate(f.sim_config("router_ablation", ONE_RANK + ["workload.seed=1000"], SIM, load,
+                                          (0.7, None, None)))
+    level = f.with_level("c", f.level_block(ONE_RANK + ["workload.seed=1000"], block_real, measured),
+                         "router_ablation", SIM, False)
+    judged, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load, (1.2, None, None)))
+    needed = f.needed_level(level, "c", "router_ablation", ONE_RANK, judged, measured, SIM, False)
+    assert level["decode"] == pytest.approx(0.7, rel=0.05) and needed["decode"] == pytest.approx(1.2, rel=0.05)
+    assert needed["extend"] == pytest.approx(1.2, rel=0.05)
+    assert f.needed_level(None, "c", "router_ablation", ONE_RANK, judged, measured, SIM, False) is None
+
+
+def test_contention_busy_measured_is_the_siblings_and_one_and_only_with_engine_contention():
+    import argparse
+    f = load_script("experiments/sim_fidelity/run.py")
+    args = argparse.Namespace(profile="p.json", between="grid", point="median", extend="batch", prefix_regime="smooth",
+                              serving="measured", sharing="fair", contention="engine", contention_busy="measured")
+    cores = {"decode": 1.25, "extend": 1.05, "siblings": 3}
+    assert "sim.host_contention_busy=4" in f.switches(args, cores)
+    args.contention_busy = "cores"
+    assert not any(a.startswith("sim.host_contention_busy") for a in f.switches(args, cores))
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--contention-busy", "measured"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "only --contention engine" in r.stderr
+
+
 @pytest.mark.parametrize("switch", [["--contention", "1.2"], ["--collectives", "block"]])
 def test_a_level_with_a_contention_factor_or_block_collectives_is_refused(switch):
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--host-scale", "level", *switch],

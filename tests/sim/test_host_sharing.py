@@ -122,6 +122,23 @@ def test_a_contention_measured_with_more_busy_processes_than_cores_grows_up_to_t
         assert slowed == pytest.approx([factor * t for t in plain])
     with pytest.raises(ValueError, match=r"host_contention_busy=0.5 must be >= 1"):
         simulate(compose(base + ["sim.host_contention=1.5", "sim.host_contention_busy=0.5"]))
+    # between 1 and 2 busy processes the factor still grows (at 1.5: in full from 1.5 busy)
+    half = _latencies(base + ["sim.host_background=1", "sim.host_contention=1.5", "sim.host_contention_busy=1.5"])
+    assert half == pytest.approx([1.5 * t for t in _latencies(base + ["sim.host_background=1"])])
+
+
+@pytest.mark.parametrize("sharing", ["at_start", "fair"])
+def test_a_two_rank_instance_keeps_its_priced_contention_and_slows_past_it_under_a_busier_anchor(sharing):
+    """Priced with its 2 ranks busy, a two-rank instance holds slowdown(c, 2, b) already: with b = 4 it runs as priced
+    alone on 2 cores, and beside 2 busy processes of other work (4 busy) slower by 1.5 / (1 + 0.5 / 3), on top of the
+    cores' sharing."""
+    tp = EXACT + ["parallel=tp", "parallel.size=2", "moe=triton_fused", "cluster.http=false",
+                  f"sim.host_sharing={sharing}"]
+    anchored = ["sim.host_contention=1.5", "sim.host_contention_busy=4"]
+    assert _latencies(tp + anchored) == pytest.approx(_latencies(tp))
+    plain = _latencies(tp + ["sim.host_background=2"])
+    assert _latencies(tp + ["sim.host_background=2"] + anchored) == pytest.approx(
+        [1.5 / (1 + 0.5 / 3) * t for t in plain])
 
 
 @pytest.mark.parametrize("sharing", ["at_start", "fair"])

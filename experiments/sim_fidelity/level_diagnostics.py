@@ -1,0 +1,65 @@
+"""What a `--host-scale level` run's residual is made of, from its stored results and the real runs' own outputs (its
+--work folder): per HTTP cell and repeat, the tokens of the level block's draw and the judged draw (another draw of
+the same lengths costs the same), the real engines' decode CPU in both, and for one cell the cached tokens per
+worker, real and simulated, with the router's own estimate of the hit rate (the same routing or not). Writes JSON.
+
+    python experiments/sim_fidelity/level_diagnostics.py experiments/sim_fidelity/roundM_amd/results.json \
+        --work outputs/sim_fidelity --out experiments/sim_fidelity/roundM_amd/diagnostics.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from framework.core.paths import load_script  # noqa: E402
+from framework.runs.sim import simulate  # noqa: E402
+
+
+def trials(path: Path) -> dict:
+    out = json.loads(path.read_text())
+    return {f"{t['workload']}/{t['router']}": t for t in out["trials"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="a sim_fidelity run's results.json (--host-scale level)")
+    ap.add_argument("--work", type=Path, required=True, help="that run's --work folder (its real runs' outputs)")
+    ap.add_argument("--cell", default="shared_prefix/cache_aware", help="the cell whose workers are compared")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    f = load_script("experiments/sim_fidelity/run.py")
+    stored = json.loads(args.results.read_text())
+    meta = {c["case"]: c for c in stored["cases"]}
+    repeats, workers = [], []
+    for k, rep in enumerate(stored["runs"]):
+        level = trials(args.work / f"repeat{k}" / "level" / "router_ablation" / "results.json")
+        judged = trials(args.work / f"repeat{k}" / "router_ablation" / "results.json")
+        repeats.append({case: {which: {"prompt_tokens": t["bench_serving"]["total_input_tokens"],
+                                       "answer_tokens": t["bench_serving"]["total_output_tokens"],
+                                       "decode_cpu_s": t["decode_cpu_s"], "extend_cpu_s": t["extend_cpu_s"]}
+                               for which, t in (("level_block", level[case]), ("judged", judged[case]))}
+                        for case in judged})
+        run = next(r for r in rep if r["case"] == args.cell)
+        c = meta[args.cell]
+        sim, _ = simulate(f.sim_config(c["study"], c["overrides"], stored["sim_args"],
+                                       f.block_load(run, stored.get("steal") == "lockstep"),
+                                       (run["host_scale"], None, None), run.get("host_level")))
+        real = judged[args.cell]
+        workers.append({"real_cached_tokens": [w["cached_tokens"] for w in real["per_worker"].values()],
+                        "sim_cached_tokens": [w["cached_tokens"] for w in sim["per_worker"].values()],
+                        "real_router_estimate": real["router_estimated_hit_rate"],
+                        "sim_router_estimate": sim["router_estimated_hit_rate"],
+                        "real_hit": real["cache_hit_rate"], "sim_hit": sim["cache_hit_rate"],
+                        "sim_prompt_tokens": sim["bench_serving"]["total_input_tokens"]})
+    args.out.write_text(json.dumps({"source": str(args.results), "cell": args.cell, "repeats": repeats,
+                                    "workers": workers}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
