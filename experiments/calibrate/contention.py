@@ -33,9 +33,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 from framework.core.paths import load_script  # noqa: E402
+
+calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
 
 PREFILL = [(256, 0), (512, 256)]      # (new tokens, cached prefix)
 DECODE = [(8, 256), (16, 256)]        # (requests, prompt tokens)
@@ -43,23 +44,22 @@ CLOCKS = ("wall", "cpu")
 
 
 def one_rank_engine(seed: int = 0):
-    """The one-rank engine measured here (and by engine_probe.py): calibrate/run.py's, as its profile opens it."""
-    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
-    _, handle, face = c.profiled_engine(c.CONFIGS["single"], seed)
+    """The one-rank engine measured here: calibrate/run.py's, as its profile opens it."""
+    _, handle, face = calibrate.profiled_engine(calibrate.CONFIGS["single"], seed)
     return handle, face
 
 
 def _sibling(seed: int = 1) -> None:
     """Keep an engine busy until stopped: random prompts, prefilled then decoded, two at a time."""
     import torch
-    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
     torch.set_num_threads(1)
     handle, face = one_rank_engine(seed)
     rng = random.Random(seed)
     print("ready", flush=True)
     try:
         while True:
-            c._serve(face, [c._text(rng, rng.choice([64, 256, 512])) for _ in range(2)], rng.choice([4, 16]))
+            prompts = [calibrate._text(rng, rng.choice([64, 256, 512])) for _ in range(2)]
+            calibrate._serve(face, prompts, rng.choice([4, 16]))
     finally:
         handle.close()
         handle.terminate()
@@ -110,22 +110,22 @@ def measure(rounds: int = 2, repeats: int = 3, siblings: int = 1, clock: str = "
     if clock not in CLOCKS:
         raise ValueError(f"clock={clock!r} is not one of {CLOCKS}")
     import torch
-    c = load_script(HERE / "run.py")                 # (by path: a bare `run` may be another folder's run.py)
-    _serve, _text = c._serve, c._text
+    _serve, _text = calibrate._serve, calibrate._text
     torch.set_num_threads(1)
     handle, face = one_rank_engine()
     rng = random.Random(0)
 
     def extend(n: int, p: int) -> float:
         if clock == "wall":
-            return c._prefill(face, rng, n, p, 1)
-        prefix = c._cached_prefix(face, rng, p)
+            return calibrate._prefill(face, rng, n, p, 1)
+        prefix = calibrate._cached_prefix(face, rng, p)
         return _step_cpu(handle, "extend", lambda: _serve(face, [prefix + _text(rng, n)], 1))
 
     def decode(b: int, n: int) -> float:
         if clock == "wall":
-            return c._decode(face, rng, b, n)
-        return _step_cpu(handle, "decode", lambda: _serve(face, [_text(rng, n) for _ in range(b)], c.DECODE_TOKENS))
+            return calibrate._decode(face, rng, b, n)
+        prompts = [_text(rng, n) for _ in range(b)]
+        return _step_cpu(handle, "decode", lambda: _serve(face, prompts, calibrate.DECODE_TOKENS))
 
     points = [("extend", (n, p), functools.partial(extend, n, p)) for n, p in PREFILL] + \
              [("decode", (b, n), functools.partial(decode, b, n)) for b, n in DECODE]

@@ -31,6 +31,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 from framework.core.paths import load_script  # noqa: E402
 from framework.engine.stats import STEP_CPU_KEYS  # noqa: E402
 
+calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
+
 EXTENDS = [(512, 0), (512, 16)] * 2          # (new tokens, cached prefix)
 DECODE = (8, 256, 16)                         # requests, prompt tokens, tokens each
 
@@ -42,10 +44,9 @@ class EngineProbe:
         self.seed, self.handle = seed, None
 
     def __enter__(self) -> "EngineProbe":
-        self.calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py here)
-        _, self.handle, self.face = self.calibrate.profiled_engine(self.calibrate.CONFIGS["single"], self.seed)
+        _, self.handle, self.face = calibrate.profiled_engine(calibrate.CONFIGS["single"], self.seed)
         self.rng = random.Random(self.seed)
-        self.calibrate._serve(self.face, [self.calibrate._text(self.rng, 64)], 4)          # warm-up
+        calibrate._serve(self.face, [calibrate._text(self.rng, 64)], 4)          # warm-up
         return self
 
     def __exit__(self, *exc) -> None:
@@ -58,7 +59,7 @@ class EngineProbe:
 
     def measure(self) -> float:
         """The engine thread's CPU seconds in the mix's steps (its stats come fresh with the finish that drains it)."""
-        c, face, rng = self.calibrate, self.face, self.rng
+        c, face, rng = calibrate, self.face, self.rng
         before = self._cpu()
         for new, cached in EXTENDS:
             prefix = c._cached_prefix(face, rng, cached)   # (served first, when cached: part of the mix)

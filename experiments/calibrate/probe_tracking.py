@@ -27,14 +27,13 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))              # (engine_probe, a sibling)
 
-from engine_probe import EngineProbe  # noqa: E402
 from framework.core.host_probe import probe  # noqa: E402
 from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.instance.handle import SyncFace  # noqa: E402
 
 calibrate = load_script(HERE / "run.py")   # (by path: a bare `run` may be another folder's run.py)
+EngineProbe = load_script(HERE / "engine_probe.py").EngineProbe
 
 SERIES = ("host_probe", "engine_probe", "extend_512", "extend_512_on_16", "decode_8x256")
 

@@ -20,9 +20,9 @@ from framework.core.paths import load_script  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
 
-def trials(path: Path) -> dict:
-    out = json.loads(path.read_text())
-    return {f"{t['workload']}/{t['router']}": t for t in out["trials"]}
+def trials(fidelity, path: Path) -> dict:
+    """A router_ablation results.json's figures by case (sim_fidelity's router_trials)."""
+    return {case: t for case, _, t in fidelity.router_trials(path)}
 
 
 def main() -> None:
@@ -37,8 +37,8 @@ def main() -> None:
     meta = {c["case"]: c for c in stored["cases"]}
     repeats, workers = [], []
     for k, rep in enumerate(stored["runs"]):
-        level = trials(args.work / f"repeat{k}" / "level" / "router_ablation" / "results.json")
-        judged = trials(args.work / f"repeat{k}" / "router_ablation" / "results.json")
+        level = trials(f, args.work / f"repeat{k}" / "level" / "router_ablation" / "results.json")
+        judged = trials(f, args.work / f"repeat{k}" / "router_ablation" / "results.json")
         repeats.append({case: {which: {"prompt_tokens": t["bench_serving"]["total_input_tokens"],
                                        "answer_tokens": t["bench_serving"]["total_output_tokens"],
                                        "decode_cpu_s": t["decode_cpu_s"], "extend_cpu_s": t["extend_cpu_s"]}

@@ -353,10 +353,15 @@ def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[
         + (["--overrides", *extra] if extra else [])
     with host() as speed, Background() as background:
         subprocess.run(cmd, check=True, cwd=ROOT)
-    real = json.loads((out / "router_ablation" / "results.json").read_text())
-    trials = [(f"{t['workload']}/{t['router']}", real["overrides"][t["workload"]] + [f"router={t['router']}"], t)
-              for t in real["trials"]]
-    return trials, _host(background, speed), speed
+    return router_trials(out / "router_ablation" / "results.json"), _host(background, speed), speed
+
+
+def router_trials(path: Path) -> list[tuple[str, list[str], dict]]:
+    """A router_ablation results.json's trials as (case, overrides, figures): the case its workload/router, the
+    overrides that run it."""
+    real = json.loads(path.read_text())
+    return [(f"{t['workload']}/{t['router']}", real["overrides"][t["workload"]] + [f"router={t['router']}"], t)
+            for t in real["trials"]]
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
@@ -634,11 +639,11 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             host = block_host(run, reference_s, per_block, collectives, by)
             own = with_level(run["case"], run.get("level_block") if level else None, c["study"], sim_args, lockstep)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
+            needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
-                          "host_steal": run.get("host_steal"), "host_scale": leveled(host, own)[0],
-                          "host_level": own, "level_needed": needed_level(
-                              own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)})
+                          "host_steal": run.get("host_steal"), "host_scale": host[0],
+                          **_level_record(run.get("level_block"), own, host, needed)})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -752,8 +757,7 @@ def main() -> None:
         or args.collectives == "block"
     level = args.host_scale == "level"
     if args.host_scale == "engine":
-        sys.path.insert(0, str(ROOT / "experiments" / "calibrate"))
-        from engine_probe import EngineProbe                       # experiments/calibrate/engine_probe.py
+        EngineProbe = load_script("experiments/calibrate/engine_probe.py").EngineProbe
     with Cores() if measured else contextlib.nullcontext() as probes, \
             EngineProbe() if args.host_scale == "engine" else contextlib.nullcontext() as engine:
         in_load = functools.partial(engine_contention, args.contention_siblings, args.contention_clock,
