@@ -5,6 +5,13 @@ worker, real and simulated, with the router's own estimate of the hit rate (the 
 
     python experiments/sim_fidelity/level_diagnostics.py experiments/sim_fidelity/roundM_amd/results.json \
         --work outputs/sim_fidelity --out experiments/sim_fidelity/roundM_amd/diagnostics.json
+
+`--levels bracket` instead re-simulates a run of level blocks before each judged block only (round M's) with each
+judged block's level read from its own block pooled with the next repeat's (the nearest block after it, one study
+block later for the HTTP cells; the last repeat: its own alone): what reading the level on both sides might buy, on
+seen data, before a round that runs a block on each side (sim_fidelity --level-blocks before after). `--levels
+needed` simulates each judged block at the level it itself needed: the best any level block could do, so what stays
+outside then is not the level's. Both write the range table as JSON.
 """
 from __future__ import annotations
 
@@ -25,15 +32,58 @@ def trials(fidelity, path: Path) -> dict:
     return {case: t for case, _, t in fidelity.router_trials(path)}
 
 
+def resimulated(f, stored: dict, args: list[str], how: str) -> dict:
+    """Each judged block of a round-M-style run simulated at another level, with the stored run's switches `args`:
+    ``bracket``: read from its own level block and the next repeat's, pooled (sim_fidelity's read_level; the last
+    repeat: its own alone); ``needed``: the level its judged run itself needed (needed_level: what no level block can
+    do better than). The range table and each case's levels."""
+    meta, lockstep = {c["case"]: c for c in stored["cases"]}, stored.get("steal") == "lockstep"
+    runs = stored["runs"]
+    repeats = []
+    for k, rep in enumerate(runs):
+        cases = []
+        for run in rep:
+            c = meta[run["case"]]
+            if how == "bracket":
+                after = next((r["level_block"] for r in (runs[k + 1] if k + 1 < len(runs) else [])
+                              if r["case"] == run["case"]), None)
+                blocks = {"before": run["level_block"], "after": after}
+            else:
+                blocks = {"judged": f.level_block(c["overrides"], run["real"], run)}
+            level = f.with_level(run["case"], blocks, c["study"], args, lockstep)
+            sim, _ = simulate(f.sim_config(c["study"], c["overrides"], args, f.block_load(run, lockstep),
+                                           (1.0, None, None), level))
+            cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
+                          "sim": {key: sim.get(key) for key in f.KEEP}, "host_background": run["host_background"],
+                          "host_steal": run.get("host_steal"), "host_scale": level["decode"], "host_level": level,
+                          "level_needed": run.get("level_needed")})
+        repeats.append(cases)
+    cells = f.combine(repeats)
+    table = f.range_table(cells, stored["load_average"]) + "\n\n" + f.level_table(cells)
+    return {"source": stored.get("git_sha"), "levels": how, "sim_args": args, "table": table,
+            "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range", "host_levels",
+                                         "levels_needed")} for c in cells]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="a sim_fidelity run's results.json (--host-scale level)")
-    ap.add_argument("--work", type=Path, required=True, help="that run's --work folder (its real runs' outputs)")
+    ap.add_argument("--work", type=Path, help="that run's --work folder (its real runs' outputs)")
+    ap.add_argument("--levels", choices=["bracket", "needed"],
+                    help="instead: re-simulate each judged block at its own and the next repeat's level blocks, "
+                         "pooled (bracket), or at the level its judged run itself needed (needed)")
     ap.add_argument("--cell", default="shared_prefix/cache_aware", help="the cell whose workers are compared")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     f = load_script("experiments/sim_fidelity/run.py")
     stored = json.loads(args.results.read_text())
+    if args.levels:
+        out = resimulated(f, stored, stored["sim_args"], args.levels)
+        print(out["table"])
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return print(f"wrote {args.out}")
+    if args.work is None:
+        ap.error("--work: the run's real runs' outputs are needed (not with --levels)")
     meta = {c["case"]: c for c in stored["cases"]}
     repeats, workers = [], []
     for k, rep in enumerate(stored["runs"]):

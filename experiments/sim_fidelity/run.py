@@ -67,6 +67,10 @@ the CPU clock does not count, the scale at which the block's simulation lasts as
 gives only the shape of the costs. Not with a contention factor: the CPU clock holds the cores' contention. The
 level table also prints, per cell, what its judged runs would themselves have needed read the same way
 (``needed_level``): the level's own error, the host's drift between block and judged run and the draw.
+`--level-blocks before after` runs a second level block just after each judged block (`workload.seed` 2000 + the
+repeat) and reads each cell's level from both, pooled (their seconds summed): the host's drift on either side of the
+judged run averaged, and no side always first. On round M's stored runs, pairing each block with the next repeat's
+(level_diagnostics.py --levels bracket, roundM_amd/preview_bracket.json) left the inside counts at 5/6, 5/6, 5/6.
 `--steal lockstep` (the round of protocol_steal.md) takes, of the other work measured during each real block, the
 cores' time the hypervisor gave to other guests (/proc/stat's steal; this VM: 0-0.5 cores by the hour) and simulates
 it apart (`sim.host_steal`): no process runs on a core while it is taken, so a two-rank instance, whose ranks meet at
@@ -271,40 +275,46 @@ def _host(background: "Background", speed: HostSpeed) -> dict:
             **speed.record()}
 
 
-LEVEL_SEED = 1000      # --host-scale level: repeat k's level block draws workload.seed LEVEL_SEED + k (judged: seed 0)
+LEVEL_SEEDS = {"before": 1000, "after": 2000}   # --host-scale level: repeat k's level blocks draw workload.seed
+# LEVEL_SEEDS[which] + k (the judged runs: seed 0); --level-blocks says which run (round M: before; round N: both)
 LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s")     # what read_level takes from a level block's real run
 MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
-def read_level(case: str, study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
-               real: dict) -> dict:
-    """--host-scale level: a cell's level by step kind, read from its level block (the same cell at another seed, run
-    just before the judged one: the host's speed in the cell's own shape and hour, from a run that is not judged),
-    against the block's simulation at the profile's own level. A one-rank instance: the engines' step CPU over the
-    simulated price, per kind (a one-rank profile's points were timed alone, where wall and CPU agree; the CPU clock
-    leaves the cores' sharing to the simulator and holds the cores' contention, so none is simulated on top). An
-    instance of several ranks waits at every step on collectives that its ranks' CPU clock does not count: one scale
-    for both kinds, the one at which the block's simulation lasts as long as the real run did (its duration taken as
-    linear in the scale, between simulations at 1 and 2). A level below MIN_LEVEL is said and floored there."""
-    cfg = sim_config(study, overrides, sim_args, load)
-    at_one, _ = simulate(cfg)
-    if cfg.parallel.size == 1:
+def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]]) -> dict:
+    """--host-scale level: a cell's level by step kind, read from its level blocks (the same cell at other seeds, run
+    just before the judged one, and with --level-blocks both just after it too: the host's speed in the cell's own
+    shape and hour, from runs that are not judged), each block ``(overrides, load, real figures)``, against the
+    blocks' simulations at the profile's own level, pooled (the blocks' seconds summed: two blocks are read as one).
+    A one-rank instance: the engines' step CPU over the simulated price, per kind (a one-rank profile's points were
+    timed alone, where wall and CPU agree; the CPU clock leaves the cores' sharing to the simulator and holds the
+    cores' contention, so none is simulated on top). An instance of several ranks waits at every step on collectives
+    that its ranks' CPU clock does not count: one scale for both kinds, the one at which the blocks' simulations last
+    as long as the real blocks did (each duration taken as linear in the scale, between simulations at 1 and 2). A
+    level below MIN_LEVEL is said and floored there."""
+    cfgs = [sim_config(study, overrides, sim_args, load) for overrides, load, _ in blocks]
+    at_one = [simulate(cfg)[0] for cfg in cfgs]
+    reals = [real for _, _, real in blocks]
+    if cfgs[0].parallel.size == 1:
         level = {"by": "step_cpu"}
         for kind, key in (("extend", "extend_cpu_s"), ("decode", "decode_cpu_s")):
-            if real.get(key) is None or not at_one[key] > 0:
+            real, priced = [r.get(key) for r in reals], sum(s[key] for s in at_one)
+            if None in real or not priced > 0:
                 raise ValueError(f"--host-scale level: {case}'s level block has no {kind} steps to read a level from "
-                                 f"(real {real.get(key)} s, priced {at_one[key]} s): a workload too small for it")
-            level[kind] = _floored(case, kind, real[key] / at_one[key], f"its engines' {kind} CPU {real[key]:.2f} s "
-                                   f"against a price of {at_one[key]:.2f} s")
+                                 f"(real {real} s, priced {priced} s): a workload too small for it")
+            level[kind] = _floored(case, kind, sum(real) / priced, f"its engines' {kind} CPU {sum(real):.2f} s "
+                                   f"against a price of {priced:.2f} s")
         return level
-    at_two, _ = simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))
-    slope = at_two["duration_s"] - at_one["duration_s"]
-    if not slope > 0:
+    at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))[0]
+              for overrides, load, _ in blocks]
+    one, two = sum(s["duration_s"] for s in at_one), sum(s["duration_s"] for s in at_two)
+    real = sum(r["duration_s"] for r in reals)
+    if not two > one:
         raise ValueError(f"--host-scale level: {case}: the simulated duration does not grow with the host's scale "
-                         f"({at_one['duration_s']:.2f} s at 1, {at_two['duration_s']:.2f} s at 2)")
-    scale = _floored(case, "step", 1.0 + (real["duration_s"] - at_one["duration_s"]) / slope,
-                     f"the real block took {real['duration_s']:.2f} s, its simulation's unscaled waits alone "
-                     f"{at_one['duration_s'] - slope:.2f} s")
+                         f"({one:.2f} s at 1, {two:.2f} s at 2)")
+    scale = _floored(case, "step", 1.0 + (real - one) / (two - one),
+                     f"the real blocks took {real:.2f} s, their simulations' unscaled waits alone "
+                     f"{2 * one - two:.2f} s")
     return {"by": "duration", "extend": scale, "decode": scale}
 
 
@@ -316,32 +326,41 @@ def _floored(case: str, kind: str, level: float, why: str) -> float:
 
 
 def level_block(overrides: list[str], real: dict, measured: dict) -> dict:
-    """What a case keeps of its level block: enough for read_level, here and in --resimulate."""
+    """What a case keeps of a level block: enough for read_level, here and in --resimulate."""
     return {"overrides": overrides, "real": {k: real.get(k) for k in LEVEL_KEEP},
             "host_background": measured["host_background"], "host_steal": measured["host_steal"]}
 
 
-def with_level(case: str, block: dict | None, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
-    """A case's level from its level block (None: none, --host-scale other than level)."""
-    if block is None:
+def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
+    """A case's level from its level blocks by which (``LEVEL_SEEDS``' keys; the ones present are pooled by
+    read_level), None without any (--host-scale other than level)."""
+    found = [b for b in blocks.values() if b]
+    if not found:
         return None
-    return read_level(case, study, block["overrides"], sim_args, block_load(block, lockstep), block["real"])
+    return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found])
 
 
-def _level_record(block: dict | None, level: dict | None, host: tuple, needed: dict | None = None) -> dict:
-    """A case's record of its level (nothing without one): the block, the level read from it, the scale it was
-    simulated with (``leveled``: the block's host otherwise), and the level its judged run would have needed
-    (``needed_level``)."""
-    return {} if level is None else {"level_block": block, "host_level": level, "host_scale": leveled(host, level)[0],
-                                     "level_needed": needed}
+def stored_blocks(run: dict, which: list[str]) -> dict:
+    """A stored case's level blocks by which, of those asked for (``_level_record``'s keys)."""
+    return {w: run.get(f"level_block{'' if w == 'before' else '_' + w}") for w in which}
+
+
+def _level_record(blocks: dict, level: dict | None, host: tuple, needed: dict | None = None) -> dict:
+    """A case's record of its level (nothing without one): its blocks (`level_block`: the one before, as round M
+    stored it; `level_block_after`), the level read from them, the scale it was simulated with (``leveled``: the
+    block's host otherwise), and the level its judged run would have needed (``needed_level``)."""
+    if level is None:
+        return {}
+    return {**{f"level_block{'' if w == 'before' else '_' + w}": b for w, b in blocks.items()}, "host_level": level,
+            "host_scale": leveled(host, level)[0], "level_needed": needed}
 
 
 def needed_level(level: dict | None, case: str, study: str, overrides: list[str], real: dict, measured: dict,
                  sim_args: list[str], lockstep: bool) -> dict | None:
     """With a ``level`` (None: none), the level its judged run would have needed: read_level's reading of the judged
-    run itself, as of a block (not simulated with; reported beside the level its block read, where the difference is
-    the level's own error: the host's drift between the two and the draw)."""
-    return level and with_level(case, level_block(overrides, real, measured), study, sim_args, lockstep)
+    run itself, as of a block (not simulated with; reported beside the level its blocks read, where the difference is
+    the level's own error: the host's drift between them and the draw)."""
+    return level and with_level(case, {"judged": level_block(overrides, real, measured)}, study, sim_args, lockstep)
 
 
 def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
@@ -365,23 +384,32 @@ def router_trials(path: Path) -> list[tuple[str, list[str], dict]]:
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seed: int | None = None) -> list[dict]:
-    """Real runs by experiments/router_ablation, then each simulated; with ``level_seed`` (--host-scale level), a
-    level block first: the same cells at that seed, each cell simulated at the level read from its own."""
-    blocks = {}
-    if level_seed is not None:
-        trials, measured, _ = _router_block(quick, out / "level", HostSpeed, [f"workload.seed={level_seed}"])
-        blocks = {case: level_block(overrides, real, measured) for case, overrides, real in trials}
+                 level_seeds: dict | None = None) -> list[dict]:
+    """Real runs by experiments/router_ablation, then each simulated; with ``level_seeds`` (--host-scale level: a
+    seed by which block, ``LEVEL_SEEDS``' keys), level blocks around them: the same cells at those seeds, before the
+    judged runs and after them, each cell simulated at the level read from its own."""
+    runs = {which: _router_block(quick, _level_dir(out, which), HostSpeed, [f"workload.seed={seed}"])[:2]
+            for which, seed in (level_seeds or {}).items() if which == "before"}
     trials, measured, speed = _router_block(quick, out, host)
+    runs |= {which: _router_block(quick, _level_dir(out, which), HostSpeed, [f"workload.seed={seed}"])[:2]
+             for which, seed in (level_seeds or {}).items() if which == "after"}
+    blocks = {which: {case: level_block(overrides, real, block_measured) for case, overrides, real in block_trials}
+              for which, (block_trials, block_measured) in runs.items()}
     cases = []
     for case, overrides, trial in trials:
-        level = with_level(case, blocks.get(case), "router_ablation", sim_args, lockstep)
+        own = {which: by_case[case] for which, by_case in blocks.items()}
+        level = with_level(case, own, "router_ablation", sim_args, lockstep)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         needed = needed_level(level, case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
-                      **measured, **_level_record(blocks.get(case), level, speed.simulated(), needed)})
+                      **measured, **_level_record(own, level, speed.simulated(), needed)})
     return cases
+
+
+def _level_dir(out: Path, which: str) -> Path:
+    """Where a level block's real runs write: `level` before the judged runs (as round M's), `level_after` after."""
+    return out / ("level" if which == "before" else f"level_{which}")
 
 
 def _scheme_block(bench, overrides: list[str], out: Path, host) -> tuple[dict, dict, HostSpeed]:
@@ -392,26 +420,30 @@ def _scheme_block(bench, overrides: list[str], out: Path, host) -> tuple[dict, d
 
 
 def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seed: int | None = None) -> list[dict]:
+                 level_seeds: dict | None = None) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated; with
-    ``level_seed``, each scheme's level block first (router_cases)."""
+    ``level_seeds``, each scheme's level blocks around its judged run (router_cases)."""
     bench = load_script("experiments/dp_attn_vs_tp/run.py").bench      # (not a bare `run`: calibrate's may be loaded)
     plan = OmegaConf.to_container(OmegaConf.load(ROOT / "experiments/dp_attn_vs_tp/config.yaml"))
     base = plan["overrides"] + (plan["tiny"]["overrides"] if quick else []) + plan["sizings"]["kv_budget"]
     cases = []
     for scheme in SCHEMES:
         overrides, case = base + plan["schemes"][scheme] + ["parallel.size=2"], f"{scheme}x2"
-        block = level = None
-        if level_seed is not None:
-            seeded = overrides + [f"workload.seed={level_seed}"]
-            real, measured, _ = _scheme_block(bench, seeded, out / "level" / "dp_attn_vs_tp" / scheme, HostSpeed)
-            block = level_block(seeded, real, measured)
-            level = with_level(case, block, "dp_attn_vs_tp", sim_args, lockstep)
+
+        def block(which: str) -> dict:
+            seeded = overrides + [f"workload.seed={level_seeds[which]}"]
+            real, measured, _ = _scheme_block(bench, seeded, _level_dir(out, which) / "dp_attn_vs_tp" / scheme,
+                                              HostSpeed)
+            return level_block(seeded, real, measured)
+        seeds = level_seeds or {}
+        blocks = {"before": block("before")} if "before" in seeds else {}
         real, measured, speed = _scheme_block(bench, overrides, out / "dp_attn_vs_tp" / scheme, host)
+        blocks |= {"after": block("after")} if "after" in seeds else {}
+        level = with_level(case, blocks, "dp_attn_vs_tp", sim_args, lockstep)
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         cases.append({"case": case, "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
-                      "sim": sim, **measured, **_level_record(block, level, speed.simulated(), needed_level(
+                      "sim": sim, **measured, **_level_record(blocks, level, speed.simulated(), needed_level(
                           level, case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep))})
     return cases
 
@@ -623,13 +655,14 @@ KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "step
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
-               by: str = "host_pinned_s", level: bool = False) -> tuple[list[dict], str]:
+               by: str = "host_pinned_s", level_blocks: list[str] = ()) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
     ``per_block`` / ``collectives``: the contention / collective latency measured around each block; ``blocks``: the
-    table also lists every block's throughput, real and simulated, beside its steal; ``level`` (--host-scale level):
-    each case at the level read again from its stored level block with `sim_args`."""
+    table also lists every block's throughput, real and simulated, beside its steal; ``level_blocks`` (--host-scale
+    level: --level-blocks' names): each case at the level read again from those of its stored level blocks with
+    `sim_args`."""
     meta = {c["case"]: c for c in stored["cases"]}
     repeats = []
     for rep in stored["runs"]:
@@ -637,13 +670,14 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
-            own = with_level(run["case"], run.get("level_block") if level else None, c["study"], sim_args, lockstep)
+            blocks = stored_blocks(run, level_blocks)
+            own = with_level(run["case"], blocks, c["study"], sim_args, lockstep)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
             needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_steal": run.get("host_steal"), "host_scale": host[0],
-                          **_level_record(run.get("level_block"), own, host, needed)})
+                          **_level_record(blocks, own, host, needed)})
         repeats.append(cases)
     cells = combine(repeats)
     for c in cells:
@@ -696,6 +730,10 @@ def main() -> None:
                          "host_probe's (pinned) or the engine's own steps' (engine: experiments/calibrate/"
                          "engine_probe, a profile taken with --engine-probe); or each cell's level by step kind, read "
                          "from a level block run just before it: the same cell at another seed (level: read_level)")
+    ap.add_argument("--level-blocks", nargs="+", choices=list(LEVEL_SEEDS), default=["before"],
+                    help="--host-scale level: the level blocks each judged block's level is read from, pooled: the one "
+                         "just before it (round M's), the one just after it, or both around it (before after); with "
+                         "--resimulate: which of the stored run's")
     ap.add_argument("--contention", default="none",
                     help="sim.host_contention: none (1), measured (framework/core/host_probe.contention, before the "
                          "real runs), block (host_probe.Cores around each real block, with its speed), engine "
@@ -739,6 +777,9 @@ def main() -> None:
                  f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "
                  f"at the profile's collective latency (none is measured around a level block); give --contention "
                  f"none --collectives none")
+    if args.level_blocks != ["before"] and args.host_scale != "level":
+        sys.exit(f"--level-blocks {' '.join(args.level_blocks)}: level blocks are read only with --host-scale level; "
+                 f"got --host-scale {args.host_scale}")
     if args.resimulate:
         return resimulate_main(args)
     if len(args.answers) != 1:
@@ -775,10 +816,11 @@ def main() -> None:
         lockstep = args.steal == "lockstep"
         repeats = []
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
-            work, seed = args.work / f"repeat{k}", LEVEL_SEED + k if level else None
-            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seed)
+            work = args.work / f"repeat{k}"
+            seeds = {which: LEVEL_SEEDS[which] + k for which in args.level_blocks} if level else None
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds)
                      if "router_ablation" in args.studies else []) \
-                + (scheme_cases(args.quick, work, sim_args, around, lockstep, seed)
+                + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds)
                    if "dp_attn_vs_tp" in args.studies else [])
             print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
             repeats.append(cases)
@@ -804,13 +846,14 @@ def main() -> None:
                                         "host_background_range", "host_steal",
                                         "host_scales", "host_levels", "levels_needed", "real", "sim")}
                      for c in cells],
-           "host_scale": args.host_scale,
+           "host_scale": args.host_scale, "level_blocks": args.level_blocks if level else None,
            "steal": args.steal,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
                       "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
                       "host_collective_s": c["host_collective_s"], "host_engine_s": c["host_engine_s"],
                       "host_level": c.get("host_level"), "level_block": c.get("level_block"),
+                      "level_block_after": c.get("level_block_after"),
                       "level_needed": c.get("level_needed"),
                       "real": {k: c["real"].get(k) for k in KEEP}, "sim": {k: c["sim"].get(k) for k in KEEP}}
                      for c in rep] for rep in repeats]}
@@ -888,9 +931,11 @@ def resimulate_main(args) -> None:
               f"{cores.get('siblings', 1)} engine(s) on the {cores.get('clock', 'wall')} clock; "
               f"--contention-siblings/--contention-clock do not apply to --resimulate", flush=True)
     per_block = args.contention == "block"
-    if args.host_scale == "level" and any(not r.get("level_block") for rep in stored["runs"] for r in rep):
-        sys.exit(f"--host-scale level: {args.resimulate} ran no level blocks (it ran with --host-scale "
-                 f"{stored.get('host_scale')}); give --host-scale none")
+    if args.host_scale == "level" and any(not all(stored_blocks(r, args.level_blocks).values())
+                                          for rep in stored["runs"] for r in rep):
+        sys.exit(f"--host-scale level --level-blocks {' '.join(args.level_blocks)}: {args.resimulate} did not run "
+                 f"those level blocks (it ran with --host-scale {stored.get('host_scale')}, level blocks "
+                 f"{' '.join(stored.get('level_blocks') or ['before'])}); give the ones it ran, or --host-scale none")
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
@@ -904,10 +949,13 @@ def resimulate_main(args) -> None:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
-                                 args.steal == "lockstep", args.blocks, by, args.host_scale == "level")
+                                 args.steal == "lockstep", args.blocks, by,
+                                 args.level_blocks if args.host_scale == "level" else [])
         print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{work_table(cells)}\n{level_table(cells)}\n", flush=True)
-        out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale, "steal": args.steal,
+        out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
+                                "level_blocks": args.level_blocks if args.host_scale == "level" else None,
+                                "steal": args.steal,
                                 "reference_pinned_s": reference_s if by == "host_pinned_s" else None,
                                 "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
@@ -923,6 +971,8 @@ def resimulate_main(args) -> None:
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])
+                        + ([] if args.host_scale != "level" or args.level_blocks == ["before"]
+                           else ["blocks_" + "_".join(args.level_blocks)])
                         + ([] if args.profile == ran_with else [f"profile_{Path(args.profile).stem}"]))
         args.resim_out = HERE / f"resim_{name}_answers_{'_'.join(args.answers)}.json"
     args.resim_out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,14 +29,14 @@ def test_a_one_rank_level_is_the_engines_step_cpu_over_the_price_per_kind_and_re
     plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
     real = {"extend_cpu_s": 0.8 * plain["extend_cpu_s"], "decode_cpu_s": 1.3 * plain["decode_cpu_s"],
             "duration_s": plain["duration_s"]}
-    level = f.read_level("c", "router_ablation", ONE_RANK, SIM, load, real)
+    level = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)])
     assert level["by"] == "step_cpu"
     again, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load, level=level))
     for key in ("extend_cpu_s", "decode_cpu_s"):          # the batches may move a little with the new speed
         assert again[key] == pytest.approx(real[key], rel=0.05)
     with pytest.raises(ValueError, match=r"c's level block has no decode steps"):
-        f.read_level("c", "router_ablation", ONE_RANK, SIM, load, {**real, "decode_cpu_s": None})
-    floored = f.read_level("c", "router_ablation", ONE_RANK, SIM, load, {**real, "extend_cpu_s": 0.0})
+        f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, {**real, "decode_cpu_s": None})])
+    floored = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, {**real, "extend_cpu_s": 0.0})])
     assert floored["extend"] == f.MIN_LEVEL
 
 
@@ -44,10 +44,40 @@ def test_a_two_rank_level_is_the_scale_at_which_the_block_lasts_as_long_as_it_di
     f = load_script("experiments/sim_fidelity/run.py")
     load = (0.2, None)
     slow, _ = simulate(f.sim_config("dp_attn_vs_tp", TWO_RANKS, SIM, load, (1.6, None, None)))
-    level = f.read_level("tpx2", "dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": slow["duration_s"]})
+    level = f.read_level("tpx2", "dp_attn_vs_tp", SIM, [(TWO_RANKS, load, {"duration_s": slow["duration_s"]})])
     assert level["by"] == "duration" and level["extend"] == level["decode"] == pytest.approx(1.6, rel=0.05)
-    floor = f.read_level("tpx2", "dp_attn_vs_tp", TWO_RANKS, SIM, load, {"duration_s": 1e-3})   # below its waits
+    floor = f.read_level("tpx2", "dp_attn_vs_tp", SIM, [(TWO_RANKS, load, {"duration_s": 1e-3})])   # below its waits
     assert floor["decode"] == f.MIN_LEVEL
+
+
+def test_two_blocks_are_read_as_one_and_a_run_without_the_blocks_asked_for_is_refused(tmp_path):
+    """--level-blocks both: the blocks before and after a judged run pooled (their seconds summed), so two blocks
+    priced at 0.6 and 1.4 read near 1.0 where each alone reads its own; the one-rank kinds and the two-rank
+    duration alike. A stored run of round M's (blocks before only) cannot be re-read with blocks after."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load = (0.2, None)
+    for study, overrides in (("router_ablation", ONE_RANK), ("dp_attn_vs_tp", TWO_RANKS)):
+        blocks = {}
+        for which, seed, scale in (("before", 1000, 0.6), ("after", 2000, 1.4)):
+            seeded = overrides + [f"workload.seed={seed}"]
+            real, _ = simulate(f.sim_config(study, seeded, SIM, load, (scale, None, None)))
+            blocks[which] = f.level_block(seeded, real, {"host_background": load[0], "host_steal": None})
+        alone = {w: f.with_level("c", {w: b}, study, SIM, False)["decode"] for w, b in blocks.items()}
+        both = f.with_level("c", blocks, study, SIM, False)
+        assert alone["before"] == pytest.approx(0.6, rel=0.05) and alone["after"] == pytest.approx(1.4, rel=0.05)
+        assert alone["before"] < both["decode"] < alone["after"] and both["extend"] < alone["after"]
+        record = f._level_record(blocks, both, (1.0, None, None))
+        assert f.stored_blocks(record, ["before", "after"]) == blocks
+    stored = tmp_path / "results.json"
+    stored.write_text('{"runs": [[{"case": "c", "level_block": {}}]], "cases": [], "host_scale": "level", '
+                      '"sim_args": []}')
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--resimulate", str(stored),
+                        "--host-scale", "level", "--level-blocks", "before", "after"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "did not run those level blocks" in r.stderr
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--level-blocks", "after"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "level blocks are read only with --host-scale level" in r.stderr
 
 
 def test_workload_seed_draws_other_prompts_and_keeps_the_runs_seed_elsewhere():
@@ -73,13 +103,13 @@ def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reprodu
         seeded = overrides + ["workload.seed=1000"]
         block_real, _ = simulate(f.sim_config("router_ablation", seeded, SIM, load, (slow, None, None)))
         block = f.level_block(seeded, block_real, {"host_background": load[0], "host_steal": None})
-        level = f.with_level(case, block, "router_ablation", SIM, False)
+        level = f.with_level(case, {"before": block}, "router_ablation", SIM, False)
         judged, _ = simulate(f.sim_config("router_ablation", overrides, SIM, load, level=level))
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides})
         runs.append({"case": case, "host_background": load[0], "host_steal": None, "level_block": block,
                      "real": {k: judged.get(k) for k in f.KEEP}})
     stored = {"cases": cases, "runs": [runs], "load_average": {"before": [0.5], "after": [0.5], "cores": 2}}
-    cells, table = f.resimulate(stored, SIM, level=True)
+    cells, table = f.resimulate(stored, SIM, level_blocks=["before"])
     for cell, slow in zip(cells, (0.7, 1.4)):
         level, = cell["host_levels"]
         # priced at `slow`, read back at it (the batches of another speed move a little)
@@ -98,7 +128,7 @@ def test_needed_level_reads_the_judged_run_not_its_block():
     load, measured = (0.1, None), {"host_background": 0.1, "host_steal": None}
     block_real, _ = simulate(f.sim_config("router_ablation", ONE_RANK + ["workload.seed=1000"], SIM, load,
                                           (0.7, None, None)))
-    level = f.with_level("c", f.level_block(ONE_RANK + ["workload.seed=1000"], block_real, measured),
+    level = f.with_level("c", {"before": f.level_block(ONE_RANK + ["workload.seed=1000"], block_real, measured)},
                          "router_ablation", SIM, False)
     judged, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load, (1.2, None, None)))
     needed = f.needed_level(level, "c", "router_ablation", ONE_RANK, judged, measured, SIM, False)
