@@ -3,6 +3,7 @@ model, then with one of issue 19's terms switched off at a time. No published fi
 
     python experiments/sim_repro/ablate.py --round 1      # ~10 minutes; writes ablation_round<N>.json and .md
     python experiments/sim_repro/ablate.py --round 2      # round 1's terms and round 2's (ROUND2), on round 2's setup
+    python experiments/sim_repro/ablate.py --round 3      # and round 3's (ROUND3), on round 3's setup
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))
 
-from predict import BENCHES, ROUTERS, SCHEMES, pr1970, router_blog  # noqa: E402
+from framework.core.paths import git_sha, load_script  # noqa: E402
 
-from framework.core.paths import git_sha  # noqa: E402
+predict = load_script("experiments/sim_repro/predict.py")
+BENCHES, ROUTERS, SCHEMES, pr1970, router_blog = (predict.BENCHES, predict.ROUTERS, predict.SCHEMES, predict.pr1970,
+                                                  predict.router_blog)
 
 TERMS = {"all terms (the prediction)": [],
          "no scheduler CPU": ["sim.cost.host_step_us=0", "sim.cost.host_running_us=0", "sim.cost.host_new_req_us=0"],
@@ -36,6 +38,9 @@ ROUND2 = {"v0.4.1's split-KV decode kernel (PR #2394) instead of the one before"
           "CUDA graphs under DP attention (PR #2061)": ([], ["engine.cuda_graph=true"]),
           "schedule_conservativeness 0.3 under DP attention (PR #2096)": (
               [], ["parallel.schedule_conservativeness=0.3"])}
+# round 3's term (predict.py SETUPS[3]), undone
+ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its published rates": (
+              ["sim.cost.fused_moe_rates=false"], [])}
 
 
 def main() -> None:
@@ -43,7 +48,8 @@ def main() -> None:
     ap.add_argument("--round", type=int, default=1)
     args = ap.parse_args()
     t0, rows = time.time(), []
-    terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {})
+    terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {}) \
+        | (ROUND3 if args.round >= 3 else {})
     for term, (extra, dp_extra) in terms.items():
         cells = ([pr1970(b, s, extra + (dp_extra if s == "dp_attn" else []), args.round)
                   for b in BENCHES for s in SCHEMES]

@@ -13,6 +13,7 @@ files; no published figure) and predictions_round<N>.md. compare.py holds the pu
 
     python experiments/sim_repro/predict.py --round 1      # ~2 minutes
     python experiments/sim_repro/predict.py --round 2      # PR #1970 as its code stood then (SETUPS below)
+    python experiments/sim_repro/predict.py --round 3      # round 2 + its MoE kernel's published rates
 """
 from __future__ import annotations
 
@@ -35,13 +36,18 @@ SCHEMES = {"tp": ["parallel=tp", "engine.chunked_prefill_tokens=8192"],
            "dp_attn": ["parallel=dp_attn", "engine.chunked_prefill_tokens=4096"]}   # SGLang halves it under DP
 # PR #1970's setup per round: the experiment, and what each scheme adds. Round 1: SGLang v0.4.1's inputs. Round 2: the
 # code as of PR #1970's figures (conf/experiment/pr1970_nov2024.yaml: the decode kernel before PR #2394); under DP
-# attention no CUDA graphs yet (PR #2061, merged 2024-11-17) and schedule_conservativeness 1.0 (PR #2096, 2024-11-20)
+# attention no CUDA graphs yet (PR #2061, merged 2024-11-17) and schedule_conservativeness 1.0 (PR #2096, 2024-11-20).
+# Round 3: round 2's, and the routed experts at most at the published rate of the fused MoE kernel they ran, vLLM's at
+# its 2024 default config on an H100 (plugins/cost/lib/fused_moe_triton.py). "all": what every scheme adds
+DP_NOV2024 = ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0"]
 SETUPS = {1: ("pr1970", {}),
-          2: ("pr1970_nov2024", {"dp_attn": ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0"]})}
+          2: ("pr1970_nov2024", {"dp_attn": DP_NOV2024}),
+          3: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true"], "dp_attn": DP_NOV2024})}
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
            "prefill": ["workload.input_len=512", "workload.output_len=1"]}
 ROUTERS = ("round_robin", "cache_aware")
 MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cost/_layout.py",
+               "plugins/cost/lib/fused_moe_triton.py", "plugins/cost/lib/expert_load.py",
                "framework/contracts/cost.py", "framework/gpu/roofline.py", "framework/gpu/hardware.py",
                "framework/sim/cluster.py", "framework/sim/instance.py", "framework/sim/frontend.py",
                "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml", "conf/experiment/sglang_router_blog.yaml",
@@ -62,7 +68,8 @@ def pr1970(bench: str, scheme: str, extra: list[str], rnd: int = 1) -> dict:
     if rnd not in SETUPS:
         raise SystemExit(f"--round {rnd} has no PR #1970 setup; rounds: {', '.join(map(str, SETUPS))} (SETUPS)")
     experiment, per_scheme = SETUPS[rnd]
-    overrides = [f"experiment={experiment}"] + SCHEMES[scheme] + per_scheme.get(scheme, []) + BENCHES[bench] + extra
+    overrides = [f"experiment={experiment}"] + SCHEMES[scheme] + per_scheme.get("all", []) + per_scheme.get(scheme, []) \
+        + BENCHES[bench] + extra
     cfg = compose(overrides)
     r = run(overrides)
     w = cfg.workload

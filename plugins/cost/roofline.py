@@ -26,9 +26,9 @@ from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
 from plugins.cost._host import combine, eager_floor_s, overlapped, scheduler_s
 from plugins.cost._layout import declared_collectives, layout_for, plugin_configs
-from plugins.cost.lib import deepep, deepgemm, fa3
+from plugins.cost.lib import deepep, deepgemm, fa3, fused_moe_triton
 from plugins.cost.lib.eplb_moves import EPLBMoves
-from plugins.cost.lib.expert_load import SOURCES, layer_loads, rank_imbalance, rebalance
+from plugins.cost.lib.expert_load import SOURCES, expected_touched, layer_loads, rank_imbalance, rebalance
 from plugins.cost.lib.load_fluctuation import LoadFluctuation
 from plugins.cost.lib.tbo import decode_layer, overlapped_s, prefill_layer
 
@@ -65,6 +65,11 @@ class RooflineConfig(CostConfig):
     # the fraction of the fitted GEMM rates the fp8 Triton fused MoE (fused_moe_triton, default configs) reaches;
     # no public measurement of the 2024 kernel: 1.0 (the dense-GEMM fit)
     fused_moe_fp8_eff: float = 1.0
+    # the routed experts of an fp8 model on the Triton fused MoE (experts not split across ranks) at most at the
+    # published rate of that kernel at vLLM's 2024 default config on an H100 SXM, by rows per touched expert
+    # (plugins/cost/lib/fused_moe_triton.py: vLLM PR #24700's "Main" listing; issue 19, round 3); false: the fitted
+    # GEMM rates (over fused_moe_fp8_eff)
+    fused_moe_rates: bool = False
     # -- the host (issue 19, item 4; plugins/cost/_host.py) ----------------------------------------------------------
     overlap_schedule: str = "auto"    # auto: v0.4's choice (off under DP attention or on Triton attention) | on | off
     attention_backend: str = "auto"   # auto: triton (v0.4 runs every MLA model on it) | triton | flashinfer
@@ -177,12 +182,6 @@ def wave_factor(programs: int, slots: int) -> float:
     return -(-programs // slots) * slots / programs if programs > 0 else 1.0
 
 
-def expected_touched(experts: int, top_k: int, tokens: float) -> float:
-    """Distinct experts `tokens` tokens pick, in expectation under uniform routing: a token misses a given expert
-    with probability 1 - k/E."""
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-
-
 def _total(*times: float) -> tuple[float, int]:
     """(seconds, kernels) of kernels run one after another (a zero-time kernel is not launched)."""
     return sum(times), sum(1 for t in times if t > 0)
@@ -211,6 +210,9 @@ class RooflineCost(CostModel):
             bad.append(f"sim.cost.attn_logits_bytes={cfg.attn_logits_bytes} must be 2 (fp16) or 4 (fp32)")
         if cfg.stream_interval < 1:
             bad.append(f"sim.cost.stream_interval={cfg.stream_interval} must be >= 1")
+        if cfg.fused_moe_rates and instance.hardware.name != fused_moe_triton.HARDWARE:
+            bad.append(f"sim.cost.fused_moe_rates=true: the fused MoE's rates were published for hardware="
+                       f"{fused_moe_triton.HARDWARE} only, got hardware={instance.hardware.name}")
         if bad:
             raise ValueError("; ".join(bad))
         m = instance.model
@@ -570,6 +572,11 @@ class RooflineCost(CostModel):
             routed = (routed[0] + rf.memop("act", 2 * assigned * wire), routed[1] + 1)
         combine = (0.0, 0) if mode == "deepep_low_latency" else \
             _total(rf.memop("add", (assigned + t_in) * m.hidden_size * self.act))          # weighted sum
+        if self.cfg.fused_moe_rates and layout is None and touched and lay.expert_split == 1 \
+                and self.wdtype == "fp8":       # the published call holds the experts and the weighted sum
+            floor = fused_moe_triton.call_flops(assigned, m.hidden_size, inter) \
+                / (fused_moe_triton.tflops(assigned / touched) * 1e12)
+            routed = (max(routed[0], floor - combine[0]), routed[1])
         shared = (0.0, 0)
         if m.n_shared_experts:
             sliced = lay.size if lay.moe_partial else 1

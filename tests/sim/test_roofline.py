@@ -11,7 +11,7 @@ from framework.config import compose
 from framework.core.registry import COST, MOE, PARALLELISM, RegistryError
 from framework.contracts.cost import BatchShape, Collective, InstanceShape, Step
 from framework.gpu.roofline import Roofline
-from plugins.cost.roofline import expected_touched
+from plugins.cost.lib.expert_load import expected_touched
 from plugins.moe.ep import expected_destinations
 
 

@@ -24,6 +24,12 @@ from framework.core.paths import REPO_ROOT
 SOURCES = ("uniform", "zipf")
 
 
+def expected_touched(experts: int, top_k: int, tokens: float) -> float:
+    """Distinct experts `tokens` tokens pick, in expectation under uniform routing: a token misses a given expert
+    with probability 1 - k/E."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
 def zipf_shares(experts: int, top_k: int, exponent: float, rng: random.Random) -> list[float]:
     """Each expert's share of a layer's picks (sums to 1), capped at 1/top_k (a token picks an expert once)."""
     weights = [1.0 / (i + 1) ** exponent for i in range(experts)]
