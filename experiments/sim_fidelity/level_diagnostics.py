@@ -10,8 +10,9 @@ worker, real and simulated, with the router's own estimate of the hit rate (the 
 judged block's level read from its own block pooled with the next repeat's (the nearest block after it, one study
 block later for the HTTP cells; the last repeat: its own alone): what reading the level on both sides might buy, on
 seen data, before a round that runs a block on each side (sim_fidelity --level-blocks before after). `--levels
-needed` simulates each judged block at the level it itself needed: the best any level block could do, so what stays
-outside then is not the level's. Both write the range table as JSON.
+needed` simulates each judged block at the level it itself needed (its own engines' step CPU over its simulation's
+price): a figure still outside its range then is not the level's error alone; one that moves outside (round M's
+multi_turn/cache_aware hit rate) was inside by luck of the level. Both write the range table as JSON.
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def trials(fidelity, path: Path) -> dict:
 def resimulated(f, stored: dict, args: list[str], how: str) -> dict:
     """Each judged block of a round-M-style run simulated at another level, with the stored run's switches `args`:
     ``bracket``: read from its own level block and the next repeat's, pooled (sim_fidelity's read_level; the last
-    repeat: its own alone); ``needed``: the level its judged run itself needed (needed_level: what no level block can
-    do better than). The range table and each case's levels."""
+    repeat: its own alone); ``needed``: the level its judged run itself needed (needed_level: the level that
+    matches its own step CPU). The range table and each case's levels."""
     meta, lockstep = {c["case"]: c for c in stored["cases"]}, stored.get("steal") == "lockstep"
     runs = stored["runs"]
     repeats = []

@@ -125,6 +125,7 @@ EXTRA = ("sglang_cache_hit_rate_run", "sglang_cache_hit_rate", "total_throughput
 # cost model's prices of the same kinds of steps), and the HTTP workers' processes' CPU
 PINNED_S = 1.0     # --host-scale pinned: seconds of the probe's work per core before and after each real block
 WORK = ("extend_cpu_s", "decode_cpu_s", "server_process_cpu_s", "requests_completed")
+BY_TURN = "ttft_p50_ms_by_turn"   # a multi-turn cell's TTFT p50 per turn (reported, not judged: turn_table)
 
 
 class Background:
@@ -340,18 +341,24 @@ def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockste
     return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found])
 
 
+def _block_key(which: str) -> str:
+    """Where a case stores its level block by which: `level_block` (the one before, as round M stored it), or
+    `level_block_<which>`."""
+    return "level_block" if which == "before" else f"level_block_{which}"
+
+
 def stored_blocks(run: dict, which: list[str]) -> dict:
-    """A stored case's level blocks by which, of those asked for (``_level_record``'s keys)."""
-    return {w: run.get(f"level_block{'' if w == 'before' else '_' + w}") for w in which}
+    """A stored case's level blocks by which, of those asked for."""
+    return {w: run.get(_block_key(w)) for w in which}
 
 
 def _level_record(blocks: dict, level: dict | None, host: tuple, needed: dict | None = None) -> dict:
-    """A case's record of its level (nothing without one): its blocks (`level_block`: the one before, as round M
-    stored it; `level_block_after`), the level read from them, the scale it was simulated with (``leveled``: the
-    block's host otherwise), and the level its judged run would have needed (``needed_level``)."""
+    """A case's record of its level (nothing without one): its blocks (``_block_key``), the level read from them,
+    the scale it was simulated with (``leveled``: the block's host otherwise), and the level its judged run would
+    have needed (``needed_level``)."""
     if level is None:
         return {}
-    return {**{f"level_block{'' if w == 'before' else '_' + w}": b for w, b in blocks.items()}, "host_level": level,
+    return {**{_block_key(w): b for w, b in blocks.items()}, "host_level": level,
             "host_scale": leveled(host, level)[0], "level_needed": needed}
 
 
@@ -388,13 +395,15 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
     """Real runs by experiments/router_ablation, then each simulated; with ``level_seeds`` (--host-scale level: a
     seed by which block, ``LEVEL_SEEDS``' keys), level blocks around them: the same cells at those seeds, before the
     judged runs and after them, each cell simulated at the level read from its own."""
-    runs = {which: _router_block(quick, _level_dir(out, which), HostSpeed, [f"workload.seed={seed}"])[:2]
-            for which, seed in (level_seeds or {}).items() if which == "before"}
+    seeds = level_seeds or {}
+
+    def block(which: str) -> dict:        # a level block's cases, each kept as read_level takes it
+        block_trials, block_measured, _ = _router_block(quick, _level_dir(out, which), HostSpeed,
+                                                        [f"workload.seed={seeds[which]}"])
+        return {case: level_block(overrides, real, block_measured) for case, overrides, real in block_trials}
+    blocks = {"before": block("before")} if "before" in seeds else {}
     trials, measured, speed = _router_block(quick, out, host)
-    runs |= {which: _router_block(quick, _level_dir(out, which), HostSpeed, [f"workload.seed={seed}"])[:2]
-             for which, seed in (level_seeds or {}).items() if which == "after"}
-    blocks = {which: {case: level_block(overrides, real, block_measured) for case, overrides, real in block_trials}
-              for which, (block_trials, block_measured) in runs.items()}
+    blocks |= {"after": block("after")} if "after" in seeds else {}
     cases = []
     for case, overrides, trial in trials:
         own = {which: by_case[case] for which, by_case in blocks.items()}
@@ -533,8 +542,31 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
                     "host_steal": None if None in steal else statistics.median(steal), "host_scales": scales,
                     "host_levels": [r.get("host_level") for r in runs],
                     "levels_needed": [r.get("level_needed") for r in runs],
+                    "ttft_by_turn": {side: _by_turn([r[side].get(BY_TURN) for r in runs]) for side in ("real", "sim")},
                     "real": {k: real[k]["median"] for k in keys}, "sim": {k: sim[k]["median"] for k in keys}})
     return out
+
+
+def _by_turn(series: list[list[float] | None]) -> list[float] | None:
+    """Per turn, the median over the runs that report it (None: no run does, or their turns differ in number)."""
+    runs = [s for s in series if s]
+    if not runs or len({len(s) for s in runs}) > 1:
+        return None
+    return [statistics.median(s[t] for s in runs) for t in range(len(runs[0]))]
+
+
+def turn_table(cells: list[dict]) -> str:
+    """Each multi-turn cell's TTFT p50 by turn, real median over the repeats against simulated (reported, not
+    judged): where in a conversation a TTFT residual sits. Empty when no cell reports turns on both sides."""
+    rows = [c for c in cells if all((c.get("ttft_by_turn") or {}).get(side) for side in ("real", "sim"))]
+    if not rows:
+        return ""
+    lines = ["| cell | TTFT p50 ms by turn, real / sim |", "|---|---|"]
+    for c in rows:
+        real, sim = c["ttft_by_turn"]["real"], c["ttft_by_turn"]["sim"]
+        lines.append(f"| {c['case']} | " + ", ".join(f"{t}: {r:.0f} / {v:.0f}" for t, (r, v) in
+                                                      enumerate(zip(real, sim))) + " |")
+    return "\n".join(lines)
 
 
 def range_table(cells: list[dict], load: dict) -> str:
@@ -649,8 +681,8 @@ def host_line(host: dict) -> str:
             else "calibration profile's host: " + "; ".join(host["problems"]))
 
 
-KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "steps", "retractions",
-                                                             "sim_wall_s"]   # each run's figures in results.json
+KEEP = [k for k, _ in FIGURES] + list(EXTRA) + list(WORK) + ["duration_s", "steps", "retractions", "sim_wall_s",
+                                                             BY_TURN]   # each run's figures in results.json
 
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
@@ -834,6 +866,7 @@ def main() -> None:
     print(range_table(cells, load))
     print(work_table(cells))
     print(level_table(cells))
+    print(turn_table(cells))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, args.out / "sim_vs_real.png")
     out = {"experiment": "sim_fidelity", "git_sha": git_sha(), "wall_s": time.time() - t0, "quick": args.quick,
@@ -844,7 +877,8 @@ def main() -> None:
            "cases": [{k: c[k] for k in ("case", "study", "overrides", "repeats", "real_spread", "sim_spread",
                                         "inside_real_range", "real_below_sim", "errors", "host_background",
                                         "host_background_range", "host_steal",
-                                        "host_scales", "host_levels", "levels_needed", "real", "sim")}
+                                        "host_scales", "host_levels", "levels_needed", "ttft_by_turn", "real",
+                                        "sim")}
                      for c in cells],
            "host_scale": args.host_scale, "level_blocks": args.level_blocks if level else None,
            "steal": args.steal,
@@ -859,7 +893,7 @@ def main() -> None:
                      for c in rep] for rep in repeats]}
     (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     (args.out / "table.md").write_text(range_table(cells, load) + "\n" + host_line(host) + "\n\n" + work_table(cells)
-                                       + "\n\n" + level_table(cells) + "\n")
+                                       + "\n\n" + level_table(cells) + "\n\n" + turn_table(cells) + "\n")
     print(f"results: {args.out / 'results.json'}  table: {args.out / 'table.md'}  plot: {args.out / 'sim_vs_real.png'}"
           f"  ({out['wall_s']:.0f} s)")
 
@@ -933,9 +967,10 @@ def resimulate_main(args) -> None:
     per_block = args.contention == "block"
     if args.host_scale == "level" and any(not all(stored_blocks(r, args.level_blocks).values())
                                           for rep in stored["runs"] for r in rep):
+        ran = stored.get("level_blocks") or (["before"] if stored.get("host_scale") == "level" else ["none"])
         sys.exit(f"--host-scale level --level-blocks {' '.join(args.level_blocks)}: {args.resimulate} did not run "
                  f"those level blocks (it ran with --host-scale {stored.get('host_scale')}, level blocks "
-                 f"{' '.join(stored.get('level_blocks') or ['before'])}); give the ones it ran, or --host-scale none")
+                 f"{' '.join(ran)}); give the ones it ran, or --host-scale none")
     if args.collectives == "block" and any(None in (r.get("host_collective_s") or [None]) for rep in stored["runs"]
                                            for r in rep):
         sys.exit(f"--collectives block: {args.resimulate} took no collective latency around its blocks; give none")
@@ -952,7 +987,7 @@ def resimulate_main(args) -> None:
                                  args.steal == "lockstep", args.blocks, by,
                                  args.level_blocks if args.host_scale == "level" else [])
         print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
-              f"{work_table(cells)}\n{level_table(cells)}\n", flush=True)
+              f"{work_table(cells)}\n{level_table(cells)}\n{turn_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
                                 "level_blocks": args.level_blocks if args.host_scale == "level" else None,
                                 "steal": args.steal,
@@ -961,7 +996,7 @@ def resimulate_main(args) -> None:
                                 "host_contention": cores,
                                 "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range",
                                                               "errors", "host_scales", "host_levels",
-                                                              "levels_needed")}
+                                                              "levels_needed", "ttft_by_turn")}
                                           for c in cells]}
     if args.resim_out is None:     # named by the run and the switches, so one re-simulation never overwrites another's
         run = str(stored.get("git_sha") or "run").split("+")[0][:7]      # (the run's commit: another run, another name)

@@ -38,9 +38,11 @@ ROUND2 = {"v0.4.1's split-KV decode kernel (PR #2394) instead of the one before"
           "CUDA graphs under DP attention (PR #2061)": ([], ["engine.cuda_graph=true"]),
           "schedule_conservativeness 0.3 under DP attention (PR #2096)": (
               [], ["parallel.schedule_conservativeness=0.3"])}
-# round 3's term (predict.py SETUPS[3]), undone
+# round 3's term (predict.py SETUPS[3]), undone; and how it reads a call past the published rows
 ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its published rates": (
-              ["sim.cost.fused_moe_rates=false"], [])}
+              ["sim.cost.fused_moe_rates=false"], []),
+          "sensitivity, not a term: its rates past the published rows by their trend (fused_moe_rates_past=extend)": (
+              ["sim.cost.fused_moe_rates_past=extend"], [])}
 
 
 def main() -> None:

@@ -38,6 +38,9 @@ class MoEBackend(ABC):
     Config = MoEConfig
     token_layout: str = "all"
     partial: bool = False
+    # its routed experts are SGLang v0.4's one fused MoE call over the rank's experts (fused_moe_triton): what a cost
+    # model's published fused-MoE rates price (sim.cost.fused_moe_rates)
+    fused_moe_call: bool = False
 
     def __init__(self, cfg, w13: torch.Tensor, w2: torch.Tensor, group) -> None:
         """w13: [E, 2*I, H] (gate rows then up rows), w2: [E, H, I]: the full expert weights of the layer;

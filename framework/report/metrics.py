@@ -59,8 +59,19 @@ def summarize(records: list[RequestRecord], duration_s: float, slo=None) -> dict
         **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
         **_stats("itl", [gap for r in ok for gap in r.itl_s]),
         **_stats("e2e", [r.e2e_s for r in ok]),
+        **_ttft_by_turn(ok),
         "bench_serving": bench_serving_figures(ok, duration_s),
     }
+
+
+def _ttft_by_turn(ok: list[RequestRecord]) -> dict[str, list[float]]:
+    """A multi-turn workload's TTFT p50 per turn, turn 0 first (nothing for one turn): where in a conversation the
+    time goes, as its later turns find more of their prompt cached."""
+    turns = sorted({r.turn for r in ok})
+    if len(turns) < 2:
+        return {}
+    return {"ttft_p50_ms_by_turn": [float(np.percentile([r.ttft_s for r in ok if r.turn == t], 50)) * 1e3
+                                    for t in turns]}
 
 
 def bench_serving_figures(ok: list[RequestRecord], duration_s: float) -> dict[str, float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from framework.core.registry import COST
+from framework.core.registry import COST, MOE
 from framework.contracts.cost import BatchShape, CostConfig, CostModel, InstanceShape, Step, itemsize
 from framework.gpu.roofline import Roofline
 from framework.model.config import WeightDtype
@@ -65,11 +65,14 @@ class RooflineConfig(CostConfig):
     # the fraction of the fitted GEMM rates the fp8 Triton fused MoE (fused_moe_triton, default configs) reaches;
     # no public measurement of the 2024 kernel: 1.0 (the dense-GEMM fit)
     fused_moe_fp8_eff: float = 1.0
-    # the routed experts of an fp8 model on the Triton fused MoE (experts not split across ranks) at most at the
-    # published rate of that kernel at vLLM's 2024 default config on an H100 SXM, by rows per touched expert
-    # (plugins/cost/lib/fused_moe_triton.py: vLLM PR #24700's "Main" listing; issue 19, round 3); false: the fitted
-    # GEMM rates (over fused_moe_fp8_eff)
+    # the routed experts of an fp8 model on a backend that runs them as one fused MoE call (MoEBackend.fused_moe_call:
+    # moe=triton_fused) at most at the published rate of that kernel at vLLM's 2024 default config on an H100 SXM, by
+    # rows per touched expert (plugins/cost/lib/fused_moe_triton.py: vLLM PR #24700's "Main" listing; issue 19, round
+    # 3); false: the fitted GEMM rates (over fused_moe_fp8_eff)
     fused_moe_rates: bool = False
+    # past the published rows (256 a touched expert): the last measured rate (nearest: round 3's prediction) or the
+    # last segment's log2 slope carried on (extend: the sensitivity of a cell that runs past them)
+    fused_moe_rates_past: str = "nearest"
     # -- the host (issue 19, item 4; plugins/cost/_host.py) ----------------------------------------------------------
     overlap_schedule: str = "auto"    # auto: v0.4's choice (off under DP attention or on Triton attention) | on | off
     attention_backend: str = "auto"   # auto: triton (v0.4 runs every MLA model on it) | triton | flashinfer
@@ -210,6 +213,9 @@ class RooflineCost(CostModel):
             bad.append(f"sim.cost.attn_logits_bytes={cfg.attn_logits_bytes} must be 2 (fp16) or 4 (fp32)")
         if cfg.stream_interval < 1:
             bad.append(f"sim.cost.stream_interval={cfg.stream_interval} must be >= 1")
+        if cfg.fused_moe_rates_past not in fused_moe_triton.PAST:
+            bad.append(f"sim.cost.fused_moe_rates_past={cfg.fused_moe_rates_past!r} is not one of "
+                       f"{', '.join(fused_moe_triton.PAST)}")
         if cfg.fused_moe_rates and instance.hardware.name != fused_moe_triton.HARDWARE:
             bad.append(f"sim.cost.fused_moe_rates=true: the fused MoE's rates were published for hardware="
                        f"{fused_moe_triton.HARDWARE} only, got hardware={instance.hardware.name}")
@@ -240,6 +246,8 @@ class RooflineCost(CostModel):
         self._stages = {k: logits_stage(k, h, m.kv_cache_width, m.kv_lora_rank, cfg.attn_logits_bytes, self.act)
                         for k in LOGITS_KERNEL}
         self._fp8_quant = cfg.fp8_act_quant and self.wdtype == "fp8"
+        self._fused_moe_rates = (cfg.fused_moe_rates and self.wdtype == "fp8"
+                                 and MOE.get(instance.moe).fused_moe_call)
         block = 0 if self._logits_kernel else cfg.decode_head_block
         self._decode_latent_reads = -(-h // block) if block > 0 else 1   # per cached token per decode step
         # all but attention over the KV depends on token counts only, and a simulator asks for the same few counts
@@ -552,7 +560,9 @@ class RooflineCost(CostModel):
         kernels' sender quantizes its own `t_in` tokens before the dispatch (SGLang's dispatch_a), the low-latency
         kernel casts inside the dispatch and reduces the weighted sum inside the combine (in DeepEP's measured
         times, so not priced again here). The normal kernels' received rows are permuted into DeepGEMM's contiguous
-        layout first (SGLang's ep_scatter; priced as reading and writing the assigned rows as they travel)."""
+        layout first (SGLang's ep_scatter; priced as reading and writing the assigned rows as they travel). Under
+        `fused_moe_rates` a fused MoE call (the routed experts and the weighted sum) takes at least its FLOPs at the
+        published rate for its rows per touched expert (plugins/cost/lib/fused_moe_triton.py)."""
         m, lay, rf = self.m, self.lay, self.rf
         e, k = m.n_routed_experts, m.num_experts_per_tok
         fp8_wire = bool(mode) and self.cfg.deepep_dispatch_fp8 and self._fp8_quant
@@ -572,10 +582,9 @@ class RooflineCost(CostModel):
             routed = (routed[0] + rf.memop("act", 2 * assigned * wire), routed[1] + 1)
         combine = (0.0, 0) if mode == "deepep_low_latency" else \
             _total(rf.memop("add", (assigned + t_in) * m.hidden_size * self.act))          # weighted sum
-        if self.cfg.fused_moe_rates and layout is None and touched and lay.expert_split == 1 \
-                and self.wdtype == "fp8":       # the published call holds the experts and the weighted sum
+        if self._fused_moe_rates and touched:   # a published call: alignment, GEMMs, activation, weighted sum
             floor = fused_moe_triton.call_flops(assigned, m.hidden_size, inter) \
-                / (fused_moe_triton.tflops(assigned / touched) * 1e12)
+                / (fused_moe_triton.tflops(assigned / touched, self.cfg.fused_moe_rates_past) * 1e12)
             routed = (max(routed[0], floor - combine[0]), routed[1])
         shared = (0.0, 0)
         if m.n_shared_experts:

@@ -51,6 +51,7 @@ class TritonFusedMoE(MoEBackend):
     Config = TritonFusedConfig
     token_layout = "all"
     partial = True            # on more than one rank (MoEBackend.layout)
+    fused_moe_call = True
 
     @classmethod
     def weight_bytes(cls, cfg, model_cfg, rank: int, size: int) -> int:

@@ -4,6 +4,8 @@ kind) or duration (two ranks); --resimulate reads each case's level from its own
 other draw, leaves the weights' seed alone; and the switches a level cannot be read under are refused."""
 from __future__ import annotations
 
+import json
+import statistics
 import subprocess
 import sys
 
@@ -51,30 +53,48 @@ def test_a_two_rank_level_is_the_scale_at_which_the_block_lasts_as_long_as_it_di
 
 
 def test_two_blocks_are_read_as_one_and_a_run_without_the_blocks_asked_for_is_refused(tmp_path):
-    """--level-blocks both: the blocks before and after a judged run pooled (their seconds summed), so two blocks
-    priced at 0.6 and 1.4 read near 1.0 where each alone reads its own; the one-rank kinds and the two-rank
-    duration alike. A stored run of round M's (blocks before only) cannot be re-read with blocks after."""
+    """--level-blocks before after: the blocks before and after a judged run read as one, their seconds summed (not
+    their levels averaged): a short block (one turn) and a long one (three) priced at 0.6 and 1.4 read the summed
+    CPU over the summed price, the one-rank kinds and the two-rank duration alike. A stored run of round M's (blocks
+    before only) re-reads its blocks before and cannot be re-read with blocks after."""
     f = load_script("experiments/sim_fidelity/run.py")
     load = (0.2, None)
     for study, overrides in (("router_ablation", ONE_RANK), ("dp_attn_vs_tp", TWO_RANKS)):
-        blocks = {}
-        for which, seed, scale in (("before", 1000, 0.6), ("after", 2000, 1.4)):
-            seeded = overrides + [f"workload.seed={seed}"]
+        blocks, reals, priced = {}, [], []
+        for which, seed, scale, turns in (("before", 1000, 0.6, 1), ("after", 2000, 1.4, 3)):
+            seeded = overrides + [f"workload.seed={seed}", f"workload.turns={turns}"]
             real, _ = simulate(f.sim_config(study, seeded, SIM, load, (scale, None, None)))
             blocks[which] = f.level_block(seeded, real, {"host_background": load[0], "host_steal": None})
-        alone = {w: f.with_level("c", {w: b}, study, SIM, False)["decode"] for w, b in blocks.items()}
+            reals.append(real)
+            priced.append(simulate(f.sim_config(study, seeded, SIM, load))[0])
         both = f.with_level("c", blocks, study, SIM, False)
-        assert alone["before"] == pytest.approx(0.6, rel=0.05) and alone["after"] == pytest.approx(1.4, rel=0.05)
-        assert alone["before"] < both["decode"] < alone["after"] and both["extend"] < alone["after"]
+        if study == "router_ablation":
+            for kind in ("extend", "decode"):
+                key = f"{kind}_cpu_s"
+                assert both[kind] == pytest.approx(sum(r[key] for r in reals) / sum(p[key] for p in priced))
+            mean = statistics.fmean(f.with_level("c", {w: b}, study, SIM, False)["decode"] for w, b in blocks.items())
+            assert both["decode"] != pytest.approx(mean, rel=0.02)     # not the levels' mean: the blocks differ
+        else:
+            again = [simulate(f.sim_config(study, b["overrides"], SIM, load, (both["decode"], None, None)))[0]
+                     for b in blocks.values()]          # the summed durations, reproduced at the pooled scale
+            assert sum(a["duration_s"] for a in again) == pytest.approx(sum(r["duration_s"] for r in reals),
+                                                                        rel=0.05)
         record = f._level_record(blocks, both, (1.0, None, None))
         assert f.stored_blocks(record, ["before", "after"]) == blocks
     stored = tmp_path / "results.json"
-    stored.write_text('{"runs": [[{"case": "c", "level_block": {}}]], "cases": [], "host_scale": "level", '
-                      '"sim_args": []}')
+    block = {"overrides": ONE_RANK, "real": {"extend_cpu_s": 1.0, "decode_cpu_s": 1.0, "duration_s": 1.0},
+             "host_background": 0.0, "host_steal": None}
+    stored.write_text(json.dumps({"runs": [[{"case": "c", "level_block": block}]], "cases": [],
+                                  "host_scale": "level", "sim_args": []}))
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--resimulate", str(stored),
                         "--host-scale", "level", "--level-blocks", "before", "after"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "did not run those level blocks" in r.stderr
+    assert r.returncode != 0 and "did not run those level blocks (it ran with --host-scale level, level blocks " \
+        "before)" in r.stderr
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--resimulate", str(stored),
+                        "--host-scale", "level", "--level-blocks", "before"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert "did not run those level blocks" not in r.stderr          # the blocks before: read (past the check)
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--level-blocks", "after"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "level blocks are read only with --host-scale level" in r.stderr
@@ -121,6 +141,9 @@ def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reprodu
         assert [cell["sim_spread"][k]["median"] for k in f.JUDGED] == [cell["real_spread"][k]["median"]
                                                                         for k in f.JUDGED]
     assert "judged runs needed" in f.level_table(cells)
+    for cell in cells:                    # the turns' TTFT, real against simulated (here the same simulation)
+        assert cell["ttft_by_turn"]["real"] == pytest.approx(cell["ttft_by_turn"]["sim"], rel=0.05)
+    assert "multi_turn/cache_aware | 0: " in f.turn_table(cells)
 
 
 def test_needed_level_reads_the_judged_run_not_its_block():

@@ -9,7 +9,7 @@ import pytest
 from framework.config import compose
 from framework.contracts.cost import InstanceShape
 from framework.core.registry import COST
-from plugins.cost.lib import fused_moe_triton as fmt
+from plugins.cost.lib import fused_moe_triton as published_moe
 from roofline_helpers import cost, h100, v2  # noqa: F401 (v2, h100: fixtures)
 
 
@@ -20,32 +20,43 @@ def routed_s(c, tokens):
 
 
 def test_at_the_measured_shape_the_experts_cost_the_published_call_times(v2, h100):
-    qwen3 = replace(v2, hidden_size=fmt.HIDDEN, n_routed_experts=fmt.EXPERTS, num_experts_per_tok=fmt.TOP_K,
-                    moe_intermediate_size=fmt.INTER, n_shared_experts=0)
+    qwen3 = replace(v2, hidden_size=published_moe.HIDDEN, n_routed_experts=published_moe.EXPERTS, num_experts_per_tok=published_moe.TOP_K,
+                    moe_intermediate_size=published_moe.INTER, n_shared_experts=0)
     inst = InstanceShape(qwen3, h100, parallel="tp", size=1, moe="triton_fused")
     fitted, published = (COST.build("roofline", COST.get("roofline").Config(fused_moe_rates=on), inst)
                          for on in (False, True))
-    for tokens, us in fmt.MAIN_US.items():
+    for tokens, us in published_moe.MAIN_US.items():
         assert routed_s(published, tokens) == pytest.approx(max(us * 1e-6, routed_s(fitted, tokens)), rel=1e-6)
-    assert routed_s(fitted, 4096) < 0.4 * fmt.MAIN_US[4096] * 1e-6     # the fitted rate: over 3x the kernel's
+    assert routed_s(fitted, 4096) < 0.4 * published_moe.MAIN_US[4096] * 1e-6     # the fitted rate: over 3x the kernel's
 
 
 def test_the_rate_is_a_ceiling_by_rows_per_expert_for_fp8_on_the_fused_moe_only(v2, h100):
     """DeepSeek-V2 at TP 8 (160 experts, top-6): the rows per touched expert pick the rate (a decode batch of 1,100
     tokens: 41 rows; a prefill chunk of 8,192: 307, past the measured 256: the nearest rate); the switch never
     makes a step cheaper; a bf16 model or experts split across ranks (moe=ep) keep the fitted rates."""
-    fitted, published = cost(v2, h100), cost(v2, h100, fused_moe_rates=True)
-    for tokens in (1, 64, 1100, 8192):
-        assert routed_s(published, tokens) >= routed_s(fitted, tokens)
+    published = cost(v2, h100, fused_moe_rates=True)
     rows = 1100 * 6 / 160
-    expected = fmt.call_flops(1100 * 6, v2.hidden_size, v2.moe_intermediate_size / 8) / (fmt.tflops(rows) * 1e12)
+    expected = published_moe.call_flops(1100 * 6, v2.hidden_size, v2.moe_intermediate_size / 8) / (published_moe.tflops(rows) * 1e12)
     assert routed_s(published, 1100) == pytest.approx(expected, rel=0.01)
-    assert fmt.tflops(8192 * 6 / 160) == fmt.tflops(256) == fmt.RATES[256.0]
+    assert published_moe.tflops(8192 * 6 / 160) == published_moe.tflops(256) == published_moe.RATES[256.0]
     bf16 = replace(v2, weight_dtype=None)
     assert routed_s(cost(bf16, h100, fused_moe_rates=True), 8192) == routed_s(cost(bf16, h100), 8192)
-    ep = [COST.build("roofline", COST.get("roofline").Config(fused_moe_rates=on),
-                     InstanceShape(v2, h100, parallel="tp", size=8, moe="ep")) for on in (False, True)]
-    assert routed_s(ep[1], 8192) == routed_s(ep[0], 8192)
+    for moe, size in (("ep", 8), ("ep", 1), ("reference", 1)):    # not one fused MoE call (fused_moe_call)
+        off, on = (COST.build("roofline", COST.get("roofline").Config(fused_moe_rates=rates),
+                              InstanceShape(v2, h100, parallel="tp", size=size, moe=moe)) for rates in (False, True))
+        assert routed_s(on, 8192) == routed_s(off, 8192), (moe, size)
+
+
+def test_past_the_published_rows_the_rate_is_the_last_one_or_its_trend():
+    """A chunk of 32,768 tokens (DP attention's gathered prefill) runs 1,229 rows a touched expert, 4.8x the last
+    measured 256: `nearest` keeps the last rate, `extend` carries the last segment's log2 slope on (faster)."""
+    last, rows = max(published_moe.RATES), 32768 * 6 / 160
+    assert published_moe.tflops(rows) == published_moe.RATES[last]
+    assert published_moe.tflops(rows, "extend") > published_moe.RATES[last]
+    assert published_moe.tflops(100, "extend") == published_moe.tflops(100)      # inside the table: the same
+    with pytest.raises(ValueError, match="fused_moe_rates_past='far' is not one of nearest, extend"):
+        cost(compose(["model=deepseek_v2"]).model, compose(["hardware=h100_sxm"]).hardware,
+             fused_moe_rates_past="far")
 
 
 def test_the_rates_refuse_a_device_they_were_not_published_for(v2):

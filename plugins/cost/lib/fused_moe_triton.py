@@ -17,11 +17,17 @@ B tokens does 2 x B x 8 x 2,048 x (1,536 + 768) FLOPs; its time also holds the a
 top-k weighted sum. Carried to another shape by the rows each touched expert serves, B x 8 / E_touched(B) (uniform
 routing): at equal rows an expert's weights serve as many rows, so the memory-bound rate and the compute-bound one
 both move with the rows, not with N or K (an assumption: N and K also change the tile count and each tile's loop
-length). Between measured rows linear in log2, past them the nearest measured rate. Not this kernel exactly: the
+length; and the default config switches at E tokens, so DeepSeek-V2's 161-213 tokens run the large one at 6-8 rows
+where the source's batches of those rows, 96-128 tokens, ran the small one). Between measured rows linear in
+log2; past them (`sim.cost.fused_moe_rates_past`) the nearest measured rate, or the last segment's log2 slope carried
+on: the rate still rose 10% from 2,048 to 4,096 tokens, so the nearest rate prices a call past 256 rows slower than
+the trend would. Not this kernel exactly: the
 September 2025 code on a 2025 Triton, where PR #1970 ran Triton 3.0 (torch 2.4); no 2024 measurement was published,
 and a newer compiler makes the rate an upper bound on 2024's, as a ceiling should be.
 """
 from __future__ import annotations
+
+from math import log2
 
 from framework.gpu.tables import interpolate
 from plugins.cost.lib.expert_load import expected_touched
@@ -47,6 +53,14 @@ RATES = {rows_per_expert(b): call_flops(b * TOP_K, HIDDEN, INTER) / (us * 1e-6) 
          for b, us in MAIN_US.items()}   # rows per touched expert -> TFLOP/s
 
 
-def tflops(rows: float) -> float:
-    """The published call's FLOP rate (TFLOP/s) at ``rows`` rows per touched expert."""
+PAST = ("nearest", "extend")     # how a rate past the measured rows is read (tflops)
+_ROWS = sorted(RATES)
+
+
+def tflops(rows: float, past: str = "nearest") -> float:
+    """The published call's FLOP rate (TFLOP/s) at ``rows`` rows per touched expert; past the last measured rows
+    the last one's (nearest) or its segment's log2 slope carried on (extend)."""
+    if past == "extend" and rows > _ROWS[-1]:
+        lo, hi = _ROWS[-2], _ROWS[-1]
+        return RATES[hi] + (RATES[hi] - RATES[lo]) * (log2(rows) - log2(hi)) / (log2(hi) - log2(lo))
     return interpolate(RATES, rows, log=True)
