@@ -59,8 +59,8 @@ def resimulated(f, stored: dict, args: list[str], how: str) -> dict:
                           "host_steal": run.get("host_steal"), "host_scale": level["decode"], "host_level": level,
                           "level_needed": run.get("level_needed")})
         repeats.append(cases)
-    cells = f.combine(repeats)
-    table = f.range_table(cells, stored["load_average"]) + "\n\n" + f.level_table(cells)
+    cells = f.tables.combine(repeats)
+    table = f.tables.range_table(cells, stored["load_average"]) + "\n\n" + f.tables.level_table(cells)
     return {"source": stored.get("git_sha"), "levels": how, "sim_args": args, "table": table,
             "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range", "host_levels",
                                          "levels_needed")} for c in cells]}

@@ -1,4 +1,4 @@
-"""experiments/sim_fidelity/run.py's range test, and what it can say at a repeat count: a bias-free simulator's chance
+"""experiments/sim_fidelity's range test (tables.py), and what it can say at a repeat count: a bias-free simulator's chance
 of landing inside n real repeats' range is 1 - 2^(1-n) per varying figure; where each simulated median fell among
 the real repeats is counted."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ def runs(real: list[dict], sim: list[dict]) -> list[list[dict]]:
 
 
 def test_where_the_simulated_median_falls_and_the_chance_of_a_bias_free_one():
-    f = load_script("experiments/sim_fidelity/run.py")
+    f = load_script("experiments/sim_fidelity/tables.py")
     tput, ttft, hit = f.JUDGED
     real = [{tput: t, ttft: 100.0 + t, hit: 0.0} for t in (10.0, 12.0, 14.0, 16.0, 18.0)]
     sim = [{tput: t, ttft: 50.0, hit: 0.0} for t in (13.0, 15.0, 17.0, 19.0, 20.0)]

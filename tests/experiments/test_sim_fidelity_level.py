@@ -138,12 +138,12 @@ def test_resimulate_reads_each_cases_level_from_its_own_stored_block_and_reprodu
         needed, = cell["levels_needed"]       # the judged run was simulated at its block's level: it needed that
         assert needed["extend"] == pytest.approx(level["extend"], rel=0.05)
         assert needed["decode"] == pytest.approx(level["decode"], rel=0.05)
-        assert [cell["sim_spread"][k]["median"] for k in f.JUDGED] == [cell["real_spread"][k]["median"]
-                                                                        for k in f.JUDGED]
-    assert "judged runs needed" in f.level_table(cells)
+        assert [cell["sim_spread"][k]["median"] for k in f.tables.JUDGED] == [cell["real_spread"][k]["median"]
+                                                                        for k in f.tables.JUDGED]
+    assert "judged runs needed" in f.tables.level_table(cells)
     for cell in cells:                    # the turns' TTFT, real against simulated (here the same simulation)
         assert cell["ttft_by_turn"]["real"] == pytest.approx(cell["ttft_by_turn"]["sim"], rel=0.05)
-    assert "multi_turn/cache_aware | 0: " in f.turn_table(cells)
+    assert "multi_turn/cache_aware | 0: " in f.tables.turn_table(cells)
 
 
 def test_needed_level_reads_the_judged_run_not_its_block():

@@ -76,7 +76,7 @@ def test_experiment_plots_fit(tmp_path, drawn, monkeypatch):
              "output_throughput_tok_s": 19000.0 + 500 * i} for i, lay in enumerate(two.LAYOUTS)
             for j, router in enumerate(two.ROUTERS)]       # every cell its layouts and routers make, as it grows
     two.plot(grid, 0.6, tmp_path / "two_level.png")
-    load_script(EXPERIMENTS / "sim_fidelity" / "run.py", own_folder=True).plot(
+    load_script(EXPERIMENTS / "sim_fidelity" / "tables.py", own_folder=True).plot(
         committed("sim_fidelity/results.json")["cases"], tmp_path / "sim_vs_real.png")
     at_scale = load_script(EXPERIMENTS / "dp_attn_vs_tp" / "at_scale.py", own_folder=True)
     monkeypatch.setattr(at_scale, "HERE", tmp_path)          # it writes beside itself: not over the committed PNG

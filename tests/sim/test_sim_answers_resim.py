@@ -24,7 +24,7 @@ def test_resimulating_a_stored_run_reproduces_its_simulation_and_measured_answer
     stored = {"cases": [{"case": "multi_turn/cache_aware", "study": "router_ablation", "overrides": OVERRIDES}],
               "runs": runs, "load_average": {"before": [0.5], "after": [0.5], "cores": 2}}
     (cell,), table = f.resimulate(stored, printable)
-    assert cell["inside_real_range"] == {k: True for k in f.JUDGED} and "multi_turn/cache_aware" in table
-    assert [cell["sim_spread"][k] for k in f.JUDGED] == [cell["real_spread"][k] for k in f.JUDGED]
+    assert cell["inside_real_range"] == {k: True for k in f.tables.JUDGED} and "multi_turn/cache_aware" in table
+    assert [cell["sim_spread"][k] for k in f.tables.JUDGED] == [cell["real_spread"][k] for k in f.tables.JUDGED]
     (measured,), _ = f.resimulate(stored, f.SIM + ["sim.cost.between=grid", "sim.answers=measured"])
     assert measured["sim"]["cache_hit_rate"] < cell["sim"]["cache_hit_rate"] - 0.02
