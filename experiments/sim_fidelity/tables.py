@@ -13,11 +13,13 @@ FIGURES = (("output_throughput_tok_s", "rel"), ("ttft_p50_ms", "rel"), ("ttft_p9
            ("cache_hit_rate", "abs"))
 TARGETS = {"output_throughput_tok_s": 0.10, "ttft_p50_ms": 0.10, "cache_hit_rate": 0.02}
 JUDGED = ("output_throughput_tok_s", "ttft_p50_ms", "cache_hit_rate")     # sim median inside the real range
-EXTRA = ("sglang_cache_hit_rate_run", "sglang_cache_hit_rate", "total_throughput_tok_s")   # reported, not judged
+EXTRA = ("sglang_cache_hit_rate_run", "sglang_cache_hit_rate", "total_throughput_tok_s",   # reported, not judged
+         "ttft_mean_ms", "engine_ttft_ms_mean")
 # the work audit (reported, not judged): the engines' CPU seconds in steps by kind (real: their threads' CPU; sim: the
 # cost model's prices of the same kinds of steps), and the HTTP workers' processes' CPU
 WORK = ("extend_cpu_s", "decode_cpu_s", "server_process_cpu_s", "requests_completed")
 BY_TURN = "ttft_p50_ms_by_turn"   # a multi-turn cell's TTFT p50 per turn (reported, not judged: turn_table)
+SPLIT = ("ttft_mean_ms", "engine_ttft_ms_mean")   # the client's mean TTFT and its part in the engines (turn_table)
 
 
 def errors(case: dict) -> dict:
@@ -119,16 +121,24 @@ def _by_turn(series: list[list[float] | None]) -> list[float] | None:
 
 
 def turn_table(cells: list[dict]) -> str:
-    """Each multi-turn cell's TTFT p50 by turn, real median over the repeats against simulated (reported, not
-    judged): where in a conversation a TTFT residual sits. Empty when no cell reports turns on both sides."""
-    rows = [c for c in cells if all((c.get("ttft_by_turn") or {}).get(side) for side in ("real", "sim"))]
+    """Where a TTFT residual sits (reported, not judged): per cell, the mean TTFT at the client and its part in the
+    engines (arrival at the engine to the first token: engine_ttft_ms_mean), real medians over the repeats against
+    simulated, and for a multi-turn cell the TTFT p50 by turn. Empty when no real run reports either (runs before
+    them)."""
+    def both(c, key):
+        return all(c[side].get(key) is not None for side in ("real", "sim"))
+    rows = [c for c in cells if both(c, SPLIT[1]) or all((c.get("ttft_by_turn") or {}).get(s) for s in ("real", "sim"))]
     if not rows:
         return ""
-    lines = ["| cell | TTFT p50 ms by turn, real / sim |", "|---|---|"]
+    lines = ["| cell | TTFT mean ms, client / in the engines: real | sim | TTFT p50 ms by turn, real / sim |",
+             "|---|---:|---:|---|"]
     for c in rows:
-        real, sim = c["ttft_by_turn"]["real"], c["ttft_by_turn"]["sim"]
-        lines.append(f"| {c['case']} | " + ", ".join(f"{t}: {r:.0f} / {v:.0f}" for t, (r, v) in
-                                                      enumerate(zip(real, sim))) + " |")
+        split = [" / ".join(f"{c[side][k]:.0f}" for k in SPLIT) if both(c, SPLIT[1]) else "-"
+                 for side in ("real", "sim")]
+        turns = c.get("ttft_by_turn") or {}
+        by_turn = ", ".join(f"{t}: {r:.0f} / {v:.0f}" for t, (r, v) in enumerate(zip(turns["real"], turns["sim"]))) \
+            if turns.get("real") and turns.get("sim") else "-"
+        lines.append(f"| {c['case']} | {split[0]} | {split[1]} | {by_turn} |")
     return "\n".join(lines)
 
 

@@ -86,8 +86,11 @@ class Scheduler:
         self.new_token_ratio_decay = ((self.init_new_token_ratio - self.min_new_token_ratio)
                                       / cfg.new_token_ratio_decay_steps)
         self.new_token_ratio = self.init_new_token_ratio
+        # engine_ttft_s: the seconds from each request's arrival at the engine to its first token, summed over
+        # first_tokens requests (the part of a TTFT spent in the engine: its queue and its prefill steps)
         self.stats = {"retractions": 0, "prefill_retractions": 0, "extend_steps": 0, "decode_steps": 0,
-                      "max_running_requests": 0, "cache_hit_tokens": 0, "cache_prefill_tokens": 0}
+                      "max_running_requests": 0, "cache_hit_tokens": 0, "cache_prefill_tokens": 0,
+                      "engine_ttft_s": 0.0, "first_tokens": 0}
         self.hit_log = HitRateLog(self.stats)     # SGLang's tree_cache_metrics, and its hit rate over time
         self.fidelity = {"alternate_extend_decode": cfg.alternate_extend_decode}   # switches off SGLang's path
         self.step_log: list[StepRecord] | None = None    # tests and replays set a list
@@ -392,6 +395,8 @@ class Scheduler:
             req.output_ids.append(next(tokens))
             if req.first_token_time is None:
                 req.first_token_time = now
+                self.stats["engine_ttft_s"] += now - req.arrival_time
+                self.stats["first_tokens"] += 1
             req.check_finished(self.eos_id, self.decode_tail)
             emitted.append(req)
             if req.finished:

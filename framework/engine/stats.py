@@ -21,7 +21,7 @@ STATIC_KEYS = ("kv_sizing", "weight_bytes_per_rank", "kv_bytes_per_token_per_ran
                "kv_capacity_tokens_instance")
 GROUP_LOAD_KEYS = ("running_requests", "queued_requests", "kv_used_tokens", "cache_tokens")
 GROUP_COUNTERS = ("retractions", "extend_steps", "decode_steps",             # one scheduler per DP group
-                  "cache_hit_tokens", "cache_prefill_tokens")
+                  "cache_hit_tokens", "cache_prefill_tokens", "engine_ttft_s", "first_tokens")
 # every rank's own; the step CPU keys: the rank's CPU seconds in steps by kind (step_cpu_key); in the simulator, the
 # cost model's priced seconds of those steps (what the step costs a host to itself)
 STEP_CPU_KEYS = ("extend_cpu_s", "decode_cpu_s")
@@ -109,6 +109,9 @@ def engine_figures(before: list[dict], after: list[dict], start: float | None = 
     out.update(load_stats(_expert_deltas(pairs), first.get("parallel_size", 1)))
     out.update({k: delta(k) for k in PLACEMENT_KEYS if k in first})
     out.update(hit_rate_figures(pairs, start))
+    if all("first_tokens" in a for _, a in pairs):     # the TTFT's part in the engines: arrival to first token
+        firsts = delta("first_tokens")
+        out["engine_ttft_ms_mean"] = delta("engine_ttft_s") / firsts * 1e3 if firsts else float("nan")
     return out
 
 

@@ -68,3 +68,16 @@ def test_requests_sglang_would_clip_are_refused():
     with pytest.raises(ValueError, match=r"= 63 tokens, more than a request may hold on this rank: 62 \(its context "
                                          r"length of 64 tokens"):
         sched.add(Req([1] * 31, SamplingParams(max_new_tokens=32)))
+
+
+def test_the_engine_part_of_each_ttft_is_counted_from_arrival_to_first_token():
+    """engine_ttft_s sums, over the requests that got their first token, the seconds from their arrival at the
+    engine to it (the process() clock: here the step number): a request added at step 3 that arrived at 1.5 and
+    prefilled at once counts 3 - 1.5 (results.json's engine_ttft_ms_mean, their mean: tests/sim/test_sim.py)."""
+    sched = scheduler(4096)
+    reqs = [(0, Req(list(range(1, 9)), SamplingParams(max_new_tokens=3), arrival_time=-0.5)),
+            (3, Req(list(range(1, 9)), SamplingParams(max_new_tokens=3), arrival_time=1.5))]
+    run(sched, reqs)
+    firsts = [r.first_token_time - r.arrival_time for _, r in reqs]
+    assert sched.stats["first_tokens"] == 2 and sched.stats["engine_ttft_s"] == pytest.approx(sum(firsts))
+    assert firsts == [0.5, 1.5]

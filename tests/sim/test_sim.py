@@ -38,8 +38,10 @@ def _drive(sched: Scheduler, arrivals: list[tuple[int, Req]], tokens) -> None:
 def _requests(seed: int) -> list[tuple[int, Req]]:
     rng = random.Random(seed)
     shared = [rng.randrange(256) for _ in range(40)]
-    return [(rng.randrange(60), Req(shared[:rng.randrange(41)] + [rng.randrange(256) for _ in range(rng.randrange(1, 50))],
-                                    SamplingParams(max_new_tokens=rng.randrange(1, 40), ignore_eos=True), rid=f"r{i}"))
+    return [((at := rng.randrange(60)),       # arriving at that step, on the step clock _drive's process() reads
+             Req(shared[:rng.randrange(41)] + [rng.randrange(256) for _ in range(rng.randrange(1, 50))],
+                 SamplingParams(max_new_tokens=rng.randrange(1, 40), ignore_eos=True), rid=f"r{i}",
+                 arrival_time=float(at)))
             for i in range(40)]
 
 
@@ -203,3 +205,17 @@ def test_a_held_request_waits_for_its_prefix_and_hits_it():
     error = {name: abs(r["router_estimated_hit_rate"] - r["cache_hit_rate"])
              for name, r in (("free", free), ("held", held))}
     assert error["held"] < 0.01 < error["free"], error
+
+
+def test_the_engine_part_of_the_ttft_is_the_whole_ttft_with_no_network_or_router():
+    """engine_ttft_ms_mean (arrival at the engine to the first token, summed by each scheduler) against the
+    client's TTFT: equal with no network or router time, and below it by their time otherwise; the TTFT by turn
+    comes with a multi-turn workload."""
+    base = ["mode=sim", "workload=multi_turn", "workload.num_conversations=6", "workload.turns=2",
+            "logger.mode=disabled"]
+    free, _ = simulate(compose(base + ["sim.network_latency_s=0", "sim.router_overhead_s=0"]))
+    assert free["engine_ttft_ms_mean"] == pytest.approx(free["ttft_mean_ms"], rel=1e-9)
+    paid, _ = simulate(compose(base))
+    assert paid["ttft_mean_ms"] - paid["engine_ttft_ms_mean"] == pytest.approx(
+        (4 * 0.00005 + 0.0008) * 1e3, rel=1e-6)                # 2 hops each way, the router once
+    assert len(paid["ttft_p50_ms_by_turn"]) == 2
