@@ -477,7 +477,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
                by: str = "host_pinned_s", level_blocks: list[str] = ()) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
-    cells (as `combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
+    cells (as `tables.combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
     ``per_block`` / ``collectives``: the contention / collective latency measured around each block; ``blocks``: the
     table also lists every block's throughput, real and simulated, beside its steal; ``level_blocks`` (--host-scale

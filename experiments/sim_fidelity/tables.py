@@ -112,12 +112,14 @@ def combine(repeats: list[list[dict]]) -> list[dict]:
     return out
 
 
-def _by_turn(series: list[list[float] | None]) -> list[float] | None:
-    """Per turn, the median over the runs that report it (None: no run does, or their turns differ in number)."""
+def _by_turn(series: list[dict | None]) -> dict[str, float] | None:
+    """Per turn (results.json's keys: "0", "1", ...), the median over the runs that report it; None when none does
+    (runs before the figure)."""
     runs = [s for s in series if s]
-    if not runs or len({len(s) for s in runs}) > 1:
+    if not runs:
         return None
-    return [statistics.median(s[t] for s in runs) for t in range(len(runs[0]))]
+    turns = sorted({t for s in runs for t in s}, key=int)
+    return {t: statistics.median(s[t] for s in runs if t in s) for t in turns}
 
 
 def turn_table(cells: list[dict]) -> str:
@@ -125,20 +127,19 @@ def turn_table(cells: list[dict]) -> str:
     engines (arrival at the engine to the first token: engine_ttft_ms_mean), real medians over the repeats against
     simulated, and for a multi-turn cell the TTFT p50 by turn. Empty when no real run reports either (runs before
     them)."""
-    def both(c, key):
-        return all(c[side].get(key) is not None for side in ("real", "sim"))
-    rows = [c for c in cells if both(c, SPLIT[1]) or all((c.get("ttft_by_turn") or {}).get(s) for s in ("real", "sim"))]
+    def split(c):
+        return all(c[side].get(k) is not None for side in ("real", "sim") for k in SPLIT)
+    rows = [c for c in cells if split(c) or all((c.get("ttft_by_turn") or {}).get(s) for s in ("real", "sim"))]
     if not rows:
         return ""
     lines = ["| cell | TTFT mean ms, client / in the engines: real | sim | TTFT p50 ms by turn, real / sim |",
              "|---|---:|---:|---|"]
     for c in rows:
-        split = [" / ".join(f"{c[side][k]:.0f}" for k in SPLIT) if both(c, SPLIT[1]) else "-"
-                 for side in ("real", "sim")]
+        sides = [" / ".join(f"{c[side][k]:.0f}" for k in SPLIT) if split(c) else "-" for side in ("real", "sim")]
         turns = c.get("ttft_by_turn") or {}
-        by_turn = ", ".join(f"{t}: {r:.0f} / {v:.0f}" for t, (r, v) in enumerate(zip(turns["real"], turns["sim"]))) \
-            if turns.get("real") and turns.get("sim") else "-"
-        lines.append(f"| {c['case']} | {split[0]} | {split[1]} | {by_turn} |")
+        real, sim = turns.get("real") or {}, turns.get("sim") or {}
+        by_turn = ", ".join(f"{t}: {real[t]:.0f} / {sim[t]:.0f}" for t in real if t in sim) or "-"
+        lines.append(f"| {c['case']} | {sides[0]} | {sides[1]} | {by_turn} |")
     return "\n".join(lines)
 
 

@@ -87,7 +87,11 @@ class Scheduler:
                                       / cfg.new_token_ratio_decay_steps)
         self.new_token_ratio = self.init_new_token_ratio
         # engine_ttft_s: the seconds from each request's arrival at the engine to its first token, summed over
-        # first_tokens requests (the part of a TTFT spent in the engine: its queue and its prefill steps)
+        # first_tokens requests (the part of a TTFT spent in the engine: its queue and its prefill steps). Arrival is
+        # stamped by the HTTP worker after tokenizing, on its host's monotonic clock: one host's figure (a rank on
+        # another machine reads another clock). Not comparable under prefill/decode disaggregation: a decode
+        # instance's first token (disagg.py) is not counted, and the simulator re-stamps a paired prefill's arrival
+        # when its decode slots are known, where the real one counts that wait
         self.stats = {"retractions": 0, "prefill_retractions": 0, "extend_steps": 0, "decode_steps": 0,
                       "max_running_requests": 0, "cache_hit_tokens": 0, "cache_prefill_tokens": 0,
                       "engine_ttft_s": 0.0, "first_tokens": 0}

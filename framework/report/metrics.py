@@ -64,14 +64,15 @@ def summarize(records: list[RequestRecord], duration_s: float, slo=None) -> dict
     }
 
 
-def _ttft_by_turn(ok: list[RequestRecord]) -> dict[str, list[float]]:
-    """A multi-turn workload's TTFT p50 per turn, turn 0 first (nothing for one turn): where in a conversation the
-    time goes, as its later turns find more of their prompt cached."""
+def _ttft_by_turn(ok: list[RequestRecord]) -> dict[str, dict[str, float]]:
+    """A multi-turn workload's TTFT p50 per turn, keyed by the turn ("0" first; a turn no request completed is
+    absent, not shifted; nothing for one turn): where in a conversation the time goes, as its later turns find more
+    of their prompt cached."""
     turns = sorted({r.turn for r in ok})
     if len(turns) < 2:
         return {}
-    return {"ttft_p50_ms_by_turn": [float(np.percentile([r.ttft_s for r in ok if r.turn == t], 50)) * 1e3
-                                    for t in turns]}
+    return {"ttft_p50_ms_by_turn": {str(t): float(np.percentile([r.ttft_s for r in ok if r.turn == t], 50)) * 1e3
+                                    for t in turns}}
 
 
 def bench_serving_figures(ok: list[RequestRecord], duration_s: float) -> dict[str, float]:
