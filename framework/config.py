@@ -76,6 +76,10 @@ class SimConfig:
     # runs 1 - host_steal / host_cores of the time, and an instance's ranks, which meet at every collective, advance
     # only while every one of their cores runs (framework/sim/cluster.py); 0: none (or counted in host_background)
     host_steal: float = 0.0
+    # an idle instance starts its step once every request arriving at that instant is in (SGLang's loop takes in all
+    # it has received before it schedules; a burst through the router arrives together); false: at the first of
+    # them, the others waiting for the next step (every run before; experiments/sim_fidelity's turn-0 burst)
+    batch_arrivals: bool = False
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)

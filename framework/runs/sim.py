@@ -85,7 +85,8 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
                      background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
                      host_contention=s.host_contention, host_contention_extend=s.host_contention_extend,
-                     host_contention_busy=s.host_contention_busy, host_steal=s.host_steal)
+                     host_contention_busy=s.host_contention_busy, host_steal=s.host_steal,
+                     batch_arrivals=s.batch_arrivals)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim

@@ -88,6 +88,7 @@ class _Flight:
 class _State:
     """An instance's place in the simulation: idle, one step, or a run of k decode steps ending at `ends`."""
     busy: bool = False
+    starting: bool = False                        # batch_arrivals: its start is due once this instant's arrivals are in
     version: int = 0
     run_start: float = 0.0
     ends: list[float] | None = None
@@ -105,11 +106,11 @@ class Simulation:
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
                  host_contention: float = 1.0, host_contention_extend: float | None = None,
-                 host_contention_busy: float | None = None, host_steal: float = 0.0):
+                 host_contention_busy: float | None = None, host_steal: float = 0.0, batch_arrivals: bool = False):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
-        self.side_procs, self.background = side_procs, background
+        self.side_procs, self.background, self.batch_arrivals = side_procs, background, batch_arrivals
         if host_sharing not in HOST_SHARING:
             raise ValueError(f"sim.host_sharing={host_sharing!r} is not one of {HOST_SHARING}")
         self.fair = bool(host_cores) and host_sharing == "fair"
@@ -275,7 +276,12 @@ class Simulation:
                 self.push(st.ends[-1], STEP, worker, st.version)
             return
         self._queue(now, worker, flight)
-        if not st.busy:
+        if st.busy or st.starting:
+            return
+        if self.batch_arrivals:               # after every arrival at this instant (ARRIVE events sort first)
+            st.starting = True
+            self.push(now, STEP, worker, None)
+        else:
             self._start(now, worker)
 
     def _queue(self, now: float, worker: str, flight: _Flight) -> None:
@@ -358,8 +364,12 @@ class Simulation:
         if not self.state[worker].busy:
             self._start(now, worker)
 
-    def _step(self, now: float, worker: str, version: int) -> None:
+    def _step(self, now: float, worker: str, version: int | None) -> None:
         inst, st = self.instances[worker], self.state[worker]
+        if version is None:                               # batch_arrivals: this instant's arrivals are in
+            st.starting = False
+            self.kick(now, worker)
+            return
         if version != st.version:
             return                                        # a run that an arrival cut short
         st.left = 0.0

@@ -219,3 +219,21 @@ def test_the_engine_part_of_the_ttft_is_the_whole_ttft_with_no_network_or_router
     assert paid["ttft_mean_ms"] - paid["engine_ttft_ms_mean"] == pytest.approx(
         (4 * 0.00005 + 0.0008) * 1e3, rel=1e-6)                # 2 hops each way, the router once
     assert len(paid["ttft_p50_ms_by_turn"]) == 2
+
+
+def test_batch_arrivals_starts_an_idle_instance_once_every_arrival_of_that_instant_is_in():
+    """Eight first turns sent at once reach two workers at the same instant: by default the first to arrive runs
+    alone and the others wait for the next step; with sim.batch_arrivals the first step takes them together (its
+    budget allowing), so the first TTFT on a worker is shared."""
+    def first_ttfts(on):
+        _, recs = simulate(compose(SMALL[:3] + ["workload=multi_turn", "workload.num_conversations=8",
+                                                "workload.max_concurrency=8", "workload.turns=1", "cluster.instances=2",
+                                                f"sim.batch_arrivals={on}"]))
+        by = {}
+        for r in recs:
+            by.setdefault(r.worker, []).append(r.ttft_s)
+        return [sorted(t) for t in by.values()]
+    for ttfts in first_ttfts("false"):
+        assert ttfts[0] < ttfts[1]                            # the first arrival alone
+    for ttfts in first_ttfts("true"):
+        assert ttfts[0] == pytest.approx(ttfts[1])            # the first step holds several
