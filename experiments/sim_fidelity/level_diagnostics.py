@@ -34,34 +34,24 @@ def trials(fidelity, path: Path) -> dict:
 
 
 def resimulated(f, stored: dict, args: list[str], how: str) -> dict:
-    """Each judged block of a round-M-style run simulated at another level, with the stored run's switches `args`:
-    ``bracket``: read from its own level block and the next repeat's, pooled (sim_fidelity's read_level; the last
-    repeat: its own alone); ``needed``: the level its judged run itself needed (needed_level: the level that
-    matches its own step CPU). The range table and each case's levels."""
-    meta, lockstep = {c["case"]: c for c in stored["cases"]}, stored.get("steal") == "lockstep"
+    """Each judged block of a round-M-style run simulated again (sim_fidelity's resimulate, with the stored run's
+    switches `args`) at another level: ``bracket``: read from its own level block and the next repeat's, pooled (the
+    last repeat: its own alone); ``needed``: the level its judged run itself needed (the level that matches its own
+    step CPU). The range table and each case's levels."""
     runs = stored["runs"]
-    repeats = []
-    for k, rep in enumerate(runs):
-        cases = []
-        for run in rep:
-            c = meta[run["case"]]
-            if how == "bracket":
-                after = next((r["level_block"] for r in (runs[k + 1] if k + 1 < len(runs) else [])
-                              if r["case"] == run["case"]), None)
-                blocks = {"before": run["level_block"], "after": after}
-            else:
-                blocks = {"judged": f.level_block(c["overrides"], run["real"], run)}
-            level = f.with_level(run["case"], blocks, c["study"], args, lockstep)
-            sim, _ = simulate(f.sim_config(c["study"], c["overrides"], args, f.block_load(run, lockstep),
-                                           (1.0, None, None), level))
-            cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
-                          "sim": {key: sim.get(key) for key in f.KEEP}, "host_background": run["host_background"],
-                          "host_steal": run.get("host_steal"), "host_scale": level["decode"], "host_level": level,
-                          "level_needed": run.get("level_needed")})
-        repeats.append(cases)
-    cells = f.tables.combine(repeats)
-    table = f.tables.range_table(cells, stored["load_average"]) + "\n\n" + f.tables.level_table(cells)
-    return {"source": stored.get("git_sha"), "levels": how, "sim_args": args, "table": table,
+
+    def bracket(k: int, run: dict) -> dict:
+        after = next((r["level_block"] for r in (runs[k + 1] if k + 1 < len(runs) else []) if r["case"] == run["case"]),
+                     None)
+        return {"before": run["level_block"], "after": after}
+
+    def needed(k: int, run: dict) -> dict:
+        c = next(c for c in stored["cases"] if c["case"] == run["case"])
+        return {"judged": f.level_block(c["overrides"], run["real"], run)}
+    cells, table = f.resimulate(stored, args, lockstep=stored.get("steal") == "lockstep",
+                                blocks_of=bracket if how == "bracket" else needed)
+    return {"source": stored.get("git_sha"), "levels": how, "sim_args": args,
+            "table": table + "\n\n" + f.tables.level_table(cells),
             "cases": [{k: c[k] for k in ("case", "real_spread", "sim_spread", "inside_real_range", "host_levels",
                                          "levels_needed")} for c in cells]}
 

@@ -475,22 +475,24 @@ KEEP = [k for k, _ in tables.FIGURES] + list(tables.EXTRA) + list(tables.WORK) \
 
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
-               by: str = "host_pinned_s", level_blocks: list[str] = ()) -> tuple[list[dict], str]:
+               by: str = "host_pinned_s", level_blocks: list[str] = (),
+               blocks_of=None) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `tables.combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
     ``per_block`` / ``collectives``: the contention / collective latency measured around each block; ``blocks``: the
     table also lists every block's throughput, real and simulated, beside its steal; ``level_blocks`` (--host-scale
     level: --level-blocks' names): each case at the level read again from those of its stored level blocks with
-    `sim_args`."""
+    `sim_args`; ``blocks_of(k, run)``, in their place: the blocks a level is read from for repeat k's run
+    (level_diagnostics.py: another repeat's, or the judged run itself)."""
     meta = {c["case"]: c for c in stored["cases"]}
     repeats = []
-    for rep in stored["runs"]:
+    for k, rep in enumerate(stored["runs"]):
         cases = []
         for run in rep:
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
-            blocks = stored_blocks(run, level_blocks)
+            blocks = stored_blocks(run, level_blocks) if blocks_of is None else blocks_of(k, run)
             own = with_level(run["case"], blocks, c["study"], sim_args, lockstep)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
             needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)

@@ -58,6 +58,7 @@ from framework.sim.router import usage_of
 
 ARRIVE, STEP, CLIENT, MAINTAIN, POLL, HOLD = range(6)    # the order of events at one instant
 PD_EVENT = 6                                  # a KV transfer drained or landed (framework/sim/pd.py)
+START = 7           # batch_arrivals: an idle instance starts, after every other event of its instant (its arrivals)
 MAX_RUN = 64                                  # decode steps one event advances at most
 HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
 
@@ -164,7 +165,8 @@ class Simulation:
         self.bar = tqdm(total=total, desc="simulated requests", disable=not self.progress, leave=False,
                         mininterval=0.5)
         handlers = {ARRIVE: self._arrive, STEP: self._step, CLIENT: self._client, MAINTAIN: self._maintain,
-                    POLL: self._poll, HOLD: self._hold_over, PD_EVENT: lambda t, *a: self.pd.on_event(t, *a)}
+                    POLL: self._poll, HOLD: self._hold_over, PD_EVENT: lambda t, *a: self.pd.on_event(t, *a),
+                    START: self._start_after_arrivals}
         heap = self.heap
         fair = self.fair
         while heap:
@@ -278,9 +280,9 @@ class Simulation:
         self._queue(now, worker, flight)
         if st.busy or st.starting:
             return
-        if self.batch_arrivals:               # after every arrival at this instant (ARRIVE events sort first)
+        if self.batch_arrivals:
             st.starting = True
-            self.push(now, STEP, worker, None)
+            self.push(now, START, worker)
         else:
             self._start(now, worker)
 
@@ -364,12 +366,13 @@ class Simulation:
         if not self.state[worker].busy:
             self._start(now, worker)
 
-    def _step(self, now: float, worker: str, version: int | None) -> None:
+    def _start_after_arrivals(self, now: float, worker: str) -> None:
+        """batch_arrivals: this instant's arrivals are in; the idle instance starts with all of them."""
+        self.state[worker].starting = False
+        self.kick(now, worker)
+
+    def _step(self, now: float, worker: str, version: int) -> None:
         inst, st = self.instances[worker], self.state[worker]
-        if version is None:                               # batch_arrivals: this instant's arrivals are in
-            st.starting = False
-            self.kick(now, worker)
-            return
         if version != st.version:
             return                                        # a run that an arrival cut short
         st.left = 0.0

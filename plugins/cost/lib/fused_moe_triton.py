@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from math import log2
 
-from framework.gpu.tables import interpolate
+from framework.gpu.tables import segment
 from plugins.cost.lib.expert_load import expected_touched
 
 HARDWARE = "h100_sxm"                 # the rates' device (conf/hardware/)
@@ -54,13 +54,12 @@ RATES = {rows_per_expert(b): call_flops(b * TOP_K, HIDDEN, INTER) / (us * 1e-6) 
 
 
 PAST = ("nearest", "extend")     # how a rate past the measured rows is read (tflops)
-_ROWS = sorted(RATES)
+_LOG_ROWS = [log2(r) for r in sorted(RATES)]
+_BY_ROWS = [RATES[r] for r in sorted(RATES)]
 
 
 def tflops(rows: float, past: str = "nearest") -> float:
-    """The published call's FLOP rate (TFLOP/s) at ``rows`` rows per touched expert; past the last measured rows
-    the last one's (nearest) or its segment's log2 slope carried on (extend)."""
-    if past == "extend" and rows > _ROWS[-1]:
-        lo, hi = _ROWS[-2], _ROWS[-1]
-        return RATES[hi] + (RATES[hi] - RATES[lo]) * (log2(rows) - log2(hi)) / (log2(hi) - log2(lo))
-    return interpolate(RATES, rows, log=True)
+    """The published call's FLOP rate (TFLOP/s) at ``rows`` rows per touched expert, linear in log2 of the rows;
+    past the measured rows the last one's (nearest) or its segment carried on (extend)."""
+    i, w = segment(_LOG_ROWS, log2(rows), extend=past == "extend")
+    return _BY_ROWS[i] + w * (_BY_ROWS[i + 1] - _BY_ROWS[i])
