@@ -4,6 +4,7 @@ model, then with one of issue 19's terms switched off at a time. No published fi
     python experiments/sim_repro/ablate.py --round 1      # ~10 minutes; writes ablation_round<N>.json and .md
     python experiments/sim_repro/ablate.py --round 2      # round 1's terms and round 2's (ROUND2), on round 2's setup
     python experiments/sim_repro/ablate.py --round 3      # and round 3's (ROUND3), on round 3's setup
+    python experiments/sim_repro/ablate.py --round 4      # and round 4's (ROUND4), on round 4's setup
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ BENCHES, ROUTERS, SCHEMES, pr1970, router_blog = (predict.BENCHES, predict.ROUTE
                                                   predict.router_blog)
 
 TERMS = {"all terms (the prediction)": [],
-         "no scheduler CPU": ["sim.cost.host_step_us=0", "sim.cost.host_running_us=0", "sim.cost.host_new_req_us=0"],
+         "no scheduler CPU": ["sim.cost.host_step_us=0", "sim.cost.host_running_us=0", "sim.cost.host_new_req_us=0",
+                              "sim.cost.host_output_token_us=0"],
          "no eager floor (launches x 5 us)": ["sim.cost.eager_floor=false"],
          "one-stage MLA decode": ["sim.cost.mla_decode_kv_splits=0"],
          "no fp8 activation quantization": ["sim.cost.fp8_act_quant=false"],
@@ -43,6 +45,17 @@ ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its pu
               ["sim.cost.fused_moe_rates=false"], []),
           "sensitivity, not a term: its rates past the published rows by their trend (fused_moe_rates_past=extend)": (
               ["sim.cost.fused_moe_rates_past=extend"], [])}
+# round 4's terms (predict.py host_2024, every cell), undone: round 3's values back, whole or in part
+SCHEDULER_R3 = ["sim.cost.host_step_us=57.5", "sim.cost.host_running_us=0.84", "sim.cost.host_new_req_us=12.8",
+                "sim.cost.host_output_token_us=0"]
+FRONT_END_R3 = ["sim.cost.stream_us_per_chunk=8.0", "sim.cost.stream_us_per_output_token=0",
+                "sim.cost.tokenize_us_per_token=0"]
+ROUND4 = {"round 3's host and front end (servelab's scheduler, 8 us a chunk) instead of sglang 0.3.5's measured": (
+              SCHEDULER_R3 + FRONT_END_R3, []),
+          "sglang 0.3.5's scheduler, round 3's front end": (FRONT_END_R3, []),
+          "sglang 0.3.5's front end, round 3's scheduler": (SCHEDULER_R3, []),
+          "no growth with the output streamed so far (both per-output-token terms 0)": (
+              ["sim.cost.host_output_token_us=0", "sim.cost.stream_us_per_output_token=0"], [])}
 
 
 def main() -> None:
@@ -51,11 +64,12 @@ def main() -> None:
     args = ap.parse_args()
     t0, rows = time.time(), []
     terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {}) \
-        | (ROUND3 if args.round >= 3 else {})
+        | (ROUND3 if args.round >= 3 else {}) | (ROUND4 if args.round >= 4 else {})
     for term, (extra, dp_extra) in terms.items():
+        every_cell = term in TERMS or term in ROUND4      # round 2's and 3's terms are PR #1970's alone
         cells = ([pr1970(b, s, extra + (dp_extra if s == "dp_attn" else []), args.round)
                   for b in BENCHES for s in SCHEMES]
-                 + [router_blog(r, extra if term in TERMS else []) for r in ROUTERS])
+                 + [router_blog(r, extra if every_cell else [], args.round) for r in ROUTERS])
         rows.append({"term": term, "overrides": extra, "dp_attn_overrides": dp_extra,
                      "figures": {c["cell"]: c["figure"] for c in cells}})
         print(f"  {term:<42} " + "  ".join(f"{c['figure']:9,.0f}" for c in cells), flush=True)

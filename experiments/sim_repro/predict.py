@@ -14,6 +14,7 @@ files; no published figure) and predictions_round<N>.md. compare.py holds the pu
     python experiments/sim_repro/predict.py --round 1      # ~2 minutes
     python experiments/sim_repro/predict.py --round 2      # PR #1970 as its code stood then (SETUPS below)
     python experiments/sim_repro/predict.py --round 3      # round 2 + its MoE kernel's published rates
+    python experiments/sim_repro/predict.py --round 4      # round 3 + 2024 SGLang's own host work, measured
 """
 from __future__ import annotations
 
@@ -39,10 +40,46 @@ SCHEMES = {"tp": ["parallel=tp", "engine.chunked_prefill_tokens=8192"],
 # attention no CUDA graphs yet (PR #2061, merged 2024-11-17) and schedule_conservativeness 1.0 (PR #2096, 2024-11-20).
 # Round 3: round 2's, and the routed experts at most at the published rate of the fused MoE kernel they ran, vLLM's at
 # its 2024 default config on an H100 (plugins/cost/lib/fused_moe_triton.py). "all": what every scheme adds
+# Round 4: round 3's, and the host work of 2024 SGLang's own code (experiments/sglang035_host: sglang 0.3.5's
+# scheduler, TokenizerManager, DetokenizerManager and bench_serving measured on this CPU with the GPU taken out;
+# data/calibration/sglang035_host_*.json), for every cell: PR #2170's v0.4 workers stream the same way.
 DP_NOV2024 = ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0"]
+CALIBRATION = ROOT / "data" / "calibration"
+
+
+def host_2024() -> list[str]:
+    """The cost model's host and front-end terms from sglang 0.3.5's measured host work: the scheduler's per decode
+    step (its fixed part, per running request, per output token so far) from the decode run, per new request of an
+    extend from the prefill run; the front end at its slowest process's price per streamed chunk (the
+    TokenizerManager with HTTP, below ~650 output tokens) and its tokenization per prompt token."""
+    dec = json.loads((CALIBRATION / "sglang035_host_decode.json").read_text())
+    pre = json.loads((CALIBRATION / "sglang035_host_prefill.json").read_text())
+    sched, tm = dec["scheduler_decode"], dec["chunk_fits"]["tokenizer_manager_http"]
+    # the prefill run's TokenizerManager per request (HTTP in and out, tokenizing, its one chunk) less that chunk,
+    # over the request's prompt tokens: all of a request's own front-end work priced per prompt token
+    per_prompt = pre["input_tokens"] / pre["settings"]["num_prompts"]
+    tokenize = (pre["cpu_us_per_request"]["tokenizer_manager_http"] - tm["per_chunk_us"]) / per_prompt
+    # an extend's median CPU per request holds its share of the step's fixed part, which host_step_us prices
+    ext = pre["scheduler_extend"]
+    new_req = ext["per_new_request_us"] - sched["step_us"] / ext["requests_median"]
+    return [f"sim.cost.host_step_us={sched['step_us']:.1f}",
+            f"sim.cost.host_running_us={sched['per_running_request_us']:.3f}",
+            f"sim.cost.host_output_token_us={sched['per_output_token_us']:.4f}",
+            f"sim.cost.host_new_req_us={new_req:.1f}",
+            f"sim.cost.stream_us_per_chunk={tm['per_chunk_us']:.1f}",
+            f"sim.cost.stream_us_per_output_token={tm['per_output_token_us']:.4f}",
+            f"sim.cost.tokenize_us_per_token={tokenize:.3f}"]
+
+
 SETUPS = {1: ("pr1970", {}),
           2: ("pr1970_nov2024", {"dp_attn": DP_NOV2024}),
-          3: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true"], "dp_attn": DP_NOV2024})}
+          3: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true"], "dp_attn": DP_NOV2024}),
+          4: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024>"], "dp_attn": DP_NOV2024})}
+ROUTER_SETUPS = {4: ["<host_2024>"]}      # what PR #2170's cells add per round (none before round 4)
+
+
+def expand(overrides: list[str]) -> list[str]:
+    return [o for item in overrides for o in (host_2024() if item == "<host_2024>" else [item])]
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
            "prefill": ["workload.input_len=512", "workload.output_len=1"]}
 ROUTERS = ("round_robin", "cache_aware")
@@ -53,7 +90,8 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cos
                "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml", "conf/experiment/sglang_router_blog.yaml",
                "conf/experiment/pr1970_nov2024.yaml", "plugins/parallelism/dp_attn.py",
                "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
-               "data/gpu-profiles/fit/a100.json")
+               "data/gpu-profiles/fit/a100.json", "data/calibration/sglang035_host_decode.json",
+               "data/calibration/sglang035_host_prefill.json")
 KEYS = ("output_throughput_tok_s", "input_throughput_tok_s", "total_throughput_tok_s", "duration_s",
         "requests_completed", "requests_failed", "max_running_requests", "kv_capacity_tokens_instance",
         "cache_hit_rate", "sim_cost_config", "sim_wall_s")
@@ -68,8 +106,8 @@ def pr1970(bench: str, scheme: str, extra: list[str], rnd: int = 1) -> dict:
     if rnd not in SETUPS:
         raise SystemExit(f"--round {rnd} has no PR #1970 setup; rounds: {', '.join(map(str, SETUPS))} (SETUPS)")
     experiment, per_scheme = SETUPS[rnd]
-    overrides = [f"experiment={experiment}"] + SCHEMES[scheme] + per_scheme.get("all", []) + per_scheme.get(scheme, []) \
-        + BENCHES[bench] + extra
+    overrides = expand([f"experiment={experiment}"] + SCHEMES[scheme] + per_scheme.get("all", [])
+                       + per_scheme.get(scheme, []) + BENCHES[bench] + extra)
     cfg = compose(overrides)
     r = run(overrides)
     w = cfg.workload
@@ -80,8 +118,9 @@ def pr1970(bench: str, scheme: str, extra: list[str], rnd: int = 1) -> dict:
     return {"cell": f"pr1970/{bench}/{scheme}", "figure": figure, "unit": unit, "overrides": overrides, "sim": r}
 
 
-def router_blog(router: str, extra: list[str]) -> dict:
-    overrides = ["experiment=sglang_router_blog", "model=llama31_8b_mla", f"router={router}"] + extra
+def router_blog(router: str, extra: list[str], rnd: int = 1) -> dict:
+    overrides = expand(["experiment=sglang_router_blog", "model=llama31_8b_mla", f"router={router}"]
+                       + ROUTER_SETUPS.get(rnd, []) + extra)
     r = run(overrides)
     return {"cell": f"pr2170/{router}", "figure": r["total_throughput_tok_s"], "unit": "total tok/s",
             "overrides": overrides, "sim": r}
@@ -98,7 +137,7 @@ def main() -> None:
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the overlap-on variants of the TP cells")
     args = ap.parse_args()
     t0 = time.time()
-    cells = [pr1970(b, s, [], args.round) for b in BENCHES for s in SCHEMES] + [router_blog(r, []) for r in ROUTERS]
+    cells = [pr1970(b, s, [], args.round) for b in BENCHES for s in SCHEMES] + [router_blog(r, [], args.round) for r in ROUTERS]
     for c in cells:
         print(f"  {c['cell']:<24} {c['figure']:10,.0f} {c['unit']}  ({c['sim']['sim_wall_s']:.0f} s)", flush=True)
     by = {c["cell"]: c["figure"] for c in cells}

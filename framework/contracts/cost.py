@@ -40,6 +40,8 @@ class BatchShape:
     mode: str = "idle"                        # extend | decode | idle
     new_tokens: tuple[int, ...] = ()          # per request: tokens computed this step (decode: 1 each)
     prefix: tuple[int, ...] = ()              # per request: tokens already in its KV (cached prefix + context)
+    outputs: int = 0                          # DECODE: the tokens its requests have generated so far, in all
+                                              # (SGLang streams each request's whole output every step)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -88,14 +90,16 @@ class CostModel(ABC):
         """Seconds from the start of the step's forward on every rank to its last rank's logits."""
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
-                     graph: bool = True) -> list[float]:
+                     graph: bool = True, outputs: tuple[int, ...] | None = None) -> list[float]:
         """The next k DECODE steps of a run (a simulator advances runs in one event): in step j (from 0) scheduler
-        g has sizes[g] requests holding contexts[g] + j x sizes[g] tokens of KV before it (0 requests: IDLE), each
-        batch in the canonical shape (its whole context on its first request: decode is priced by batch size and
-        total context; `graph`: whether they replay a CUDA graph). A model may override this with a faster equal
-        computation."""
-        return [self.step_time(Step(tuple(decode_shape(n, c + j * n) if n else BatchShape()
-                                          for n, c in zip(sizes, contexts)), graph=graph)) for j in range(k)]
+        g has sizes[g] requests holding contexts[g] + j x sizes[g] tokens of KV before it (0 requests: IDLE) and
+        having generated outputs[g] + j x sizes[g] tokens (None: 0), each batch in the canonical shape (its whole
+        context on its first request: decode is priced by batch size and total context; `graph`: whether they
+        replay a CUDA graph). A model may override this with a faster equal computation."""
+        outputs = outputs or (0,) * len(sizes)
+        return [self.step_time(Step(tuple(decode_shape(n, c + j * n, o + j * n) if n else BatchShape()
+                                          for n, c, o in zip(sizes, contexts, outputs)), graph=graph))
+                for j in range(k)]
 
     def serving_host_s(self) -> tuple[float, float]:
         """Host CPU seconds a one-rank HTTP worker spends outside its engine's steps, in series with them (one
@@ -125,7 +129,8 @@ class CostModel(ABC):
         return latency + nbytes / (bandwidth * max(lanes, 1)) if nbytes > 0 else 0.0
 
 
-def decode_shape(n: int, context: int) -> BatchShape:
-    """A DECODE batch of n requests holding `context` tokens of KV in all, in one canonical form (the whole context
-    on the first request), so a step priced alone or in a run gets the very same shape."""
-    return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1))
+def decode_shape(n: int, context: int, outputs: int = 0) -> BatchShape:
+    """A DECODE batch of n requests holding `context` tokens of KV in all and having generated `outputs`, in one
+    canonical form (the whole context on the first request), so a step priced alone or in a run gets the very same
+    shape."""
+    return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1), outputs)

@@ -2,11 +2,14 @@
 per server (shared by every DP rank of an instance under DP attention; one per worker behind a router), with its
 DetokenizerManager. One queue, served in order: a request is tokenized before its scheduler sees it (per prompt
 token), and every streamed chunk (one per `stream_interval` tokens of a request, and its last) is detokenized and
-written out before the client gets it. The scheduler does not wait for it: a busy front end delays what the client
+written out before the client gets it (a fixed part and one per token of the request's output so far, which
+SGLang's chunk carries whole). The scheduler does not wait for it: a busy front end delays what the client
 sees, not the steps.
 
 Its terms are the instance's cost model's (`sim.cost.frontend`, `tokenize_us_per_token`, `stream_us_per_chunk`,
-`stream_interval`); a cost model without them has no front end.
+`stream_us_per_output_token`, `stream_interval`); a cost model without them has no front end. SGLang's front end is
+three processes in a row (TokenizerManager with HTTP, DetokenizerManager, and the client's own); one queue at the
+slowest one's price gives the throughput they allow, not the latency of the two others.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ class FrontEnd:
         self.on = bool(getattr(cost_cfg, "frontend", False))
         self.tokenize_s = getattr(cost_cfg, "tokenize_us_per_token", 0.0) * 1e-6
         self.chunk_s = getattr(cost_cfg, "stream_us_per_chunk", 0.0) * 1e-6
+        # SGLang's chunk carries the request's whole output so far (text and ids): each costs more as it grows
+        self.per_output_s = getattr(cost_cfg, "stream_us_per_output_token", 0.0) * 1e-6
         self.interval = max(int(getattr(cost_cfg, "stream_interval", 1)), 1)
         self.free_at = 0.0
         self.busy_s = 0.0
@@ -28,9 +33,9 @@ class FrontEnd:
         """Each request of a step (or a run of decode steps ending at `ends`, every request getting one token per
         step) has its chunks written in order, step by step: when each one's last chunk is out (a finished request's
         last token is always a chunk). Adds one chunk at a time, so a run gives the times of its steps one by one."""
-        if not (self.on and self.chunk_s):
+        if not (self.on and (self.chunk_s or self.per_output_s)):
             return [ends[-1]] * len(reqs)
-        k, c, every = len(ends), self.chunk_s, self.interval
+        k, c0, c1, every = len(ends), self.chunk_s, self.per_output_s, self.interval
         out = [ends[-1]] * len(reqs)
         free = self.free_at
         for j, end in enumerate(ends):
@@ -39,6 +44,7 @@ class FrontEnd:
             for i, r in enumerate(reqs):
                 n = len(r.output_ids) - behind             # SGLang streams the first token at once
                 if n % every == 0 or n == 1 or (last and r.finished):
+                    c = c0 + c1 * n
                     free += c
                     self.busy_s += c
                     if last:

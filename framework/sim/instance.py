@@ -151,8 +151,9 @@ class SimInstance:
         groups = [g if g.has_work() else None for g in self.groups]
         sizes = tuple(len(g.running) if g else 0 for g in groups)
         contexts = tuple(sum(r.kv_len for r in g.running) if g else 0 for g in groups)
+        outputs = tuple(sum(len(r.output_ids) for r in g.running) if g else 0 for g in groups)
         graph = all(d.reason is None for d in self.step.run_decisions())
-        times = self.cost.decode_times(sizes, contexts, k, graph=graph)
+        times = self.cost.decode_times(sizes, contexts, k, graph=graph, outputs=outputs)
         n = self.forward_passes
         return [t + self.cost.placement_moves(n + i).get("eplb_stall_s", 0.0) for i, t in enumerate(times, 1)]
 
@@ -223,5 +224,6 @@ def _shape(batch: ForwardBatch) -> BatchShape:
     if batch.mode.is_idle():
         return BatchShape()
     if batch.mode.is_decode():
-        return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs))
+        return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs),
+                            sum(len(r.output_ids) for r in batch.reqs))
     return BatchShape("extend", tuple(batch.extend_lens), tuple(batch.prefix_lens))

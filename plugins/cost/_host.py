@@ -1,8 +1,10 @@
 """The host's part of a step, as SGLang v0.4 runs it (issue 19, item 4), for the roofline cost model.
 
 - scheduler CPU per step: the event loop's work around the forward (form the batch, process its results, stream
-  them out): `host_step_us` + `host_running_us` per request of a DECODE batch + `host_new_req_us` per request of an
-  EXTEND batch, measured on servelab's SGLang-faithful scheduler by experiments/calibrate/host.py and carried to a
+  them out): `host_step_us` + `host_running_us` per request of a DECODE batch + `host_output_token_us` per token its
+  requests have generated so far (SGLang's stream_output hands each request's whole output to the detokenizer every
+  step) + `host_new_req_us` per request of an EXTEND batch, measured by experiments/calibrate/host.py (servelab's
+  SGLang-faithful scheduler) or experiments/sglang035_host (sglang 0.3.5's own, its GPU taken out) and carried to a
   2024 H100 host by `host_speed_factor`. DP attention: every DP rank's scheduler runs at once; the slowest paces the
   step.
 - overlap: SGLang's overlap scheduler runs the CPU work of step N+1 while step N's forward runs (the step costs the
@@ -39,7 +41,8 @@ def scheduler_s(cfg, step: Step) -> float:
     for b in step.batches:
         n = len(b.new_tokens)
         per_req = cfg.host_new_req_us if b.mode == "extend" else cfg.host_running_us if b.mode == "decode" else 0.0
-        worst = max(worst, cfg.host_step_us + per_req * n)
+        streamed = cfg.host_output_token_us * b.outputs if b.mode == "decode" else 0.0
+        worst = max(worst, cfg.host_step_us + per_req * n + streamed)
     return worst * cfg.host_speed_factor * 1e-6
 
 

@@ -321,7 +321,7 @@ class CalibratedCost(CostModel):
         return (whole - c[3] * (new * new - squares)) / whole if whole > 0 else 1.0
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
-                     graph: bool = False) -> list[float]:
+                     graph: bool = False, outputs: tuple[int, ...] | None = None) -> list[float]:
         """As step_time would price each step of the run (the same arithmetic), without building the steps."""
         groups, price = len(sizes), self._decode_time
         busy = [(groups * n, n, c) for n, c in zip(sizes, contexts) if n]

@@ -86,7 +86,7 @@ class DistServeProfileCost(CostModel):
         return t
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
-                     graph: bool = True) -> list[float]:
+                     graph: bool = True, outputs: tuple[int, ...] | None = None) -> list[float]:
         """As step_time prices each of the k steps, without building them (the simulator's hot path)."""
         busy = [(n, c) for n, c in zip(sizes, contexts) if n]
         return [max((self.decode_time(n, c + j * n) for n, c in busy), default=0.0) for j in range(k)]

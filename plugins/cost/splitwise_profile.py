@@ -112,7 +112,7 @@ class SplitwiseProfileCost(CostModel):
         return t
 
     def decode_times(self, sizes: tuple[int, ...], contexts: tuple[int, ...], k: int,
-                     graph: bool = True) -> list[float]:
+                     graph: bool = True, outputs: tuple[int, ...] | None = None) -> list[float]:
         """As step_time prices each of the k steps: the context does not move the price, so all are equal."""
         return [max((self.token(n) for n in sizes if n), default=0.0)] * k
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from framework.config import compose
-from framework.contracts.cost import BatchShape, Step
+from framework.contracts.cost import BatchShape, Step, decode_shape
 from framework.engine.config import EngineConfig
 from framework.engine.cuda_graph import GraphPolicy, capture_sizes
 from framework.sim.frontend import FrontEnd
@@ -42,6 +42,23 @@ def test_scheduler_time_grows_with_running_and_new_requests(v2, h100):
     uneven = Step((BatchShape("decode", (1,) * 40, (9,) * 40),) + (BatchShape(),) * 7)
     assert dp.step_breakdown(uneven)["scheduler_s"] == pytest.approx(
         (dp.cfg.host_step_us + 40 * dp.cfg.host_running_us) * dp.cfg.host_speed_factor * 1e-6)
+
+
+def test_the_scheduler_streams_each_requests_whole_output_every_step(v2, h100):
+    """SGLang's stream_output hands each running request's output so far to the detokenizer every step: a decode
+    step's scheduler time grows with its requests' generated tokens, and a run of steps prices each as alone."""
+    c = cost(v2, h100, overlap_schedule="off", host_output_token_us=0.05)
+    early, late = (c.step_breakdown(Step((BatchShape("decode", (1,) * 64, (300,) * 64, outputs=o),)))["scheduler_s"]
+                   for o in (64, 64 * 400))
+    assert late - early == pytest.approx(64 * 399 * 0.05 * c.cfg.host_speed_factor * 1e-6)
+    run = c.decode_times((64,), (64 * 300,), 3, graph=False, outputs=(64 * 100,))
+    alone = [c.step_time(Step((decode_shape(64, 64 * (300 + j), 64 * (100 + j)),))) for j in range(3)]
+    assert run == pytest.approx(alone) and run[2] > run[0]
+    assert cost(v2, h100, overlap_schedule="off").step_breakdown(      # off by default: outputs move nothing
+        Step((BatchShape("decode", (1,) * 8, (9,) * 8, outputs=5000),)))["scheduler_s"] == pytest.approx(
+        c.step_breakdown(decode(8, context=9))["scheduler_s"])
+    with pytest.raises(ValueError, match="sim.cost.host_output_token_us=-1 must be >= 0"):
+        cost(v2, h100, host_output_token_us=-1)
 
 
 def test_an_eager_step_costs_at_least_the_hosts_launches_per_layer(v2, h100):
@@ -92,6 +109,17 @@ def test_the_front_end_writes_chunks_in_order_and_a_run_equals_its_steps():
     assert run.tokenize(2.0, 500) == pytest.approx(2.001)
     off = FrontEnd(SimpleNamespace(frontend=False))
     assert off.stream([3.0], reqs) == [3.0] * 3 and off.tokenize(3.0, 10) == 3.0
+
+
+def test_a_chunk_costs_more_as_its_requests_output_grows():
+    """SGLang's chunk carries the request's whole output so far: a chunk's price is a fixed part and one per token."""
+    cfg = SimpleNamespace(frontend=True, stream_us_per_chunk=50.0, stream_us_per_output_token=0.1, stream_interval=1)
+    short, long = SimpleNamespace(output_ids=[0] * 10, finished=False), SimpleNamespace(output_ids=[0] * 500,
+                                                                                       finished=False)
+    fe = FrontEnd(cfg)
+    assert fe.stream([1.0], [short]) == [pytest.approx(1.0 + (50 + 0.1 * 10) * 1e-6)]
+    assert fe.stream([2.0], [long]) == [pytest.approx(2.0 + (50 + 0.1 * 500) * 1e-6)]
+    assert fe.busy_s == pytest.approx((100 + 0.1 * 510) * 1e-6)
 
 
 def test_v041_graph_buckets_and_the_v040_cap_under_dp_attention():
