@@ -5,13 +5,17 @@ out (host_only_worker.py: each forward sleeps `--decode-ms`), driven by sglang 0
 #1970 ran it (random, input 1, output 512, range ratio 1, all at once, streaming), with DeepSeek-V2's tokenizer.
 Reads each process's CPU seconds over the benchmark and the scheduler's CPU per step, and writes results.json:
 
-- the scheduler's CPU per decode step against its running requests (least squares: a + b x requests);
-- the CPU per streamed chunk of the TokenizerManager + HTTP process, the detokenizer and the bench_serving client.
+- the scheduler's CPU per decode step: a fixed part + per running request + per output token so far (fit_decode);
+- the CPU per streamed chunk of the TokenizerManager + HTTP process, the detokenizer and the bench_serving client:
+  a fixed part + per output token so far (fit_chunks);
+- with --output-len 1 (a prefill run): the scheduler's CPU per new request of an extend (fit_extend) and each
+  process's CPU per request.
 
 Side environment only (requirements.txt in this folder; README.md says how). servelab's cost model reads the
-figures from data/calibration/sglang035_host.json (written with --out there), never this script.
+committed fits (data/calibration/sglang035_host_decode.json, _prefill.json; experiments/sim_repro/predict.py
+host_2024), never this script.
 
-    python experiments/sglang035_host/run.py --num-prompts 2000 --out data/calibration/sglang035_host.json
+    python experiments/sglang035_host/run.py --num-prompts 2500 --out data/calibration/sglang035_host_decode.json
 """
 import argparse
 import glob
@@ -284,7 +288,6 @@ def main() -> None:
     bench_cpu1 = float(next(line.split()[1] for line in out.splitlines() if line.startswith("BENCH_CPU_S")))
     cpu1["bench_serving_client"] = bench_cpu1
     cpu0 = samples[0][1]
-    samples = [(t, c) for t, c in samples if "bench_serving_client" in c]
     figures = {line.split(":")[0].strip(): line.split(":")[1].strip() for line in out.splitlines()
                if ":" in line and line.split(":")[1].strip().replace(".", "").isdigit()}
     rows = read_steps(step_log)

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from framework.core.paths import git_sha, load_script  # noqa: E402
+from plugins.cost.roofline import RooflineConfig  # noqa: E402  (round 3's host terms: the defaults)
 
 predict = load_script("experiments/sim_repro/predict.py")
 BENCHES, ROUTERS, SCHEMES, pr1970, router_blog = (predict.BENCHES, predict.ROUTERS, predict.SCHEMES, predict.pr1970,
@@ -46,10 +47,10 @@ ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its pu
           "sensitivity, not a term: its rates past the published rows by their trend (fused_moe_rates_past=extend)": (
               ["sim.cost.fused_moe_rates_past=extend"], [])}
 # round 4's terms (predict.py host_2024, every cell), undone: round 3's values back, whole or in part
-SCHEDULER_R3 = ["sim.cost.host_step_us=57.5", "sim.cost.host_running_us=0.84", "sim.cost.host_new_req_us=12.8",
-                "sim.cost.host_output_token_us=0"]
-FRONT_END_R3 = ["sim.cost.stream_us_per_chunk=8.0", "sim.cost.stream_us_per_output_token=0",
-                "sim.cost.tokenize_us_per_token=0"]
+SCHEDULER_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
+                ("host_step_us", "host_running_us", "host_new_req_us", "host_output_token_us")]
+FRONT_END_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
+                ("stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_token")]
 ROUND4 = {"round 3's host and front end (servelab's scheduler, 8 us a chunk) instead of sglang 0.3.5's measured": (
               SCHEDULER_R3 + FRONT_END_R3, []),
           "sglang 0.3.5's scheduler, round 3's front end": (FRONT_END_R3, []),

@@ -51,7 +51,7 @@ def host_2024() -> list[str]:
     """The cost model's host and front-end terms from sglang 0.3.5's measured host work: the scheduler's per decode
     step (its fixed part, per running request, per output token so far) from the decode run, per new request of an
     extend from the prefill run; the front end at its slowest process's price per streamed chunk (the
-    TokenizerManager with HTTP, below ~650 output tokens) and its tokenization per prompt token."""
+    TokenizerManager with HTTP, below ~590 output tokens) and its tokenization per prompt token."""
     dec = json.loads((CALIBRATION / "sglang035_host_decode.json").read_text())
     pre = json.loads((CALIBRATION / "sglang035_host_prefill.json").read_text())
     sched, tm = dec["scheduler_decode"], dec["chunk_fits"]["tokenizer_manager_http"]
@@ -160,7 +160,9 @@ def main() -> None:
     lines = [f"# Predictions, round {args.round} (pre-registered: no published figure here; compare.py has them)", "",
              f"git {out['git_sha']}; cost model config and file digests in {path.name}.", "",
              f"PR #1970's setup: experiment={SETUPS[args.round][0]}"
-             + "".join(f"; {k} cells add {' '.join(v)}" for k, v in SETUPS[args.round][1].items()) + ".", "",
+             + "".join(f"; {k} cells add {' '.join(expand(v))}" for k, v in SETUPS[args.round][1].items())
+             + "".join(f"; PR #2170's cells add {' '.join(expand(ROUTER_SETUPS[args.round]))}"
+                       for _ in [1] if args.round in ROUTER_SETUPS) + ".", "",
              "| cell | predicted | unit |", "|---|---:|---|"]
     lines += [f"| {c['cell']} | {c['figure']:,.0f} | {c['unit']} |" for c in cells]
     lines += ["", "| ratio | predicted |", "|---|---:|"] + [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]

@@ -49,6 +49,9 @@ class BatchShape:
         if len(self.new_tokens) != len(self.prefix):
             raise ValueError(f"a batch needs one prefix length per request: {len(self.new_tokens)} requests, "
                              f"{len(self.prefix)} prefix lengths")
+        if self.outputs < 0 or (self.outputs and self.mode != "decode"):
+            raise ValueError(f"outputs={self.outputs}: a DECODE batch's generated tokens (>= 0); a {self.mode} "
+                             f"batch has none")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ def _sim(overrides: list[str]) -> tuple[dict, list]:
 @pytest.mark.parametrize("extra", [
     ["workload.request_rate=50", "cluster.instances=3"],                              # arrivals cut decode runs
     ["sim.cost=roofline", "engine.cuda_graph_max_context=300", "workload.request_rate=50"],   # graphs, their width
+    ["sim.cost=roofline", "sim.cost.host_output_token_us=0.5", "sim.cost.stream_us_per_output_token=2",
+     "workload.request_rate=50"],                                      # prices growing with the output so far
     ["parallel=dp_attn", "parallel.size=2", "moe=triton_fused", "workload.request_rate=80"],   # IDLE groups
     ["engine.kv_budget_mb=0.3", "engine.radix_cache=false", "workload.ignore_eos=false", "workload.turns=1",
      "workload.num_conversations=24", "workload.system_prompt_len=0", "workload.user_len=8", "workload.output_len=64",
