@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     t0, rows = time.time(), []
     terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {}) \
-        | (ROUND3 if args.round >= 3 else {}) | (ROUND4 if args.round >= 4 else {})
+        | (ROUND3 if args.round >= 3 else {}) | (ROUND4 if args.round >= 4 else {})   # round 5: round 4's terms
     for term, (extra, dp_extra) in terms.items():
         every_cell = term in TERMS or term in ROUND4      # round 2's and 3's terms are PR #1970's alone
         cells = ([pr1970(b, s, extra + (dp_extra if s == "dp_attn" else []), args.round)

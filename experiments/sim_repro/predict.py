@@ -15,6 +15,7 @@ files; no published figure) and predictions_round<N>.md. compare.py holds the pu
     python experiments/sim_repro/predict.py --round 2      # PR #1970 as its code stood then (SETUPS below)
     python experiments/sim_repro/predict.py --round 3      # round 2 + its MoE kernel's published rates
     python experiments/sim_repro/predict.py --round 4      # round 3 + 2024 SGLang's own host work, measured
+    python experiments/sim_repro/predict.py --round 5      # round 4, measured at PR #1970's 10,000 open streams
 """
 from __future__ import annotations
 
@@ -47,12 +48,12 @@ DP_NOV2024 = ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0
 CALIBRATION = ROOT / "data" / "calibration"
 
 
-def host_2024() -> list[str]:
+def host_2024(decode_run: str = "sglang035_host_decode.json") -> list[str]:
     """The cost model's host and front-end terms from sglang 0.3.5's measured host work: the scheduler's per decode
     step (its fixed part, per running request, per output token so far) from the decode run, per new request of an
     extend from the prefill run; the front end at its slowest process's price per streamed chunk (the
     TokenizerManager with HTTP, below ~590 output tokens) and its tokenization per prompt token."""
-    dec = json.loads((CALIBRATION / "sglang035_host_decode.json").read_text())
+    dec = json.loads((CALIBRATION / decode_run).read_text())
     pre = json.loads((CALIBRATION / "sglang035_host_prefill.json").read_text())
     sched, tm = dec["scheduler_decode"], dec["chunk_fits"]["tokenizer_manager_http"]
     # the prefill run's TokenizerManager per request (HTTP in and out, tokenizing, its one chunk) less that chunk,
@@ -74,12 +75,16 @@ def host_2024() -> list[str]:
 SETUPS = {1: ("pr1970", {}),
           2: ("pr1970_nov2024", {"dp_attn": DP_NOV2024}),
           3: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true"], "dp_attn": DP_NOV2024}),
-          4: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024>"], "dp_attn": DP_NOV2024})}
-ROUTER_SETUPS = {4: ["<host_2024>"]}      # what PR #2170's cells add per round (none before round 4)
+          4: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024>"], "dp_attn": DP_NOV2024}),
+          5: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024_10k>"], "dp_attn": DP_NOV2024})}
+ROUTER_SETUPS = {4: ["<host_2024>"], 5: ["<host_2024_10k>"]}   # what PR #2170's cells add (none before round 4)
+# Round 5: round 4's, with the decode run's fits measured at PR #1970's own 10,000 prompts (10,000 open streams;
+# round 4's run held 2,500): data/calibration/sglang035_host_decode_10k.json
+HOSTS = {"<host_2024>": lambda: host_2024(), "<host_2024_10k>": lambda: host_2024("sglang035_host_decode_10k.json")}
 
 
 def expand(overrides: list[str]) -> list[str]:
-    return [o for item in overrides for o in (host_2024() if item == "<host_2024>" else [item])]
+    return [o for item in overrides for o in (HOSTS[item]() if item in HOSTS else [item])]
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
            "prefill": ["workload.input_len=512", "workload.output_len=1"]}
 ROUTERS = ("round_robin", "cache_aware")
@@ -91,7 +96,7 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cos
                "conf/experiment/pr1970_nov2024.yaml", "plugins/parallelism/dp_attn.py",
                "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
                "data/gpu-profiles/fit/a100.json", "data/calibration/sglang035_host_decode.json",
-               "data/calibration/sglang035_host_prefill.json")
+               "data/calibration/sglang035_host_prefill.json", "data/calibration/sglang035_host_decode_10k.json")
 KEYS = ("output_throughput_tok_s", "input_throughput_tok_s", "total_throughput_tok_s", "duration_s",
         "requests_completed", "requests_failed", "max_running_requests", "kv_capacity_tokens_instance",
         "cache_hit_rate", "sim_cost_config", "sim_wall_s")

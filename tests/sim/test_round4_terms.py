@@ -29,6 +29,11 @@ def test_round4_is_round3_with_the_measured_host_work_on_every_cell():
         assert all(tm >= f["per_chunk_us"] + n * f["per_output_token_us"] for f in fits.values())
     cfg = compose(predict.expand(["experiment=pr1970_nov2024", "parallel=tp"] + per4["all"]))
     assert cfg.sim.cost.fused_moe_rates is True and cfg.sim.cost.host_output_token_us > 0
+    # round 5: round 4's with the decode run measured at PR #1970's own 10,000 prompts
+    exp5, per5 = predict.SETUPS[5]
+    assert (exp5, per5["dp_attn"]) == (exp4, per4["dp_attn"]) and per5["all"] == per3["all"] + ["<host_2024_10k>"]
+    ten_k = json.loads((ROOT / "data/calibration/sglang035_host_decode_10k.json").read_text())
+    assert ten_k["settings"]["num_prompts"] == 10000 and ten_k["scheduler_decode"]["running_max"] >= 1000
 
 
 def test_streaming_the_output_so_far_slows_a_long_decode_more_than_a_short_one():
