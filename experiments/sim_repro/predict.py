@@ -16,6 +16,7 @@ files; no published figure) and predictions_round<N>.md. compare.py holds the pu
     python experiments/sim_repro/predict.py --round 3      # round 2 + its MoE kernel's published rates
     python experiments/sim_repro/predict.py --round 4      # round 3 + 2024 SGLang's own host work, measured
     python experiments/sim_repro/predict.py --round 5      # round 4, measured at PR #1970's 10,000 open streams
+    python experiments/sim_repro/predict.py --round 6      # round 5, a request's host work per request and per token
 """
 from __future__ import annotations
 
@@ -48,39 +49,67 @@ DP_NOV2024 = ["engine.cuda_graph=false", "parallel.schedule_conservativeness=1.0
 CALIBRATION = ROOT / "data" / "calibration"
 
 
-def host_2024(decode_run: str = "sglang035_host_decode.json") -> list[str]:
+def host_2024(decode_run: str = "sglang035_host_decode.json",
+              prefill_runs: tuple[str, ...] = ("sglang035_host_prefill.json",)) -> list[str]:
     """The cost model's host and front-end terms from sglang 0.3.5's measured host work: the scheduler's per decode
-    step (its fixed part, per running request, per output token so far) from the decode run, per new request of an
-    extend from the prefill run; the front end at its slowest process's price per streamed chunk (the
-    TokenizerManager with HTTP, below ~590 output tokens) and its tokenization per prompt token."""
+    step (its fixed part, per running request, per output token so far) from the decode run; the front end at its
+    slowest process's price per streamed chunk (the TokenizerManager with HTTP, below ~590 output tokens at 2,500
+    streams); from the prefill runs, an extend's scheduler work and a request's own front-end work (HTTP, tokenizing).
+    One prefill run (rounds 4, 5) prices the latter two per request and per prompt token alone; two runs of other
+    prompt lengths (round 6) split each into a per-request and a per-token part."""
     dec = json.loads((CALIBRATION / decode_run).read_text())
-    pre = json.loads((CALIBRATION / "sglang035_host_prefill.json").read_text())
     sched, tm = dec["scheduler_decode"], dec["chunk_fits"]["tokenizer_manager_http"]
-    # the prefill run's TokenizerManager per request (HTTP in and out, tokenizing, its one chunk) less that chunk,
-    # over the request's prompt tokens: all of a request's own front-end work priced per prompt token
-    per_prompt = pre["input_tokens"] / pre["settings"]["num_prompts"]
-    tokenize = (pre["cpu_us_per_request"]["tokenizer_manager_http"] - tm["per_chunk_us"]) / per_prompt
-    # an extend's median CPU per request holds its share of the step's fixed part, which host_step_us prices
-    ext = pre["scheduler_extend"]
-    new_req = ext["per_new_request_us"] - sched["step_us"] / ext["requests_median"]
-    return [f"sim.cost.host_step_us={sched['step_us']:.1f}",
-            f"sim.cost.host_running_us={sched['per_running_request_us']:.3f}",
-            f"sim.cost.host_output_token_us={sched['per_output_token_us']:.4f}",
-            f"sim.cost.host_new_req_us={new_req:.1f}",
-            f"sim.cost.stream_us_per_chunk={tm['per_chunk_us']:.1f}",
-            f"sim.cost.stream_us_per_output_token={tm['per_output_token_us']:.4f}",
-            f"sim.cost.tokenize_us_per_token={tokenize:.3f}"]
+    decode = [f"sim.cost.host_step_us={sched['step_us']:.1f}",
+              f"sim.cost.host_running_us={sched['per_running_request_us']:.3f}",
+              f"sim.cost.host_output_token_us={sched['per_output_token_us']:.4f}"]
+    chunks = [f"sim.cost.stream_us_per_chunk={tm['per_chunk_us']:.1f}",
+              f"sim.cost.stream_us_per_output_token={tm['per_output_token_us']:.4f}"]
+    runs = []
+    for name in prefill_runs:
+        pre = json.loads((CALIBRATION / name).read_text())
+        ext = pre["scheduler_extend"]
+        runs.append({"prompt": pre["input_tokens"] / pre["settings"]["num_prompts"],
+                     # the TokenizerManager's work a request (HTTP in and out, tokenizing, its one chunk) less the chunk
+                     "front": pre["cpu_us_per_request"]["tokenizer_manager_http"] - tm["per_chunk_us"],
+                     # an extend's CPU less the step's fixed part, which host_step_us prices
+                     "extend": ext["cpu_per_step_ms_median"] * 1e3 - sched["step_us"],
+                     "requests": ext["requests_median"], "tokens": ext["new_tokens_median"],
+                     # rounds 4-5: the median of the extends' CPU a request, less its share of the fixed part
+                     "per_request": ext["per_new_request_us"] - sched["step_us"] / ext["requests_median"]})
+    if len(runs) == 1:
+        r = runs[0]
+        return decode + [f"sim.cost.host_new_req_us={r['per_request']:.1f}"] + chunks \
+            + [f"sim.cost.tokenize_us_per_token={r['front'] / r['prompt']:.3f}"]
+    if len(runs) != 2:
+        raise SystemExit(f"host_2024 takes one or two prefill runs, got {len(runs)}")
+    a, b = runs
+    det = a["requests"] * b["tokens"] - b["requests"] * a["tokens"]
+    per_req = (a["extend"] * b["tokens"] - b["extend"] * a["tokens"]) / det
+    per_tok = (a["requests"] * b["extend"] - b["requests"] * a["extend"]) / det
+    tok = (a["front"] - b["front"]) / (a["prompt"] - b["prompt"])
+    req = a["front"] - tok * a["prompt"]
+    if min(per_req, per_tok, tok, req) < 0:
+        raise SystemExit(f"the prefill runs {prefill_runs} split into a negative part (extend: {per_req:.1f} us a "
+                         f"request, {per_tok:.3f} a token; front end: {req:.1f} a request, {tok:.3f} a token)")
+    return decode + [f"sim.cost.host_new_req_us={per_req:.1f}", f"sim.cost.host_new_token_us={per_tok:.4f}"] + chunks \
+        + [f"sim.cost.tokenize_us_per_request={req:.1f}", f"sim.cost.tokenize_us_per_token={tok:.3f}"]
 
 
 SETUPS = {1: ("pr1970", {}),
           2: ("pr1970_nov2024", {"dp_attn": DP_NOV2024}),
           3: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true"], "dp_attn": DP_NOV2024}),
           4: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024>"], "dp_attn": DP_NOV2024}),
-          5: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024_10k>"], "dp_attn": DP_NOV2024})}
-ROUTER_SETUPS = {4: ["<host_2024>"], 5: ["<host_2024_10k>"]}   # what PR #2170's cells add (none before round 4)
+          5: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024_10k>"], "dp_attn": DP_NOV2024}),
+          6: ("pr1970_nov2024", {"all": ["sim.cost.fused_moe_rates=true", "<host_2024_split>"], "dp_attn": DP_NOV2024})}
+# what PR #2170's cells add (none before round 4)
+ROUTER_SETUPS = {4: ["<host_2024>"], 5: ["<host_2024_10k>"], 6: ["<host_2024_split>"]}
 # Round 5: round 4's, with the decode run's fits measured at PR #1970's own 10,000 prompts (10,000 open streams;
-# round 4's run held 2,500): data/calibration/sglang035_host_decode_10k.json
-HOSTS = {"<host_2024>": lambda: host_2024(), "<host_2024_10k>": lambda: host_2024("sglang035_host_decode_10k.json")}
+# round 4's run held 2,500): data/calibration/sglang035_host_decode_10k.json. Round 6: round 5's, with a request's
+# extend and front-end work split into a per-request and a per-token part by a second prefill run of 128-token
+# prompts (data/calibration/sglang035_host_prefill_128.json)
+HOSTS = {"<host_2024>": lambda: host_2024(), "<host_2024_10k>": lambda: host_2024("sglang035_host_decode_10k.json"),
+         "<host_2024_split>": lambda: host_2024("sglang035_host_decode_10k.json",
+                                                ("sglang035_host_prefill.json", "sglang035_host_prefill_128.json"))}
 
 
 def expand(overrides: list[str]) -> list[str]:
@@ -96,7 +125,8 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cos
                "conf/experiment/pr1970_nov2024.yaml", "plugins/parallelism/dp_attn.py",
                "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
                "data/gpu-profiles/fit/a100.json", "data/calibration/sglang035_host_decode.json",
-               "data/calibration/sglang035_host_prefill.json", "data/calibration/sglang035_host_decode_10k.json")
+               "data/calibration/sglang035_host_prefill.json", "data/calibration/sglang035_host_decode_10k.json",
+               "data/calibration/sglang035_host_prefill_128.json")
 KEYS = ("output_throughput_tok_s", "input_throughput_tok_s", "total_throughput_tok_s", "duration_s",
         "requests_completed", "requests_failed", "max_running_requests", "kv_capacity_tokens_instance",
         "cache_hit_rate", "sim_cost_config", "sim_wall_s")

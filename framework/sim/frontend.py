@@ -6,7 +6,8 @@ written out before the client gets it (a fixed part and one per token of the req
 SGLang's chunk carries whole). The scheduler does not wait for it: a busy front end delays what the client
 sees, not the steps.
 
-Its terms are the instance's cost model's (`sim.cost.frontend`, `tokenize_us_per_token`, `stream_us_per_chunk`,
+Its terms are the instance's cost model's (`sim.cost.frontend`, `tokenize_us_per_request`, `tokenize_us_per_token`,
+`stream_us_per_chunk`,
 `stream_us_per_output_token`, `stream_interval`); a cost model without them has no front end. SGLang's front end is
 three processes in a row (TokenizerManager with HTTP, DetokenizerManager, and the client's own); one queue at the
 slowest one's price gives the throughput they allow, not the latency of the two others.
@@ -18,6 +19,7 @@ class FrontEnd:
     def __init__(self, cost_cfg):
         self.on = bool(getattr(cost_cfg, "frontend", False))
         self.tokenize_s = getattr(cost_cfg, "tokenize_us_per_token", 0.0) * 1e-6
+        self.request_s = getattr(cost_cfg, "tokenize_us_per_request", 0.0) * 1e-6   # HTTP in and out, per request
         self.chunk_s = getattr(cost_cfg, "stream_us_per_chunk", 0.0) * 1e-6
         # SGLang's chunk carries the request's whole output so far (text and ids): each costs more as it grows
         self.per_output_s = getattr(cost_cfg, "stream_us_per_output_token", 0.0) * 1e-6
@@ -27,7 +29,8 @@ class FrontEnd:
 
     def tokenize(self, t: float, tokens: int) -> float:
         """When a request reaching the server at t reaches its scheduler."""
-        return self._serve(t, tokens * self.tokenize_s) if self.on and self.tokenize_s else t
+        work = self.request_s + tokens * self.tokenize_s
+        return self._serve(t, work) if self.on and work else t
 
     def stream(self, ends: list[float], reqs: list) -> list[float]:
         """Each request of a step (or a run of decode steps ending at `ends`, every request getting one token per

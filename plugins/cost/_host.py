@@ -42,7 +42,8 @@ def scheduler_s(cfg, step: Step) -> float:
         n = len(b.new_tokens)
         per_req = cfg.host_new_req_us if b.mode == "extend" else cfg.host_running_us if b.mode == "decode" else 0.0
         streamed = cfg.host_output_token_us * b.outputs if b.mode == "decode" else 0.0
-        worst = max(worst, cfg.host_step_us + per_req * n + streamed)
+        filled = cfg.host_new_token_us * sum(b.new_tokens) if b.mode == "extend" else 0.0
+        worst = max(worst, cfg.host_step_us + per_req * n + streamed + filled)
     return worst * cfg.host_speed_factor * 1e-6
 
 

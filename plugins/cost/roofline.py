@@ -81,6 +81,7 @@ class RooflineConfig(CostConfig):
     host_running_us: float = 0.84
     host_new_req_us: float = 12.8
     host_output_token_us: float = 0.0     # per token a DECODE batch's requests have generated so far
+    host_new_token_us: float = 0.0        # per new token of an EXTEND batch (building its ids and KV slots)
     # the 2024 H100 host's single-thread time / this machine's (Geekbench 5 single thread: Xeon Platinum 8468,
     # Sapphire Rapids as in a DGX H100, 1,257 vs EPYC 7763 at this machine's 2.45 GHz, 1,249)
     host_speed_factor: float = 0.994
@@ -91,7 +92,8 @@ class RooflineConfig(CostConfig):
     eager_moe_layer_us: float = 946.0
     # -- the front end (issue 19, item 3; framework/sim/frontend.py): one TokenizerManager per server process ------
     frontend: bool = True
-    tokenize_us_per_token: float = 0.0    # not measured (no HF tokenizer offline): 0
+    tokenize_us_per_token: float = 0.0    # 0 by default; round 4 on: sglang 0.3.5's (experiments/sglang035_host)
+    tokenize_us_per_request: float = 0.0  # a request's own front-end work apart from its tokens (HTTP in and out)
     stream_us_per_chunk: float = 8.0      # experiments/calibrate/host.py: detokenize + one SSE event per request
     stream_us_per_output_token: float = 0.0   # per token of the chunk's request's output so far (sent whole)
     stream_interval: int = 1              # SGLang's --stream-interval: a chunk every this many tokens
@@ -206,8 +208,9 @@ class RooflineCost(CostModel):
                if not 0 < getattr(cfg, k) <= 1]
         bad += [f"sim.cost.{k}={getattr(cfg, k)} must be >= 0" for k in
                 ("mla_decode_kv_splits", "host_step_us", "host_running_us", "host_new_req_us", "host_output_token_us",
-                 "host_speed_factor", "eager_dense_layer_us", "eager_moe_layer_us", "tokenize_us_per_token",
-                 "stream_us_per_chunk", "stream_us_per_output_token")
+                 "host_new_token_us", "host_speed_factor", "eager_dense_layer_us", "eager_moe_layer_us",
+                 "tokenize_us_per_token", "tokenize_us_per_request", "stream_us_per_chunk",
+                 "stream_us_per_output_token")
                 if getattr(cfg, k) < 0]
         if cfg.mla_decode_kernel not in DECODE_KERNELS:
             bad.append(f"sim.cost.mla_decode_kernel={cfg.mla_decode_kernel!r} is not one of "

@@ -34,6 +34,20 @@ def test_round4_is_round3_with_the_measured_host_work_on_every_cell():
     assert (exp5, per5["dp_attn"]) == (exp4, per4["dp_attn"]) and per5["all"] == per3["all"] + ["<host_2024_10k>"]
     ten_k = json.loads((ROOT / "data/calibration/sglang035_host_decode_10k.json").read_text())
     assert ten_k["settings"]["num_prompts"] == 10000 and ten_k["scheduler_decode"]["running_max"] >= 1000
+    # round 6: round 5's, a request's extend and front-end work split by two prompt lengths (512, 128): the split
+    # prices each prefill run's own extends and requests as measured
+    exp6, per6 = predict.SETUPS[6]
+    assert per6["all"] == per3["all"] + ["<host_2024_split>"] and per6["dp_attn"] == per4["dp_attn"]
+    split = dict(o.removeprefix("sim.cost.").split("=") for o in predict.expand(["<host_2024_split>"]))
+    for name in ("sglang035_host_prefill.json", "sglang035_host_prefill_128.json"):
+        pre = json.loads((ROOT / "data/calibration" / name).read_text())
+        ext, prompt = pre["scheduler_extend"], pre["input_tokens"] / pre["settings"]["num_prompts"]
+        priced = (float(split["host_step_us"]) + float(split["host_new_req_us"]) * ext["requests_median"]
+                  + float(split["host_new_token_us"]) * ext["new_tokens_median"])
+        assert priced == pytest.approx(ext["cpu_per_step_ms_median"] * 1e3, rel=1e-3)
+        front = float(split["tokenize_us_per_request"]) + float(split["tokenize_us_per_token"]) * prompt
+        assert front + float(split["stream_us_per_chunk"]) == pytest.approx(
+            pre["cpu_us_per_request"]["tokenizer_manager_http"], rel=1e-3)
 
 
 def test_streaming_the_output_so_far_slows_a_long_decode_more_than_a_short_one():

@@ -61,6 +61,15 @@ def test_the_scheduler_streams_each_requests_whole_output_every_step(v2, h100):
         cost(v2, h100, host_output_token_us=-1)
 
 
+def test_an_extends_scheduler_time_has_a_part_per_request_and_one_per_token(v2, h100):
+    c = cost(v2, h100, overlap_schedule="off", host_new_req_us=100.0, host_new_token_us=0.5)
+    few, many = (c.step_breakdown(Step((BatchShape("extend", (512 // n,) * n, (0,) * n),)))["scheduler_s"]
+                 for n in (1, 8))                                  # the same 512 tokens in 1 or 8 requests
+    assert many - few == pytest.approx(7 * 100.0 * c.cfg.host_speed_factor * 1e-6)
+    long = c.step_breakdown(Step((BatchShape("extend", (1024,), (0,)),)))["scheduler_s"]
+    assert long - few == pytest.approx(512 * 0.5 * c.cfg.host_speed_factor * 1e-6)
+
+
 def test_an_eager_step_costs_at_least_the_hosts_launches_per_layer(v2, h100):
     c = cost(v2, h100)
     graph, eager = c.step_breakdown(decode(8, graph=True)), c.step_breakdown(decode(8, graph=False))
@@ -107,6 +116,8 @@ def test_the_front_end_writes_chunks_in_order_and_a_run_equals_its_steps():
     assert run.stream([1.0, 1.0001, 1.0002], reqs) == written
     assert written[1] == pytest.approx(1.0 + 8 * 100e-6)   # busy from the first step: 7 chunks before, its own 8th
     assert run.tokenize(2.0, 500) == pytest.approx(2.001)
+    per_request = FrontEnd(SimpleNamespace(frontend=True, tokenize_us_per_request=300.0, tokenize_us_per_token=2.0))
+    assert per_request.tokenize(5.0, 500) == pytest.approx(5.0013)       # HTTP's 300 us, then 500 tokens
     off = FrontEnd(SimpleNamespace(frontend=False))
     assert off.stream([3.0], reqs) == [3.0] * 3 and off.tokenize(3.0, 10) == 3.0
 
