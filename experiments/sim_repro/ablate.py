@@ -26,7 +26,7 @@ BENCHES, ROUTERS, SCHEMES, pr1970, router_blog = (predict.BENCHES, predict.ROUTE
 
 TERMS = {"all terms (the prediction)": [],
          "no scheduler CPU": ["sim.cost.host_step_us=0", "sim.cost.host_running_us=0", "sim.cost.host_new_req_us=0",
-                              "sim.cost.host_output_token_us=0"],
+                              "sim.cost.host_output_token_us=0", "sim.cost.host_new_token_us=0"],
          "no eager floor (launches x 5 us)": ["sim.cost.eager_floor=false"],
          "one-stage MLA decode": ["sim.cost.mla_decode_kv_splits=0"],
          "no fp8 activation quantization": ["sim.cost.fp8_act_quant=false"],
@@ -48,9 +48,9 @@ ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its pu
               ["sim.cost.fused_moe_rates_past=extend"], [])}
 # round 4's terms (predict.py host_2024, every cell), undone: round 3's values back, whole or in part
 SCHEDULER_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
-                ("host_step_us", "host_running_us", "host_new_req_us", "host_output_token_us")]
+                ("host_step_us", "host_running_us", "host_new_req_us", "host_output_token_us", "host_new_token_us")]
 FRONT_END_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
-                ("stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_token")]
+                ("stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_token", "tokenize_us_per_request")]
 ROUND4 = {"round 3's host and front end (servelab's scheduler, 8 us a chunk) instead of sglang 0.3.5's measured": (
               SCHEDULER_R3 + FRONT_END_R3, []),
           "sglang 0.3.5's scheduler, round 3's front end": (FRONT_END_R3, []),
@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     t0, rows = time.time(), []
     terms = {t: (extra, []) for t, extra in TERMS.items()} | (ROUND2 if args.round >= 2 else {}) \
-        | (ROUND3 if args.round >= 3 else {}) | (ROUND4 if args.round >= 4 else {})   # round 5: round 4's terms
+        | (ROUND3 if args.round >= 3 else {}) | (ROUND4 if args.round >= 4 else {})   # rounds 5-6: round 4's
     for term, (extra, dp_extra) in terms.items():
         every_cell = term in TERMS or term in ROUND4      # round 2's and 3's terms are PR #1970's alone
         cells = ([pr1970(b, s, extra + (dp_extra if s == "dp_attn" else []), args.round)

@@ -112,6 +112,11 @@ HOSTS = {"<host_2024>": lambda: host_2024(), "<host_2024_10k>": lambda: host_202
                                                 ("sglang035_host_prefill.json", "sglang035_host_prefill_128.json"))}
 
 
+# the cost-model keys host_2024 sets (any round)
+HOST_KEYS = ("host_step_us", "host_running_us", "host_output_token_us", "host_new_req_us", "host_new_token_us",
+             "stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_request", "tokenize_us_per_token")
+
+
 def expand(overrides: list[str]) -> list[str]:
     return [o for item in overrides for o in (HOSTS[item]() if item in HOSTS else [item])]
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],

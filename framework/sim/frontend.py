@@ -1,7 +1,7 @@
 """The front end of one server process in the simulation (issue 19, item 3): SGLang v0.4's TokenizerManager, one
 per server (shared by every DP rank of an instance under DP attention; one per worker behind a router), with its
-DetokenizerManager. One queue, served in order: a request is tokenized before its scheduler sees it (per prompt
-token), and every streamed chunk (one per `stream_interval` tokens of a request, and its last) is detokenized and
+DetokenizerManager. One queue, served in order: a request is taken in (HTTP, per request) and tokenized (per prompt
+token) before its scheduler sees it, and every streamed chunk (one per `stream_interval` tokens of a request, and its last) is detokenized and
 written out before the client gets it (a fixed part and one per token of the request's output so far, which
 SGLang's chunk carries whole). The scheduler does not wait for it: a busy front end delays what the client
 sees, not the steps.

@@ -50,6 +50,15 @@ def test_round4_is_round3_with_the_measured_host_work_on_every_cell():
             pre["cpu_us_per_request"]["tokenizer_manager_http"], rel=1e-3)
 
 
+def test_rounds_4_and_5_still_derive_the_overrides_they_registered():
+    predict = load_script("experiments/sim_repro/predict.py")
+    for rnd, key in ((4, "<host_2024>"), (5, "<host_2024_10k>")):
+        registered = json.loads((ROOT / f"experiments/sim_repro/predictions_round{rnd}.json").read_text())
+        for cell in registered["cells"]:
+            host = [o for o in cell["overrides"] if o.split("=")[0].split(".")[-1] in predict.HOST_KEYS]
+            assert host == predict.expand([key]), (rnd, cell["cell"])
+
+
 def test_streaming_the_output_so_far_slows_a_long_decode_more_than_a_short_one():
     """The per-output-token terms grow a request's cost through its life: with them a run of long answers loses
     more throughput than one of short answers (the same tokens in all)."""

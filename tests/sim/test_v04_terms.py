@@ -68,6 +68,11 @@ def test_an_extends_scheduler_time_has_a_part_per_request_and_one_per_token(v2, 
     assert many - few == pytest.approx(7 * 100.0 * c.cfg.host_speed_factor * 1e-6)
     long = c.step_breakdown(Step((BatchShape("extend", (1024,), (0,)),)))["scheduler_s"]
     assert long - few == pytest.approx(512 * 0.5 * c.cfg.host_speed_factor * 1e-6)
+    plain = cost(v2, h100, overlap_schedule="off", host_new_req_us=100.0)     # a decode step takes no per-token part
+    assert c.step_breakdown(decode(64))["scheduler_s"] == plain.step_breakdown(decode(64))["scheduler_s"]
+    for key in ("host_new_token_us", "tokenize_us_per_request"):
+        with pytest.raises(ValueError, match=f"sim.cost.{key}=-1 must be >= 0"):
+            cost(v2, h100, **{key: -1})
 
 
 def test_an_eager_step_costs_at_least_the_hosts_launches_per_layer(v2, h100):
@@ -118,6 +123,8 @@ def test_the_front_end_writes_chunks_in_order_and_a_run_equals_its_steps():
     assert run.tokenize(2.0, 500) == pytest.approx(2.001)
     per_request = FrontEnd(SimpleNamespace(frontend=True, tokenize_us_per_request=300.0, tokenize_us_per_token=2.0))
     assert per_request.tokenize(5.0, 500) == pytest.approx(5.0013)       # HTTP's 300 us, then 500 tokens
+    http_only = FrontEnd(SimpleNamespace(frontend=True, tokenize_us_per_request=300.0, tokenize_us_per_token=0.0))
+    assert http_only.tokenize(5.0, 500) == pytest.approx(5.0003)          # no per-token price: HTTP's still
     off = FrontEnd(SimpleNamespace(frontend=False))
     assert off.stream([3.0], reqs) == [3.0] * 3 and off.tokenize(3.0, 10) == 3.0
 
