@@ -90,7 +90,7 @@ class HostOnlyWorker:
         tok = get_tokenizer(server_args.tokenizer_path)
         with open(cfg["answer_text"]) as f:
             self.stream = tok.encode(f.read(), add_special_tokens=False)
-        self.decode_s, self.extend_s, self.extend_s_per_token = cfg["decode_s"], cfg["extend_s"], cfg["extend_s_per_token"]
+        self.decode_s, self.extend_s = cfg["decode_s"], cfg["extend_s"]
         self.log = open(cfg["step_log"], "w", buffering=1)
         self.log.write(f"pid {os.getpid()}\n")
         self.last_cpu = time.process_time()
@@ -117,7 +117,7 @@ class HostOnlyWorker:
         new_tokens = bs if decode else int(batch.extend_num_tokens)
         self.log.write(f"{'D' if decode else 'E'} {bs} {new_tokens} {int(batch.seq_lens_sum)} "
                        f"{cpu - self.last_cpu:.6f} {time.time():.6f}\n")
-        time.sleep(self.decode_s if decode else self.extend_s + self.extend_s_per_token * new_tokens)
+        time.sleep(self.decode_s if decode else self.extend_s)
         seq_lens = batch.seq_lens.tolist()
         pool = batch.req_pool_indices.tolist()
         n = len(self.stream)

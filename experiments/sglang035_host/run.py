@@ -22,9 +22,7 @@ import glob
 import importlib.util
 import json
 import os
-import platform
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +34,9 @@ import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)
+from framework.core.host_probe import cpu_model  # noqa: E402  (stdlib only: they import in the side environment)
+from framework.core.ports import free_ports  # noqa: E402
 
 # DeepSeek-V2's shape (deepseek-ai/DeepSeek-V2 config.json) where sglang reads it: MLA's latent widths for the KV
 # pool, the context length for the request pool's size. A llama model type: transformers 4.46 has no deepseek_v2
@@ -78,12 +79,6 @@ def sharegpt_file(work: str, text: str, n: int) -> str:
     with open(path, "w") as f:
         json.dump(rows, f)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(port: int, proc, timeout: float = 300) -> None:
@@ -131,12 +126,6 @@ def read_steps(path: str) -> list:
             kind, bs, new, ctx, cpu, t = line.split()
             rows.append((kind, int(bs), int(new), int(ctx), float(cpu), float(t)))
     return rows
-
-
-def lstsq(cols: list, y: np.ndarray) -> tuple:
-    x = np.column_stack([np.ones(len(y))] + cols)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return coef, float(np.sqrt(((y - x @ coef) ** 2).mean()))
 
 
 def fit_decode(rows: list) -> dict:
@@ -202,7 +191,7 @@ def fit_chunks(samples: list, rows: list, name: str) -> dict:
     return {"intervals": len(x), "per_chunk_us": coef[0] * 1e6, "per_output_token_us": coef[1] * 1e6}
 
 
-def main() -> None:
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=2000)
     ap.add_argument("--input-len", type=int, default=1)
@@ -215,8 +204,12 @@ def main() -> None:
                     help="sglang's cap (default: none, as PR #1970: the KV pool and new-token ratio decide)")
     ap.add_argument("--work", default="/tmp/sglang035_host")
     ap.add_argument("--out", default=os.path.join(HERE, "results.json"))
-    a = ap.parse_args()
+    return ap.parse_args()
 
+
+def measure(a) -> dict:
+    """Start the server, run bench_serving against it, and read every process's CPU: each second from the start of
+    bench_serving's main run (after its one-prompt test run, which it keeps off its clock too) to its exit."""
     os.makedirs(a.work, exist_ok=True)
     mdir = model_dir(a.work)
     text = answer_text()
@@ -224,11 +217,10 @@ def main() -> None:
         f.write(text)
     dataset = sharegpt_file(a.work, text, max(a.num_prompts, 1000))
     step_log = os.path.join(a.work, "steps.log")
-    port = free_port()
+    port = free_ports("127.0.0.1", 1)[0]
     env = dict(os.environ, SGLANG035_HOST_ONLY=json.dumps({
         "max_total_num_tokens": a.max_total_tokens, "answer_text": os.path.join(a.work, "answer.txt"),
-        "decode_s": a.decode_ms / 1e3, "extend_s": a.extend_ms / 1e3, "extend_s_per_token": 0.0,
-        "step_log": step_log}))
+        "decode_s": a.decode_ms / 1e3, "extend_s": a.extend_ms / 1e3, "step_log": step_log}))
     log = open(os.path.join(a.work, "server.log"), "w")
     cap = ["--max-running-requests", str(a.max_running_requests)] if a.max_running_requests else []
     server = subprocess.Popen([sys.executable, os.path.join(HERE, "launch.py"), "--port", str(port),
@@ -240,17 +232,16 @@ def main() -> None:
         procs = roles(psutil.Process(server.pid), scheduler_pid)
         # bench_serving exactly as sglang 0.3.5 ships it, in its own process; it prints its CPU at exit
         bench_argv = ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(port), "--dataset-name", "random",
-                      "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len), "--random-range-ratio",
-                      "1", "--num-prompts", str(a.num_prompts), "--dataset-path", dataset, "--tokenizer", mdir,
-                      "--seed", "1", "--disable-tqdm", "--output-file", os.path.join(a.work, "bench.jsonl")]
+                      "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+                      "--random-range-ratio", "1", "--num-prompts", str(a.num_prompts), "--dataset-path", dataset,
+                      "--tokenizer", mdir, "--seed", "1", "--disable-tqdm",
+                      "--output-file", os.path.join(a.work, "bench.jsonl")]
         wrapper = ("import atexit, runpy, sys, time\n"
                    "atexit.register(lambda: print('BENCH_CPU_S', time.process_time(), flush=True))\n"
                    f"sys.argv = ['bench_serving'] + {bench_argv!r}\n"
                    "runpy.run_module('sglang.bench_serving', run_name='__main__')\n")
         bench = psutil.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-        # The window opens when bench_serving starts its main run (after its one-prompt test run, which it keeps
-        # off its clock too); every process's CPU is sampled each second until the client exits.
         lines, samples = [], []
         for line in bench.stdout:
             lines.append(line)
@@ -285,54 +276,56 @@ def main() -> None:
             server.kill()
         for c in psutil.Process().children(recursive=True):
             c.kill()
-    bench_cpu1 = float(next(line.split()[1] for line in out.splitlines() if line.startswith("BENCH_CPU_S")))
-    cpu1["bench_serving_client"] = bench_cpu1
-    cpu0 = samples[0][1]
-    figures = {line.split(":")[0].strip(): line.split(":")[1].strip() for line in out.splitlines()
+    cpu1["bench_serving_client"] = float(next(line.split()[1] for line in out.splitlines()
+                                              if line.startswith("BENCH_CPU_S")))
+    return {"samples": samples, "cpu0": samples[0][1], "cpu1": cpu1, "out": out, "rows": read_steps(step_log),
+            "t0": t0, "t1": t1}
+
+
+def summarize(a, m: dict) -> dict:
+    """results.json: bench_serving's figures, each process's CPU per chunk and per request, and the fits."""
+    cpu0, cpu1, rows, t0, t1 = m["cpu0"], m["cpu1"], m["rows"], m["t0"], m["t1"]
+    figures = {line.split(":")[0].strip(): line.split(":")[1].strip() for line in m["out"].splitlines()
                if ":" in line and line.split(":")[1].strip().replace(".", "").isdigit()}
-    rows = read_steps(step_log)
     out_tokens = int(figures.get("Total generated tokens", a.num_prompts * a.output_len))
-    per_chunk = {k: (cpu1[k] - cpu0[k]) / out_tokens * 1e6 for k in cpu1}
-    result = {
+    return {
         "what": "sglang 0.3.5's host work on this CPU, its GPU taken out (experiments/sglang035_host)",
-        "host": {"model_name": _cpu_model(), "cores": os.cpu_count(),
+        "host": {"model_name": cpu_model(), "cores": os.cpu_count(),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "settings": vars(a) | {"stream_interval": 1, "radix_cache": False, "chunked_prefill_size": 8192},
         "bench_serving": figures, "window_s": t1 - t0, "output_tokens": out_tokens,
         "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu1},
-        "cpu_us_per_chunk": per_chunk,
+        "cpu_us_per_chunk": {k: (cpu1[k] - cpu0[k]) / out_tokens * 1e6 for k in cpu1},
         "cpu_us_per_request": {k: (cpu1[k] - cpu0[k]) / a.num_prompts * 1e6 for k in cpu1},
-        "chunk_fits": {k: fit_chunks(samples, rows, k) for k in cpu1 if k != "scheduler"} if a.output_len > 1 else {},
+        "chunk_fits": ({k: fit_chunks(m["samples"], rows, k) for k in cpu1 if k != "scheduler"}
+                       if a.output_len > 1 else {}),
         "scheduler_decode": fit_decode(rows) if a.output_len > 1 else {},
         "scheduler_extend": fit_extend(rows, t0, t1) if a.output_len == 1 else {},
         "input_tokens": int(figures.get("Total input tokens", a.num_prompts * a.input_len)),
     }
+
+
+def main() -> None:
+    a = parse_args()
+    result = summarize(a, measure(a))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     d = result["scheduler_decode"]
     if d:
-        print(f"scheduler: {d['step_us']:.0f} us a decode step + {d['per_running_request_us']:.2f} us a running request "
-              f"+ {d['per_output_token_us']:.4f} us an output token ({d['steps']} steps, {d['running_min']}-"
-              f"{d['running_max']} running, rms {d['rms_residual_us']:.0f} us)")
+        print(f"scheduler: {d['step_us']:.0f} us a decode step + {d['per_running_request_us']:.2f} us a running "
+              f"request + {d['per_output_token_us']:.4f} us an output token ({d['steps']} steps, "
+              f"{d['running_min']}-{d['running_max']} running, rms {d['rms_residual_us']:.0f} us)")
     e = result["scheduler_extend"]
     if e:
         print(f"scheduler: {e['per_new_request_us']:.1f} us a new request of an extend (median of {e['steps']} "
               f"extends of ~{e['requests_median']:.0f} requests and {e['new_tokens_median']:.0f} tokens)")
-    for k, v in per_chunk.items():
+    for k, v in result["cpu_us_per_chunk"].items():
         f = result["chunk_fits"].get(k)
         fit = f" (fit: {f['per_chunk_us']:.1f} + {f['per_output_token_us']:.4f} x output)" if f else ""
         print(f"{k}: {v:.1f} us CPU a streamed chunk{fit}")
-    print(f"bench_serving: {figures.get('Output token throughput (tok/s)')} output tok/s over {t1 - t0:.0f} s; "
-          f"wrote {a.out}")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return ""
+    print(f"bench_serving: {result['bench_serving'].get('Output token throughput (tok/s)')} output tok/s over "
+          f"{result['window_s']:.0f} s; wrote {a.out}")
 
 
 if __name__ == "__main__":

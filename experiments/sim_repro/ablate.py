@@ -50,7 +50,8 @@ ROUND3 = {"the fitted GEMM rates for the fused MoE (round 2's) instead of its pu
 SCHEDULER_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
                 ("host_step_us", "host_running_us", "host_new_req_us", "host_output_token_us", "host_new_token_us")]
 FRONT_END_R3 = [f"sim.cost.{k}={getattr(RooflineConfig, k)}" for k in
-                ("stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_token", "tokenize_us_per_request")]
+                ("stream_us_per_chunk", "stream_us_per_output_token", "tokenize_us_per_token",
+                 "tokenize_us_per_request")]
 ROUND4 = {"round 3's host and front end (servelab's scheduler, 8 us a chunk) instead of sglang 0.3.5's measured": (
               SCHEDULER_R3 + FRONT_END_R3, []),
           "sglang 0.3.5's scheduler, round 3's front end": (FRONT_END_R3, []),

@@ -126,7 +126,8 @@ MODEL_FILES = ("plugins/cost/roofline.py", "plugins/cost/_host.py", "plugins/cos
                "plugins/cost/lib/fused_moe_triton.py", "plugins/cost/lib/expert_load.py",
                "framework/contracts/cost.py", "framework/gpu/roofline.py", "framework/gpu/hardware.py",
                "framework/sim/cluster.py", "framework/sim/instance.py", "framework/sim/frontend.py",
-               "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml", "conf/experiment/sglang_router_blog.yaml",
+               "framework/engine/cuda_graph.py", "conf/experiment/pr1970.yaml",
+               "conf/experiment/sglang_router_blog.yaml",
                "conf/experiment/pr1970_nov2024.yaml", "plugins/parallelism/dp_attn.py",
                "conf/hardware/h100_sxm.yaml", "conf/hardware/a100_80g.yaml", "data/gpu-profiles/fit/h100.json",
                "data/gpu-profiles/fit/a100.json", "data/calibration/sglang035_host_decode.json",
@@ -177,7 +178,8 @@ def main() -> None:
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the overlap-on variants of the TP cells")
     args = ap.parse_args()
     t0 = time.time()
-    cells = [pr1970(b, s, [], args.round) for b in BENCHES for s in SCHEMES] + [router_blog(r, [], args.round) for r in ROUTERS]
+    cells = [pr1970(b, s, [], args.round) for b in BENCHES for s in SCHEMES] \
+        + [router_blog(r, [], args.round) for r in ROUTERS]
     for c in cells:
         print(f"  {c['cell']:<24} {c['figure']:10,.0f} {c['unit']}  ({c['sim']['sim_wall_s']:.0f} s)", flush=True)
     by = {c["cell"]: c["figure"] for c in cells}

@@ -41,7 +41,8 @@ class BatchShape:
     new_tokens: tuple[int, ...] = ()          # per request: tokens computed this step (decode: 1 each)
     prefix: tuple[int, ...] = ()              # per request: tokens already in its KV (cached prefix + context)
     outputs: int = 0                          # DECODE: the tokens its requests have generated so far, in all
-                                              # (SGLang streams each request's whole output every step)
+                                              # (SGLang streams each request's whole output every step); filled
+                                              # for a cost model that reads them (CostModel.reads_outputs)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,6 +80,8 @@ class CostModel(ABC):
     Config = CostConfig
     cuda_graphs = True          # the priced hardware replays captured decode graphs (engine.cuda_graph); a CPU: no
     reads_hardware = True       # prices the GPU `hardware=` names; False: what it measured, wherever it ran
+    reads_outputs = False       # prices a DECODE batch's generated tokens (BatchShape.outputs); False: the
+                                # simulator leaves them 0 (summing them is a pass over the batch every step)
 
     def __init__(self, cfg, instance: InstanceShape) -> None:
         self.cfg, self.instance = cfg, instance

@@ -1,16 +1,15 @@
 """The front end of one server process in the simulation (issue 19, item 3): SGLang v0.4's TokenizerManager, one
 per server (shared by every DP rank of an instance under DP attention; one per worker behind a router), with its
 DetokenizerManager. One queue, served in order: a request is taken in (HTTP, per request) and tokenized (per prompt
-token) before its scheduler sees it, and every streamed chunk (one per `stream_interval` tokens of a request, and its last) is detokenized and
-written out before the client gets it (a fixed part and one per token of the request's output so far, which
-SGLang's chunk carries whole). The scheduler does not wait for it: a busy front end delays what the client
-sees, not the steps.
+token) before its scheduler sees it, and every streamed chunk (one per `stream_interval` tokens of a request, and its
+last) is detokenized and written out before the client gets it (a fixed part and one per token of the request's
+output so far, which SGLang's chunk carries whole). The scheduler does not wait for it: a busy front end delays what
+the client sees, not the steps.
 
 Its terms are the instance's cost model's (`sim.cost.frontend`, `tokenize_us_per_request`, `tokenize_us_per_token`,
-`stream_us_per_chunk`,
-`stream_us_per_output_token`, `stream_interval`); a cost model without them has no front end. SGLang's front end is
-three processes in a row (TokenizerManager with HTTP, DetokenizerManager, and the client's own); one queue at the
-slowest one's price gives the throughput they allow, not the latency of the two others.
+`stream_us_per_chunk`, `stream_us_per_output_token`, `stream_interval`); a cost model without them has no front end.
+SGLang's front end is three processes in a row (TokenizerManager with HTTP, DetokenizerManager, and the client's
+own); one queue at the slowest one's price gives the throughput they allow, not the latency of the two others.
 """
 from __future__ import annotations
 

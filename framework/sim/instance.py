@@ -151,7 +151,8 @@ class SimInstance:
         groups = [g if g.has_work() else None for g in self.groups]
         sizes = tuple(len(g.running) if g else 0 for g in groups)
         contexts = tuple(sum(r.kv_len for r in g.running) if g else 0 for g in groups)
-        outputs = tuple(sum(len(r.output_ids) for r in g.running) if g else 0 for g in groups)
+        outputs = tuple(sum(len(r.output_ids) for r in g.running) if g else 0 for g in groups) \
+            if self.cost.reads_outputs else None
         graph = all(d.reason is None for d in self.step.run_decisions())
         times = self.cost.decode_times(sizes, contexts, k, graph=graph, outputs=outputs)
         n = self.forward_passes
@@ -213,17 +214,19 @@ class CostExecutor:
 
     def execute(self, plan: StepPlan) -> None:
         graph = all(d.reason is None for d in plan.decisions)
-        plan.seconds = self.cost.step_time(Step(tuple(_shape(b) for b in plan.batches), graph=graph))
+        outputs = self.cost.reads_outputs
+        plan.seconds = self.cost.step_time(Step(tuple(_shape(b, outputs) for b in plan.batches), graph=graph))
         plan.seconds += self.forward_done()
         answers = self.answers
         plan.tokens = [[answers[r.rid][len(r.output_ids)] for r, s in zip(b.reqs, b.sample) if s]
                        for b in plan.batches]
 
 
-def _shape(batch: ForwardBatch) -> BatchShape:
+def _shape(batch: ForwardBatch, outputs: bool) -> BatchShape:
+    """The batch as the cost model sees it; `outputs`: count a DECODE batch's generated tokens (else 0)."""
     if batch.mode.is_idle():
         return BatchShape()
     if batch.mode.is_decode():
         return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs),
-                            sum(len(r.output_ids) for r in batch.reqs))
+                            sum(len(r.output_ids) for r in batch.reqs) if outputs else 0)
     return BatchShape("extend", tuple(batch.extend_lens), tuple(batch.prefix_lens))

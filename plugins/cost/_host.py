@@ -3,10 +3,10 @@
 - scheduler CPU per step: the event loop's work around the forward (form the batch, process its results, stream
   them out): `host_step_us` + `host_running_us` per request of a DECODE batch + `host_output_token_us` per token its
   requests have generated so far (SGLang's stream_output hands each request's whole output to the detokenizer every
-  step) + `host_new_req_us` per request and `host_new_token_us` per new token of an EXTEND batch, measured by experiments/calibrate/host.py (servelab's
-  SGLang-faithful scheduler) or experiments/sglang035_host (sglang 0.3.5's own, its GPU taken out) and carried to a
-  2024 H100 host by `host_speed_factor`. DP attention: every DP rank's scheduler runs at once; the slowest paces the
-  step.
+  step) + `host_new_req_us` per request and `host_new_token_us` per new token of an EXTEND batch, measured by
+  experiments/calibrate/host.py (servelab's SGLang-faithful scheduler) or experiments/sglang035_host (sglang 0.3.5's
+  own, its GPU taken out) and carried to a 2024 H100 host by `host_speed_factor`. DP attention: every DP rank's
+  scheduler runs at once; the slowest paces the step.
 - overlap: SGLang's overlap scheduler runs the CPU work of step N+1 while step N's forward runs (the step costs the
   larger of the two); without it (event_loop_normal) the two add up. v0.4's choice (`overlap_schedule=auto`): off
   under DP attention (server_args: disable_overlap_schedule) and with the Triton attention backend, which v0.4 uses

@@ -200,6 +200,7 @@ class RooflineCost(CostModel):
 
     def __init__(self, cfg: RooflineConfig, instance: InstanceShape) -> None:
         super().__init__(cfg, instance)
+        self.reads_outputs = cfg.host_output_token_us > 0      # the scheduler's streaming of the output so far
         if cfg.decode_head_block < 0:
             raise ValueError(f"sim.cost.decode_head_block must be >= 0 (0: the latent read once), got "
                              f"{cfg.decode_head_block}")
