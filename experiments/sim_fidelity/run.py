@@ -530,6 +530,9 @@ def main() -> None:
     ap.add_argument("--prefix-regime", choices=["smooth", "absorbed"], default="smooth",
                     help="sim.cost.prefix_regime: one grid across every prefix, or an extend priced from the profile's "
                          "p = 0 column or its cached columns, as the engine runs it (plugins/cost/calibrated.py)")
+    ap.add_argument("--batch-arrivals", action="store_true",
+                    help="sim.batch_arrivals=true: an idle instance starts its step once every request arriving at "
+                         "that instant is in, as the real engine took turn 0's burst (round N)")
     ap.add_argument("--serving", choices=["none", "measured"], default="measured",
                     help="sim.cost.serving: an HTTP worker's CPU per request outside its steps (calibrate/serving.py)")
     ap.add_argument("--sharing", choices=["at_start", "fair"], default="fair",
@@ -707,7 +710,8 @@ def switches(args, cores: dict | None = None) -> list[str]:
     --contention factor) this run simulates with."""
     cost = [f"sim.cost.path={args.profile}", f"sim.cost.between={args.between}", f"sim.cost.point={args.point}",
             f"sim.cost.extend={args.extend}", f"sim.cost.prefix_regime={args.prefix_regime}",
-            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"]
+            f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"] \
+        + (["sim.batch_arrivals=true"] if args.batch_arrivals else [])
     if args.contention == "block":                # each block's own (sim_config)
         return cost
     decode, extend = factors(cores) if cores else (1.0, 1.0) if args.contention in ("none", "measured", "engine") \
@@ -783,6 +787,7 @@ def resimulate_main(args) -> None:
                         + ([] if args.contention_busy == "cores" else [f"busy_{args.contention_busy}"])
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
+                        + (["batch_arrivals"] if args.batch_arrivals else [])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])
                         + ([] if args.host_scale != "level" or args.level_blocks == ["before"]
                            else ["blocks_" + "_".join(args.level_blocks)])

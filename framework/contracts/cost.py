@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from framework.contracts.batch import ForwardBatch
 from framework.model.config import ModelConfig
 from framework.gpu.hardware import HardwareConfig
 
@@ -140,3 +141,14 @@ def decode_shape(n: int, context: int, outputs: int = 0) -> BatchShape:
     canonical form (the whole context on the first request), so a step priced alone or in a run gets the very same
     shape."""
     return BatchShape("decode", (1,) * n, (context,) + (0,) * (n - 1), outputs)
+
+
+def batch_shape(batch: ForwardBatch, outputs: bool = False) -> BatchShape:
+    """A scheduler's batch as a cost model sees it (the simulator prices it; the real engine's step log records it);
+    `outputs`: count a DECODE batch's generated tokens (else 0)."""
+    if batch.mode.is_idle():
+        return BatchShape()
+    if batch.mode.is_decode():
+        return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs),
+                            sum(len(r.output_ids) for r in batch.reqs) if outputs else 0)
+    return BatchShape("extend", tuple(batch.extend_lens), tuple(batch.prefix_lens))

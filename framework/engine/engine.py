@@ -2,13 +2,16 @@
 scheduler, stepped one batch at a time; and how a rank's memory is split between weights and KV (`plan_memory`)."""
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from framework.contracts.batch import ForwardBatch
+from framework.contracts.cost import batch_shape
 from framework.engine.config import EngineConfig
 from framework.engine.host_memory import keep_freed_host_memory
 from framework.engine.cuda_graph import CudaGraphCapture, Decision, GraphRunner
@@ -101,6 +104,8 @@ class Engine:
         # wall seconds in scheduling and in the forward; this thread's CPU seconds in steps whose batch extends and in
         # the others (the simulator reports its priced seconds under the same keys: sim_fidelity compares them)
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0, "extend_cpu_s": 0.0, "decode_cpu_s": 0.0}
+        self._step_log = open(f"{engine_cfg.step_cpu_log}.{os.getpid()}.jsonl", "a", buffering=1) \
+            if engine_cfg.step_cpu_log else None
         self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
                                   self.scheduler.max_running, self.device)
         if engine_cfg.cuda_graph and self.device.type == "cuda":
@@ -127,10 +132,14 @@ class Engine:
         plan = self.instance_step.start(self)
         if plan is None:
             return None
+        shapes = self._step_log and [asdict(batch_shape(b)) for b in plan.batches]   # before the step moves the lengths
         out = self.instance_step.finish(plan, time.perf_counter())
         self.timing["forward_s"] += plan.seconds
         self.timing["schedule_s"] += time.perf_counter() - t0 - plan.seconds
-        self.timing[step_cpu_key(plan.batches)] += time.thread_time() - c0
+        cpu = time.thread_time() - c0
+        self.timing[step_cpu_key(plan.batches)] += cpu
+        if self._step_log:
+            self._step_log.write(json.dumps({"batches": shapes, "cpu_s": cpu}) + "\n")
         return out
 
     def execute(self, plan: StepPlan) -> None:

@@ -12,7 +12,6 @@ simulator can advance them in one event (`advance`), with exactly the decisions 
 """
 from __future__ import annotations
 
-from framework.contracts.batch import ForwardBatch
 from framework.engine.cuda_graph import GraphPolicy
 from framework.engine.engine import plan_memory
 from framework.engine.kv_pool import CountingKVPool
@@ -23,7 +22,7 @@ from framework.engine.step import InstanceStep, StepPlan
 from framework.model.tokenizer import ByteTokenizer
 from framework.core.registry import MOE, PARALLELISM
 from framework.contracts.routing import LoadReport
-from framework.contracts.cost import BatchShape, Step, decode_shape
+from framework.contracts.cost import Step, batch_shape
 from framework.sim.answers import answer_source
 
 
@@ -215,18 +214,8 @@ class CostExecutor:
     def execute(self, plan: StepPlan) -> None:
         graph = all(d.reason is None for d in plan.decisions)
         outputs = self.cost.reads_outputs
-        plan.seconds = self.cost.step_time(Step(tuple(_shape(b, outputs) for b in plan.batches), graph=graph))
+        plan.seconds = self.cost.step_time(Step(tuple(batch_shape(b, outputs) for b in plan.batches), graph=graph))
         plan.seconds += self.forward_done()
         answers = self.answers
         plan.tokens = [[answers[r.rid][len(r.output_ids)] for r, s in zip(b.reqs, b.sample) if s]
                        for b in plan.batches]
-
-
-def _shape(batch: ForwardBatch, outputs: bool) -> BatchShape:
-    """The batch as the cost model sees it; `outputs`: count a DECODE batch's generated tokens (else 0)."""
-    if batch.mode.is_idle():
-        return BatchShape()
-    if batch.mode.is_decode():
-        return decode_shape(len(batch.reqs), sum(batch.seq_lens_cpu) - len(batch.reqs),
-                            sum(len(r.output_ids) for r in batch.reqs) if outputs else 0)
-    return BatchShape("extend", tuple(batch.extend_lens), tuple(batch.prefix_lens))

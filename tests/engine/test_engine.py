@@ -1,5 +1,6 @@
 """The engine's incremental path against the reference, and admission that never over-commits."""
 import dataclasses
+import json
 import random
 
 import pytest
@@ -173,3 +174,28 @@ def test_chunked_prefill_holding_the_pool_finishes_and_loses_nothing(prompt_len,
     assert len(decoding.output_ids) == 93 and len(prefill.output_ids) == 1
     admitted_beside_decode = prompt_len + 1 < engine.capacity - 6
     assert (engine.scheduler.stats["retractions"] > 0) == (alternate and admitted_beside_decode)
+
+
+def test_the_step_cpu_log_holds_each_steps_shape_as_the_simulator_prices_it_and_its_cpu(tmp_path):
+    from framework.contracts.cost import BatchShape
+    engine = make_engine(step_cpu_log=str(tmp_path / "steps"), chunked_prefill_tokens=16)
+    shared = list(range(40))
+    reqs = [Req(shared + [100 + i] * (5 + i), SamplingParams(max_new_tokens=3, ignore_eos=True)) for i in range(4)]
+    engine.add(reqs[0])
+    while engine.scheduler.has_work():
+        engine.step()
+    for r in reqs[1:]:                      # three together, on the first one's cached prefix
+        engine.add(r)
+    while engine.scheduler.has_work():
+        engine.step()
+    (path,) = tmp_path.glob("steps.*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    shapes = [BatchShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in line["batches"][0].items()})
+              for line in lines]
+    extends = [s for s in shapes if s.mode == "extend"]
+    # every prompt token not found in the cache is extended once, in chunks of at most 16
+    assert sum(sum(s.new_tokens) for s in extends) == sum(len(r.prompt_ids) - r.cached_tokens for r in reqs)
+    assert all(sum(s.new_tokens) <= 16 for s in extends) and max(s.prefix[0] for s in extends) >= 40
+    assert sum(len(s.new_tokens) for s in shapes if s.mode == "decode") == sum(len(r.output_ids) - 1 for r in reqs)
+    cpu = engine.timing["extend_cpu_s"] + engine.timing["decode_cpu_s"]
+    assert sum(line["cpu_s"] for line in lines) == pytest.approx(cpu, rel=1e-9)

@@ -166,11 +166,15 @@ def test_contention_busy_measured_is_the_siblings_and_one_and_only_with_engine_c
     import argparse
     f = load_script("experiments/sim_fidelity/run.py")
     args = argparse.Namespace(profile="p.json", between="grid", point="median", extend="batch", prefix_regime="smooth",
-                              serving="measured", sharing="fair", contention="engine", contention_busy="measured")
+                              serving="measured", sharing="fair", contention="engine", contention_busy="measured",
+                              batch_arrivals=False)
     cores = {"decode": 1.25, "extend": 1.05, "siblings": 3}
     assert "sim.host_contention_busy=4" in f.switches(args, cores)
     args.contention_busy = "cores"
     assert not any(a.startswith("sim.host_contention_busy") for a in f.switches(args, cores))
+    assert "sim.batch_arrivals=true" not in f.switches(args, cores)
+    args.batch_arrivals = True                       # --batch-arrivals (round N)
+    assert "sim.batch_arrivals=true" in f.switches(args, cores)
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--contention-busy", "measured"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "only --contention engine" in r.stderr
