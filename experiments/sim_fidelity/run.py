@@ -105,7 +105,7 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from framework.config import compose  # noqa: E402
+from framework.config import SimConfig, compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
@@ -250,6 +250,8 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
     block += [] if level is None else [f"sim.cost.host_scale_extend={level['extend']:.4f}"]
+    block += [] if level is None or "outside_s" not in level else \
+        [f"sim.router_overhead_s={max(0.0, SimConfig.router_overhead_s + level['outside_s']):.6f}"]
     block += [] if collective is None else [f"sim.cost.collective_s={collective:.6f}"]
     block += [] if steal is None else [f"sim.host_steal={steal:.3f}"]
     return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
@@ -270,11 +272,14 @@ def _host(background: "Background", speed: HostSpeed) -> dict:
 
 LEVEL_SEEDS = {"before": 1000, "after": 2000}   # --host-scale level: repeat k's level blocks draw workload.seed
 # LEVEL_SEEDS[which] + k (the judged runs: seed 0); --level-blocks says which run (round M: before; round N: both)
-LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s")     # what read_level takes from a level block's real run
+LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s",     # what read_level takes from a level block's real run
+              "ttft_mean_ms", "engine_ttft_ms_mean")              # (the TTFT's split: --outside level, round N)
+OUTSIDE_KEYS = LEVEL_KEEP[3:]
 MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
-def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]]) -> dict:
+def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
+               outside: bool = False) -> dict:
     """--host-scale level: a cell's level by step kind, read from its level blocks (the same cell at other seeds, run
     just before the judged one, and with --level-blocks both just after it too: the host's speed in the cell's own
     shape and hour, from runs that are not judged), each block ``(overrides, load, real figures)``, against the
@@ -284,7 +289,10 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     cores' contention, so none is simulated on top). An instance of several ranks waits at every step on collectives
     that its ranks' CPU clock does not count: one scale for both kinds, the one at which the blocks' simulations last
     as long as the real blocks did (each duration taken as linear in the scale, between simulations at 1 and 2). A
-    level below MIN_LEVEL is said and floored there."""
+    level below MIN_LEVEL is said and floored there. With ``outside`` (--outside level), an HTTP cell's level also
+    holds `outside_s`: the seconds its blocks' requests spent outside the engines (client, router, HTTP hand-off:
+    ttft_mean_ms - engine_ttft_ms_mean) beyond what their simulations spend there, mean over the blocks; sim_config
+    adds them to the router's time, before the engine (a request in transit holds no KV)."""
     cfgs = [sim_config(study, overrides, sim_args, load) for overrides, load, _ in blocks]
     at_one = [simulate(cfg)[0] for cfg in cfgs]
     reals = [real for _, _, real in blocks]
@@ -297,6 +305,8 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
                                  f"(real {real} s, priced {priced} s): a workload too small for it")
             level[kind] = _floored(case, kind, sum(real) / priced, f"its engines' {kind} CPU {sum(real):.2f} s "
                                    f"against a price of {priced:.2f} s")
+        if outside and study == "router_ablation":
+            level["outside_s"] = outside_s(case, reals, at_one)
         return level
     at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))[0]
               for overrides, load, _ in blocks]
@@ -309,6 +319,18 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
                      f"the real blocks took {real:.2f} s, their simulations' unscaled waits alone "
                      f"{2 * one - two:.2f} s")
     return {"by": "duration", "extend": scale, "decode": scale}
+
+
+def outside_s(case: str, reals: list[dict], sims: list[dict]) -> float:
+    """The seconds a request of these blocks spent outside the engines in the real runs beyond their simulations,
+    mean over the blocks."""
+    missing = [k for r in reals for k in OUTSIDE_KEYS if r.get(k) is None]
+    if missing:
+        raise ValueError(f"--outside level: {case}'s level blocks did not keep {sorted(set(missing))} (a run before "
+                         f"round N: give --work, the folder its level blocks' runs wrote to)")
+    gaps = [(r["ttft_mean_ms"] - r["engine_ttft_ms_mean"]) - (s["ttft_mean_ms"] - s["engine_ttft_ms_mean"])
+            for r, s in zip(reals, sims)]
+    return statistics.fmean(gaps) / 1e3
 
 
 def _floored(case: str, kind: str, level: float, why: str) -> float:
@@ -324,13 +346,15 @@ def level_block(overrides: list[str], real: dict, measured: dict) -> dict:
             "host_background": measured["host_background"], "host_steal": measured["host_steal"]}
 
 
-def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockstep: bool) -> dict | None:
+def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockstep: bool,
+               outside: bool = False) -> dict | None:
     """A case's level from its level blocks by which (``LEVEL_SEEDS``' keys; the ones present are pooled by
     read_level), None without any (--host-scale other than level)."""
     found = [b for b in blocks.values() if b]
     if not found:
         return None
-    return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found])
+    return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found],
+                      outside)
 
 
 def _block_key(which: str) -> str:
@@ -383,7 +407,7 @@ def router_trials(path: Path) -> list[tuple[str, list[str], dict]]:
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seeds: dict | None = None) -> list[dict]:
+                 level_seeds: dict | None = None, outside: bool = False) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated; with ``level_seeds`` (--host-scale level: a
     seed by which block, ``LEVEL_SEEDS``' keys), level blocks around them: the same cells at those seeds, before the
     judged runs and after them, each cell simulated at the level read from its own."""
@@ -399,7 +423,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
     cases = []
     for case, overrides, trial in trials:
         own = {which: by_case[case] for which, by_case in blocks.items()}
-        level = with_level(case, own, "router_ablation", sim_args, lockstep)
+        level = with_level(case, own, "router_ablation", sim_args, lockstep, outside)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         needed = needed_level(level, case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
@@ -476,7 +500,7 @@ KEEP = [k for k, _ in tables.FIGURES] + list(tables.EXTRA) + list(tables.WORK) \
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
                by: str = "host_pinned_s", level_blocks: list[str] = (),
-               blocks_of=None) -> tuple[list[dict], str]:
+               blocks_of=None, outside: bool = False) -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `tables.combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
@@ -493,7 +517,7 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
             blocks = stored_blocks(run, level_blocks) if blocks_of is None else blocks_of(k, run)
-            own = with_level(run["case"], blocks, c["study"], sim_args, lockstep)
+            own = with_level(run["case"], blocks, c["study"], sim_args, lockstep, outside)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
             needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
@@ -530,6 +554,9 @@ def main() -> None:
     ap.add_argument("--prefix-regime", choices=["smooth", "absorbed"], default="smooth",
                     help="sim.cost.prefix_regime: one grid across every prefix, or an extend priced from the profile's "
                          "p = 0 column or its cached columns, as the engine runs it (plugins/cost/calibrated.py)")
+    ap.add_argument("--outside", choices=["none", "level"], default="none",
+                    help="level (with --host-scale level): each HTTP cell's requests reach the engines later by the "
+                         "time its level blocks spent outside them beyond their simulations (read_level's outside_s)")
     ap.add_argument("--batch-arrivals", action="store_true",
                     help="sim.batch_arrivals=true: an idle instance starts its step once every request arriving at "
                          "that instant is in, as the real engine took turn 0's burst (round N)")
@@ -589,6 +616,9 @@ def main() -> None:
                  f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "
                  f"at the profile's collective latency (none is measured around a level block); give --contention "
                  f"none --collectives none")
+    if args.outside == "level" and args.host_scale != "level":
+        sys.exit(f"--outside level: the time outside the engines is read from level blocks, which only --host-scale "
+                 f"level runs; got --host-scale {args.host_scale}")
     if args.level_blocks != ["before"] and args.host_scale != "level":
         sys.exit(f"--level-blocks {' '.join(args.level_blocks)}: level blocks are read only with --host-scale level; "
                  f"got --host-scale {args.host_scale}")
@@ -630,7 +660,7 @@ def main() -> None:
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
             work = args.work / f"repeat{k}"
             seeds = {which: LEVEL_SEEDS[which] + k for which in args.level_blocks} if level else None
-            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds)
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside == "level")
                      if "router_ablation" in args.studies else []) \
                 + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds)
                    if "dp_attn_vs_tp" in args.studies else [])
@@ -661,7 +691,7 @@ def main() -> None:
                                         "sim")}
                      for c in cells],
            "host_scale": args.host_scale, "level_blocks": args.level_blocks if level else None,
-           "steal": args.steal,
+           "outside": args.outside, "steal": args.steal,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
                       "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
@@ -721,6 +751,25 @@ def switches(args, cores: dict | None = None) -> list[str]:
     return cost + [f"sim.host_contention={decode:.4f}", f"sim.host_contention_extend={extend:.4f}"] + busy
 
 
+def fill_outside(stored: dict, work: Path, which: list[str]) -> None:
+    """A run before round N kept of its level blocks only what read_level took then: the TTFT's split
+    (OUTSIDE_KEYS) is filled in from their full figures in the run's --work folder (repeat k's blocks in
+    `repeat<k>/level*/router_ablation/results.json`), where found."""
+    for k, rep in enumerate(stored["runs"]):
+        for w in which:
+            path = _level_dir(work / f"repeat{k}", w) / "router_ablation" / "results.json"
+            trials = {case: t for case, _, t in router_trials(path)} if path.exists() else {}
+            for run in rep:
+                block = run.get(_block_key(w))
+                if block and run["case"] in trials and any(block["real"].get(key) is None for key in OUTSIDE_KEYS):
+                    found = trials[run["case"]]
+                    if found.get("extend_cpu_s") != block["real"]["extend_cpu_s"]:
+                        sys.exit(f"--outside level: {path} is not the run's level block of repeat {k + 1}, "
+                                 f"{run['case']} (extend CPU {found.get('extend_cpu_s')} s, stored "
+                                 f"{block['real']['extend_cpu_s']} s): another run wrote over --work")
+                    block["real"].update({key: found.get(key) for key in OUTSIDE_KEYS})
+
+
 def resimulate_main(args) -> None:
     """--resimulate: the stored run's real runs, simulated with each --answers (and --between); prints each range
     table and writes --resim-out."""
@@ -762,17 +811,20 @@ def resimulate_main(args) -> None:
     if per_block and any(not r.get("host_contentions") for rep in stored["runs"] for r in rep):
         sys.exit(f"--contention block: {args.resimulate} took no contention around its blocks; give measured, a "
                  f"factor, or none")
+    if args.outside == "level":
+        fill_outside(stored, args.work, args.level_blocks)
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
         t0 = time.time()
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
                                  args.steal == "lockstep", args.blocks, by,
-                                 args.level_blocks if args.host_scale == "level" else [])
+                                 args.level_blocks if args.host_scale == "level" else [],
+                                 outside=args.outside == "level")
         print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{tables.work_table(cells)}\n{tables.level_table(cells)}\n{tables.turn_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
                                 "level_blocks": args.level_blocks if args.host_scale == "level" else None,
-                                "steal": args.steal,
+                                "outside": args.outside, "steal": args.steal,
                                 "reference_pinned_s": reference_s if by == "host_pinned_s" else None,
                                 "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
@@ -788,6 +840,7 @@ def resimulate_main(args) -> None:
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
                         + (["batch_arrivals"] if args.batch_arrivals else [])
+                        + ([] if args.outside == "none" else [f"outside_{args.outside}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])
                         + ([] if args.host_scale != "level" or args.level_blocks == ["before"]
                            else ["blocks_" + "_".join(args.level_blocks)])

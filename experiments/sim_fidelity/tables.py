@@ -205,13 +205,17 @@ def level_table(cells: list[dict]) -> str:
         needed = [x for x in c.get("levels_needed") or [] if x]
         fmt = {k: spread([x[k] for x in levels]) for k in ("extend", "decode")}
         want = {k: spread([x[k] for x in needed])["median"] for k in ("extend", "decode")}
+        outside = [x["outside_s"] * 1e3 for x in levels if "outside_s" in x]
+        out = spread(outside) if outside else None
         rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
             f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " | " + " / ".join(
-            "-" if v is None else f"{v:.3f}" for v in want.values()) + " |")
+            "-" if v is None else f"{v:.3f}" for v in want.values()) + " | "
+            + ("-" if out is None else f"{out['median']:.1f} [{out['min']:.1f}-{out['max']:.1f}]") + " |")
     if not rows:
         return ""
     return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] | "
-                      "judged runs needed, extend / decode |", "|---|---|---:|---:|---:|", *rows])
+                      "judged runs needed, extend / decode | outside latency added, ms (--outside level) |",
+                      "|---|---|---:|---:|---:|---:|", *rows])
 
 
 def work_table(cells: list[dict]) -> str:

@@ -185,3 +185,39 @@ def test_a_level_with_a_contention_factor_or_block_collectives_is_refused(switch
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--host-scale", "level", *switch],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "give --contention none --collectives none" in r.stderr
+
+
+def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_path):
+    """--outside level: a block whose requests spent 20 ms more outside the engines than its simulation did (the
+    TTFT less its engine part) reads outside_s 0.020; simulated with it, the block's requests spend about that long
+    outside (the router's time, before the engine); a block without the TTFT's split is refused, saying why; a stored
+    run's blocks are filled in from the work folder's full figures only when they are that run's."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load = (0.0, None)
+    plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
+    gap = plain["ttft_mean_ms"] - plain["engine_ttft_ms_mean"]
+    real = {**{k: plain[k] for k in f.LEVEL_KEEP}, "ttft_mean_ms": plain["ttft_mean_ms"] + 20.0}
+    level = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)], outside=True)
+    assert level["outside_s"] == pytest.approx(0.020)
+    assert "outside_s" not in f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)])
+    cfg = f.sim_config("router_ablation", ONE_RANK, SIM, load, level=level)
+    assert cfg.sim.router_overhead_s == pytest.approx(0.0208)
+    again, _ = simulate(cfg)
+    assert again["ttft_mean_ms"] - again["engine_ttft_ms_mean"] == pytest.approx(gap + 20.0, abs=2.0)
+    with pytest.raises(ValueError, match=r"c's level blocks did not keep \['engine_ttft_ms_mean'\]"):
+        f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, {**real, "engine_ttft_ms_mean": None})],
+                     outside=True)
+    # a stored run of round N's kind: its level block lacks the split; the work folder's figures fill it in
+    block = {"overrides": ONE_RANK, "real": {**real, "ttft_mean_ms": None, "engine_ttft_ms_mean": None},
+             "host_background": 0.0, "host_steal": 0.0}
+    stored = {"runs": [[{"case": "multi_turn/round_robin", "level_block": block}]]}
+    folder = tmp_path / "repeat0" / "level" / "router_ablation"
+    folder.mkdir(parents=True)
+    trial = {"workload": "multi_turn", "router": "round_robin", **real}
+    (folder / "results.json").write_text(json.dumps({"overrides": {"multi_turn": []}, "trials": [trial]}))
+    f.fill_outside(stored, tmp_path, ["before"])
+    assert block["real"]["ttft_mean_ms"] == real["ttft_mean_ms"]
+    block["real"]["ttft_mean_ms"] = None
+    block["real"]["extend_cpu_s"] += 1.0                       # not this run's block: refused
+    with pytest.raises(SystemExit, match="another run wrote over --work"):
+        f.fill_outside(stored, tmp_path, ["before"])
