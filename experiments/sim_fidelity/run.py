@@ -79,9 +79,15 @@ as busy processes of other work, which a two-rank instance only shares the cores
 `--prefix-regime absorbed` (the round of protocol_absorbed.md) prices an extend batch in the form the engine runs it
 in: with no cached prefix from the profile's p = 0 column, with any from its cached columns (`sim.cost.prefix_regime`);
 `smooth` (the default, as every round before) reads one grid across both.
+`--batch-arrivals` (round N, protocol_round_n.md) starts an idle instance once every request of that instant is in
+(`sim.batch_arrivals`), as the real engines took turn 0's burst. `--outside level` (round O, protocol_round_o.md; with
+`--host-scale level`) delays each HTTP cell's requests into the engines by the time its level blocks' requests spent
+outside them (client, router, HTTP hand-off: `ttft_mean_ms - engine_ttft_ms_mean`) beyond their simulations, added
+to `sim.router_overhead_s` (``outside_s``); a run before round N kept no such figures of its blocks, and
+`--resimulate` fills them in from its --work folder (``fill_outside``), which must be the run's own.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
-deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`, `--sharing`,
-`--contention`, `--collectives`, `--steal`) and each
+deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`,
+`--sharing`, `--contention`, `--collectives`, `--steal`, `--batch-arrivals`, `--outside`) and each
 `--answers`, and writes --resim-out.
 """
 from __future__ import annotations
@@ -105,7 +111,7 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from framework.config import SimConfig, compose  # noqa: E402
+from framework.config import compose  # noqa: E402
 from framework.core.host_probe import Cores, mismatch, pinned, probe  # noqa: E402
 from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.core.proc import host_cpu_s  # noqa: E402
@@ -250,12 +256,17 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
     block = [] if contention is None else [f"sim.host_contention={contention:.4f}",
                                            f"sim.host_contention_extend={contention:.4f}"]
     block += [] if level is None else [f"sim.cost.host_scale_extend={level['extend']:.4f}"]
-    block += [] if level is None or "outside_s" not in level else \
-        [f"sim.router_overhead_s={max(0.0, SimConfig.router_overhead_s + level['outside_s']):.6f}"]
     block += [] if collective is None else [f"sim.cost.collective_s={collective:.6f}"]
     block += [] if steal is None else [f"sim.host_steal={steal:.3f}"]
-    return compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
-                                                            f"sim.cost.host_scale={host_scale:.4f}"])
+    cfg = compose(overrides + sim_args + local + block + [f"sim.host_background={background:.3f}",
+                                                           f"sim.cost.host_scale={host_scale:.4f}"])
+    if level is not None and "outside_s" in level:     # --outside level: later into the engines than the router's own
+        router_s = cfg.sim.router_overhead_s + level["outside_s"]
+        if router_s < 0:
+            print(f"WARNING: --outside level: {level['outside_s'] * 1e3:.1f} ms outside the engines takes the router's "
+                  f"time below 0; 0 simulated", flush=True)
+        cfg.sim.router_overhead_s = max(0.0, router_s)
+    return cfg
 
 
 def leveled(host: tuple[float, float | None, float | None], level: dict | None) -> tuple:
@@ -272,9 +283,9 @@ def _host(background: "Background", speed: HostSpeed) -> dict:
 
 LEVEL_SEEDS = {"before": 1000, "after": 2000}   # --host-scale level: repeat k's level blocks draw workload.seed
 # LEVEL_SEEDS[which] + k (the judged runs: seed 0); --level-blocks says which run (round M: before; round N: both)
-LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s",     # what read_level takes from a level block's real run
-              "ttft_mean_ms", "engine_ttft_ms_mean")              # (the TTFT's split: --outside level, round N)
-OUTSIDE_KEYS = LEVEL_KEEP[3:]
+OUTSIDE_KEYS = tables.SPLIT    # the client's mean TTFT and its part in the engines: --outside level (round N on)
+LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s") + OUTSIDE_KEYS   # what read_level takes from a level
+# block's real run
 MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 

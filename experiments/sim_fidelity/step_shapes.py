@@ -8,8 +8,9 @@ request). The host's level divides out: a bin's ratio over its kind's ratio (ext
 profile's shape is off there, whatever the host's speed, and a right shape reads 1.0 in every bin. The shape error is
 the real-CPU-weighted mean of |bin ratio / kind ratio - 1|.
 
-    python experiments/sim_fidelity/step_shapes.py                    # multi_turn, both policies, 2 repeats (~2 min)
-    python experiments/sim_fidelity/step_shapes.py --workloads shared_prefix multi_turn --repeats 1
+    python experiments/sim_fidelity/step_shapes.py      # both workloads and policies, 2 repeats (~1-2 min)
+    python experiments/sim_fidelity/step_shapes.py --workloads multi_turn \
+        --out experiments/sim_fidelity/step_shapes_multi_turn
     python experiments/sim_fidelity/step_shapes.py --steps outputs/step_shapes/steps   # price a stored log again
 
 Prints the table and writes results.json and table.md to --out.
@@ -33,16 +34,34 @@ from framework.core.paths import git_sha  # noqa: E402
 from framework.runs.sim import cost_model  # noqa: E402
 
 EXTENDS = ("batch", "per_request")
-PROFILE = "data/calibration/cpu_amd_epyc_l.json"     # round L's and M's
+PROFILE = "data/calibration/cpu_amd_epyc_l.json"     # round L's to O's
+# the workers' engine and model, as router_ablation runs them (one set serves every cell; the workload does not change
+# a step's price)
+WORKERS = ["workload=multi_turn", "cluster.instances=4", "engine.kv_budget_mb=6"]
+
+
+def sim_args(profile: str = PROFILE, point: str = "median", between: str = "grid", regime: str = "absorbed") -> list:
+    """The calibrated cost model's switches the steps are priced with (sim_fidelity's rounds N and O by default)."""
+    return [f"sim.cost.path={profile}", f"sim.cost.point={point}", f"sim.cost.between={between}",
+            f"sim.cost.prefix_regime={regime}"]
+
+
+def shape_of(record: dict) -> BatchShape:
+    """A BatchShape from its JSON form (dataclasses.asdict, as engine.step_cpu_log writes it)."""
+    return BatchShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
 
 
 def read_steps(prefix: str) -> list[tuple[BatchShape, float]]:
-    """Every logged step of one-rank engines (one batch each) as (shape, CPU seconds); idle steps left out."""
+    """Every logged step of one-rank engines (one batch each) as (shape, CPU seconds); idle steps left out. A step of
+    a larger instance is refused: its ranks each log it, and a DP rank's batch is one group's of the step."""
     steps = []
     for path in sorted(glob.glob(f"{prefix}.*.jsonl")):
         for line in Path(path).read_text().splitlines():
             rec = json.loads(line)
-            shape = BatchShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in rec["batches"][0].items()})
+            if rec.get("size", 1) != 1 or len(rec["batches"]) != 1:
+                sys.exit(f"{path}: a step of an instance of {rec.get('size')} ranks; step_shapes reads one-rank "
+                         f"engines only (the HTTP cells' workers)")
+            shape = shape_of(rec["batches"][0])
             if shape.mode != "idle":
                 steps.append((shape, rec["cpu_s"]))
     return steps
@@ -59,9 +78,9 @@ def bin_of(shape: BatchShape) -> str:
             + " " + ("p<=16" if prefix <= 16 else "p<=512" if prefix <= 512 else "p>512"))
 
 
-def priced(steps: list, overrides: list[str], extend: str, sim_args: list[str]) -> list[float]:
-    cost = cost_model(compose(overrides + ["mode=sim", "sim.cost=calibrated", f"sim.cost.extend={extend}"]
-                              + sim_args))
+def priced(steps: list, extend: str, switches: list[str]) -> list[float]:
+    """Each step's price by the calibrated profile at its own level, an extend priced as `extend` says."""
+    cost = cost_model(compose(WORKERS + ["mode=sim", "sim.cost=calibrated", f"sim.cost.extend={extend}"] + switches))
     return [cost.step_time(Step((shape,))) for shape, _ in steps]
 
 
@@ -71,7 +90,9 @@ def by_bin(steps: list, prices: list[float]) -> dict:
     for (shape, cpu), price in zip(steps, prices):
         for table, key in ((bins, bin_of(shape)), (kinds, shape.mode)):
             row = table.setdefault(key, {"steps": 0, "real_s": 0.0, "priced_s": 0.0})
-            row["steps"], row["real_s"], row["priced_s"] = row["steps"] + 1, row["real_s"] + cpu, row["priced_s"] + price
+            row["steps"] += 1
+            row["real_s"] += cpu
+            row["priced_s"] += price
     for key, row in bins.items():
         kind = kinds[key.split()[0]]
         row["ratio"] = row["real_s"] / row["priced_s"]
@@ -92,17 +113,17 @@ def table(result: dict) -> str:
         cells = [f"{result['priced'][w]['bins'][key]['ratio']:.2f} / {result['priced'][w]['bins'][key]['vs_kind']:.2f}"
                  for w in ways]
         lines.append(f"| {key} | {row['steps']} | {row['real_s']:.2f} | " + " | ".join(cells) + " |")
-    for kind in ("extend", "decode"):
+    for kind, row in result["priced"][ways[0]]["kinds"].items():
         cells = [f"{result['priced'][w]['kinds'][kind]['ratio']:.2f} (shape error "
                  f"{100 * result['priced'][w]['shape_error'][kind]:.1f}%)" for w in ways]
-        lines.append(f"| **{kind}, all** | {first and sum(r['steps'] for k, r in first.items() if k.startswith(kind))}"
-                     f" | {result['priced'][ways[0]]['kinds'][kind]['real_s']:.2f} | " + " | ".join(cells) + " |")
+        lines.append(f"| **{kind}, all** | {row['steps']} | {row['real_s']:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="+", default=["multi_turn"], choices=["shared_prefix", "multi_turn"])
+    ap.add_argument("--workloads", nargs="+", default=["shared_prefix", "multi_turn"],
+                    choices=["shared_prefix", "multi_turn"])
     ap.add_argument("--policies", nargs="+", default=["round_robin", "cache_aware"])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", default=PROFILE)
@@ -125,21 +146,18 @@ def main() -> None:
     steps = read_steps(prefix)
     if not steps:
         sys.exit(f"no steps logged under {prefix}.*.jsonl")
-    # the workers' engine and model (one set serves every cell; the workload does not change a step's price)
-    overrides = ["workload=multi_turn", "cluster.instances=4", "engine.kv_budget_mb=6"]
-    sim_args = [f"sim.cost.path={args.profile}", f"sim.cost.point={args.point}", f"sim.cost.between={args.between}",
-                f"sim.cost.prefix_regime={args.prefix_regime}"]
+    switches = sim_args(args.profile, args.point, args.between, args.prefix_regime)
     result = {"experiment": "step_shapes", "git_sha": git_sha(), "steps_logged": len(steps), "step_log": prefix,
-              "workloads": args.workloads, "policies": args.policies, "repeats": args.repeats, "sim_args": sim_args,
+              "workloads": args.workloads, "policies": args.policies, "repeats": args.repeats, "sim_args": switches,
               "extend": list(EXTENDS),
               "median_step_cpu_ms": 1e3 * statistics.median(cpu for _, cpu in steps),
-              "priced": {w: by_bin(steps, priced(steps, overrides, w, sim_args)) for w in EXTENDS}}
+              "priced": {w: by_bin(steps, priced(steps, w, switches)) for w in EXTENDS}}
     text = table(result)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "table.md").write_text(f"{len(steps)} steps of {', '.join(args.workloads)} x "
-                                       f"{', '.join(args.policies)}, {args.repeats} repeat(s); {' '.join(sim_args)}"
+                                       f"{', '.join(args.policies)}, {args.repeats} repeat(s); {' '.join(switches)}"
                                        f"\n\n{text}\n")
     print(f"wrote {args.out / 'results.json'}")
 

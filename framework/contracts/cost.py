@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from framework.contracts.batch import ForwardBatch
 from framework.model.config import ModelConfig
 from framework.gpu.hardware import HardwareConfig
+
+if TYPE_CHECKING:                      # (batch.py imports torch; this contract does not need it at run time)
+    from framework.contracts.batch import ForwardBatch
 
 MODES = ("extend", "decode", "idle")
 

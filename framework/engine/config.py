@@ -69,8 +69,9 @@ class EngineConfig:
     # keep freed host memory mapped (framework/engine/host_memory.py), as PyTorch's CUDA caching allocator keeps device
     # memory: false is glibc's default, a fresh mmap and page faults for every large activation of every step
     host_allocator_cache: bool = True
-    # a path prefix: each engine appends one JSON line per step to <prefix>.<pid>.jsonl, the batch's shape as the
-    # simulator prices it and the rank's CPU seconds in the step (experiments/sim_fidelity/step_shapes.py reads them)
+    # a path prefix: each engine appends one JSON line per step to <prefix>.<pid>.<n>.jsonl: its rank, the batches'
+    # shapes as the simulator prices them and the rank's CPU seconds in the step (experiments/sim_fidelity/
+    # step_shapes.py reads them)
     step_cpu_log: Optional[str] = None
     # CUDA graphs for decode (SGLang's CudaGraphRunner, framework/engine/cuda_graph.py): a graph per batch-size
     # bucket captured at start, a decode step padded to its bucket and replayed; on a CUDA device only

@@ -2,6 +2,7 @@
 scheduler, stepped one batch at a time; and how a rank's memory is split between weights and KV (`plan_memory`)."""
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from framework.model.moe_stats import placement_stats, rank_expert_counts
 from framework.core.registry import MOE
 
 log = logging.getLogger(__name__)
+_ENGINES = itertools.count()    # engine.step_cpu_log: each engine of a process writes its own file
 
 
 def pick_device(name: str) -> torch.device:
@@ -104,8 +106,9 @@ class Engine:
         # wall seconds in scheduling and in the forward; this thread's CPU seconds in steps whose batch extends and in
         # the others (the simulator reports its priced seconds under the same keys: sim_fidelity compares them)
         self.timing = {"schedule_s": 0.0, "forward_s": 0.0, "extend_cpu_s": 0.0, "decode_cpu_s": 0.0}
-        self._step_log = open(f"{engine_cfg.step_cpu_log}.{os.getpid()}.jsonl", "a", buffering=1) \
-            if engine_cfg.step_cpu_log else None
+        # one file per engine (several may share a process: in-process ranks, cluster.http=false), line-buffered
+        self._step_cpu_file = open(f"{engine_cfg.step_cpu_log}.{os.getpid()}.{next(_ENGINES)}.jsonl", "a",
+                                   buffering=1) if engine_cfg.step_cpu_log else None
         self.graphs = GraphRunner(engine_cfg, self.model, self.pool, par, self.scheduler.req_to_token.table,
                                   self.scheduler.max_running, self.device)
         if engine_cfg.cuda_graph and self.device.type == "cuda":
@@ -132,14 +135,15 @@ class Engine:
         plan = self.instance_step.start(self)
         if plan is None:
             return None
-        shapes = self._step_log and [asdict(batch_shape(b)) for b in plan.batches]   # before the step moves the lengths
         out = self.instance_step.finish(plan, time.perf_counter())
         self.timing["forward_s"] += plan.seconds
         self.timing["schedule_s"] += time.perf_counter() - t0 - plan.seconds
         cpu = time.thread_time() - c0
         self.timing[step_cpu_key(plan.batches)] += cpu
-        if self._step_log:
-            self._step_log.write(json.dumps({"batches": shapes, "cpu_s": cpu}) + "\n")
+        if self._step_cpu_file is not None:     # (outside the CPU counted: the log does not time itself)
+            self._step_cpu_file.write(json.dumps({
+                "rank": self.par.rank, "size": self.par.size, "dp_rank": self.par.dp_rank, "cpu_s": cpu,
+                "batches": [asdict(batch_shape(b)) for b in plan.batches]}) + "\n")
         return out
 
     def execute(self, plan: StepPlan) -> None:

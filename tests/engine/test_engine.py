@@ -177,7 +177,8 @@ def test_chunked_prefill_holding_the_pool_finishes_and_loses_nothing(prompt_len,
 
 
 def test_the_step_cpu_log_holds_each_steps_shape_as_the_simulator_prices_it_and_its_cpu(tmp_path):
-    from framework.contracts.cost import BatchShape
+    from script_loader import load_script
+    shape_of = load_script("experiments/sim_fidelity/step_shapes.py").shape_of
     engine = make_engine(step_cpu_log=str(tmp_path / "steps"), chunked_prefill_tokens=16)
     shared = list(range(40))
     reqs = [Req(shared + [100 + i] * (5 + i), SamplingParams(max_new_tokens=3, ignore_eos=True)) for i in range(4)]
@@ -190,12 +191,20 @@ def test_the_step_cpu_log_holds_each_steps_shape_as_the_simulator_prices_it_and_
         engine.step()
     (path,) = tmp_path.glob("steps.*.jsonl")
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    shapes = [BatchShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in line["batches"][0].items()})
-              for line in lines]
+    assert {(line["rank"], line["size"], line["dp_rank"]) for line in lines} == {(0, 1, 0)}
+    shapes = [shape_of(line["batches"][0]) for line in lines]
     extends = [s for s in shapes if s.mode == "extend"]
     # every prompt token not found in the cache is extended once, in chunks of at most 16
     assert sum(sum(s.new_tokens) for s in extends) == sum(len(r.prompt_ids) - r.cached_tokens for r in reqs)
     assert all(sum(s.new_tokens) <= 16 for s in extends) and max(s.prefix[0] for s in extends) >= 40
-    assert sum(len(s.new_tokens) for s in shapes if s.mode == "decode") == sum(len(r.output_ids) - 1 for r in reqs)
+    decodes = [s for s in shapes if s.mode == "decode"]
+    assert sum(len(s.new_tokens) for s in decodes) == sum(len(r.output_ids) - 1 for r in reqs)
+    # a decode step's context is every token its requests hold in KV before it (the first: the prompt; the first
+    # output token is this step's new one), one more per request each next step of the same batch (the simulator's
+    # decode_shape puts it all on the first request)
+    assert decodes[0].prefix == (len(reqs[0].prompt_ids),)
+    for a, b in zip(decodes, decodes[1:]):
+        if len(a.new_tokens) == len(b.new_tokens):
+            assert b.prefix[0] == a.prefix[0] + len(a.new_tokens)
     cpu = engine.timing["extend_cpu_s"] + engine.timing["decode_cpu_s"]
     assert sum(line["cpu_s"] for line in lines) == pytest.approx(cpu, rel=1e-9)

@@ -221,3 +221,21 @@ def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_
     block["real"]["extend_cpu_s"] += 1.0                       # not this run's block: refused
     with pytest.raises(SystemExit, match="another run wrote over --work"):
         f.fill_outside(stored, tmp_path, ["before"])
+
+
+def test_outside_level_is_refused_without_level_blocks_and_fills_the_block_after_too(tmp_path):
+    f = load_script("experiments/sim_fidelity/run.py")
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--outside", "level"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "only --host-scale level runs" in r.stderr
+    real = {"extend_cpu_s": 1.0, "decode_cpu_s": 0.5, "duration_s": 3.0, "ttft_mean_ms": None,
+            "engine_ttft_ms_mean": None}
+    after = {"overrides": [], "real": dict(real), "host_background": 0.0, "host_steal": 0.0}
+    stored = {"runs": [[{"case": "shared_prefix/cache_aware", "level_block_after": after}]]}
+    folder = tmp_path / "repeat0" / "level_after" / "router_ablation"
+    folder.mkdir(parents=True)
+    trial = {"workload": "shared_prefix", "router": "cache_aware", **real, "ttft_mean_ms": 70.0,
+             "engine_ttft_ms_mean": 58.0}
+    (folder / "results.json").write_text(json.dumps({"overrides": {"shared_prefix": []}, "trials": [trial]}))
+    f.fill_outside(stored, tmp_path, ["before", "after"])
+    assert (after["real"]["ttft_mean_ms"], after["real"]["engine_ttft_ms_mean"]) == (70.0, 58.0)
