@@ -316,7 +316,7 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
                                  f"(real {real} s, priced {priced} s): a workload too small for it")
             level[kind] = _floored(case, kind, sum(real) / priced, f"its engines' {kind} CPU {sum(real):.2f} s "
                                    f"against a price of {priced:.2f} s")
-        if outside and study == "router_ablation":
+        if outside and cfgs[0].cluster.http:          # (the in-process TP/DP driver has no client or router)
             level["outside_s"] = outside_s(case, reals, at_one)
         return level
     at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))[0]

@@ -30,14 +30,15 @@ sys.path.insert(0, str(ROOT))
 
 from framework.config import compose  # noqa: E402
 from framework.contracts.cost import BatchShape, Step  # noqa: E402
-from framework.core.paths import git_sha  # noqa: E402
+from framework.core.paths import git_sha, load_script  # noqa: E402
 from framework.runs.sim import cost_model  # noqa: E402
 
 EXTENDS = ("batch", "per_request")
 PROFILE = "data/calibration/cpu_amd_epyc_l.json"     # round L's to O's
-# the workers' engine and model, as router_ablation runs them (one set serves every cell; the workload does not change
-# a step's price)
-WORKERS = ["workload=multi_turn", "cluster.instances=4", "engine.kv_budget_mb=6"]
+# the workers' engine and model, as router_ablation starts them (one set serves every cell; the workload does not
+# change a step's price)
+ABLATION = load_script("experiments/router_ablation/run.py")
+WORKERS = ABLATION.WORKLOADS["multi_turn"] + ABLATION.COMMON
 
 
 def sim_args(profile: str = PROFILE, point: str = "median", between: str = "grid", regime: str = "absorbed") -> list:

@@ -118,7 +118,10 @@ HOST_KEYS = ("host_step_us", "host_running_us", "host_output_token_us", "host_ne
 
 
 def expand(overrides: list[str]) -> list[str]:
+    """The overrides with each host placeholder (HOSTS' keys) replaced by the terms it stands for."""
     return [o for item in overrides for o in (HOSTS[item]() if item in HOSTS else [item])]
+
+
 BENCHES = {"decode": ["workload.input_len=1", "workload.output_len=512"],
            "prefill": ["workload.input_len=512", "workload.output_len=1"]}
 ROUTERS = ("round_robin", "cache_aware")
@@ -203,8 +206,8 @@ def main() -> None:
              f"git {out['git_sha']}; cost model config and file digests in {path.name}.", "",
              f"PR #1970's setup: experiment={SETUPS[args.round][0]}"
              + "".join(f"; {k} cells add {' '.join(expand(v))}" for k, v in SETUPS[args.round][1].items())
-             + "".join(f"; PR #2170's cells add {' '.join(expand(ROUTER_SETUPS[args.round]))}"
-                       for _ in [1] if args.round in ROUTER_SETUPS) + ".", "",
+             + (f"; PR #2170's cells add {' '.join(expand(ROUTER_SETUPS[args.round]))}"
+                if args.round in ROUTER_SETUPS else "") + ".", "",
              "| cell | predicted | unit |", "|---|---:|---|"]
     lines += [f"| {c['cell']} | {c['figure']:,.0f} | {c['unit']} |" for c in cells]
     lines += ["", "| ratio | predicted |", "|---|---:|"] + [f"| {k} | {v:.2f}x |" for k, v in ratios.items()]
