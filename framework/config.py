@@ -81,6 +81,10 @@ class SimConfig:
     # them, the others waiting for the next step (every run before; experiments/sim_fidelity's turn-0 burst)
     batch_arrivals: bool = False
     router_overhead_s: float = 0.0008  # the router's time per request (experiments/bench_router: added p50)
+    # with host_cores, over HTTP: a request's time outside the engines beyond the router's with every core busy with
+    # steps, scaled by the cores' busy share at its send (framework/sim/cluster.py; the client's, router's and
+    # worker's HTTP processes wait for a core); 0: none. experiments/sim_fidelity --outside load reads it
+    outside_busy_s: float = 0.0
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
     itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale

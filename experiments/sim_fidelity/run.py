@@ -84,7 +84,9 @@ in: with no cached prefix from the profile's p = 0 column, with any from its cac
 `--host-scale level`) delays each HTTP cell's requests into the engines by the time its level blocks' requests spent
 outside them (client, router, HTTP hand-off: `ttft_mean_ms - engine_ttft_ms_mean`) beyond their simulations, added
 to `sim.router_overhead_s` (``outside_s``); a run before round N kept no such figures of its blocks, and
-`--resimulate` fills them in from its --work folder (``fill_outside``), which must be the run's own.
+`--resimulate` fills them in from its --work folder (``fill_outside``), which must be the run's own. `--outside load`
+(round P, protocol_round_p.md) reads the same gap as growing with the cores' busy share at each send
+(`sim.outside_busy_s`, ``outside_busy_s``: the real gap 2.7-3.4 ms one request at a time, 9 at four in flight).
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`,
 `--sharing`, `--contention`, `--collectives`, `--steal`, `--batch-arrivals`, `--outside`) and each
@@ -266,6 +268,11 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
             print(f"WARNING: --outside level: {level['outside_s'] * 1e3:.1f} ms outside the engines takes the router's "
                   f"time below 0; 0 simulated", flush=True)
         cfg.sim.router_overhead_s = max(0.0, router_s)
+    if level is not None and "outside_busy_s" in level:   # --outside load: later the busier the cores at the send
+        if level["outside_busy_s"] < 0:
+            print(f"WARNING: --outside load: {level['outside_busy_s'] * 1e3:.1f} ms outside the engines with every core "
+                  f"busy is below 0; 0 simulated", flush=True)
+        cfg.sim.outside_busy_s = max(0.0, level["outside_busy_s"])
     return cfg
 
 
@@ -290,7 +297,7 @@ MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
 def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
-               outside: bool = False) -> dict:
+               outside: str = "none") -> dict:
     """--host-scale level: a cell's level by step kind, read from its level blocks (the same cell at other seeds, run
     just before the judged one, and with --level-blocks both just after it too: the host's speed in the cell's own
     shape and hour, from runs that are not judged), each block ``(overrides, load, real figures)``, against the
@@ -303,7 +310,9 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     level below MIN_LEVEL is said and floored there. With ``outside`` (--outside level), an HTTP cell's level also
     holds `outside_s`: the seconds its blocks' requests spent outside the engines (client, router, HTTP hand-off:
     ttft_mean_ms - engine_ttft_ms_mean) beyond what their simulations spend there, mean over the blocks; sim_config
-    adds them to the router's time, before the engine (a request in transit holds no KV)."""
+    adds them to the router's time, before the engine (a request in transit holds no KV). With --outside load, it
+    holds `outside_busy_s` instead: the wait with every core busy at which the blocks' simulations at the level read
+    spend as long outside the engines as the real blocks (sim.outside_busy_s: the gap grows with the busy cores)."""
     cfgs = [sim_config(study, overrides, sim_args, load) for overrides, load, _ in blocks]
     at_one = [simulate(cfg)[0] for cfg in cfgs]
     reals = [real for _, _, real in blocks]
@@ -316,8 +325,10 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
                                  f"(real {real} s, priced {priced} s): a workload too small for it")
             level[kind] = _floored(case, kind, sum(real) / priced, f"its engines' {kind} CPU {sum(real):.2f} s "
                                    f"against a price of {priced:.2f} s")
-        if outside and cfgs[0].cluster.http:          # (the in-process TP/DP driver has no client or router)
+        if outside == "level" and cfgs[0].cluster.http:   # (the in-process TP/DP driver has no client or router)
             level["outside_s"] = outside_s(case, reals, at_one)
+        elif outside == "load" and cfgs[0].cluster.http:
+            level["outside_busy_s"] = outside_busy_s(case, study, sim_args, blocks, level)
         return level
     at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))[0]
               for overrides, load, _ in blocks]
@@ -344,6 +355,43 @@ def outside_s(case: str, reals: list[dict], sims: list[dict]) -> float:
     return statistics.fmean(gaps) / 1e3
 
 
+OUTSIDE_TOL_MS = 0.1     # --outside load: how close the blocks' simulated time outside the engines comes to the real
+
+
+def outside_busy_s(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
+                   level: dict, rounds: int = 8) -> float:
+    """sim.outside_busy_s at which these blocks' simulations, at their ``level``, spend as long outside the engines
+    as their real runs did (mean over the blocks): solved by the secant from the blocks' gap over the cores' busy
+    share at their sends (a later arrival leaves the cores idler at the next sends, so that first reading falls
+    short). Blocks whose simulations spend longer outside than the real runs read 0."""
+    reals = [real for _, _, real in blocks]
+
+    def run(busy_s: float) -> list[dict]:
+        return [simulate(sim_config(study, overrides, sim_args, load, level={**level, "outside_busy_s": busy_s}))[0]
+                for overrides, load, _ in blocks]
+
+    def short_ms(sims: list[dict]) -> float:          # the real gap left over, ms
+        return outside_s(case, reals, sims) * 1e3
+
+    sims = run(0.0)
+    share = statistics.fmean(s["sim_send_busy_share"] for s in sims)
+    if not share > 0.05:
+        raise ValueError(f"--outside load: {case}'s level blocks kept the cores {share:.3f} busy at the sends in their "
+                         f"simulations: too idle to read a wait for busy cores from")
+    x0, y0 = 0.0, short_ms(sims)
+    if y0 <= 0:
+        return 0.0
+    x1 = y0 / 1e3 / share
+    for _ in range(rounds):
+        y1 = short_ms(run(x1))
+        if abs(y1) < OUTSIDE_TOL_MS or y1 == y0:
+            return x1
+        x0, y0, x1 = x1, y1, max(0.0, x1 - y1 * (x1 - x0) / (y1 - y0))
+    print(f"WARNING: --outside load: {case}'s sim.outside_busy_s {x1 * 1e3:.1f} ms leaves {y1:.2f} ms of its blocks' "
+          f"time outside the engines after {rounds} rounds", flush=True)
+    return x1
+
+
 def _floored(case: str, kind: str, level: float, why: str) -> float:
     if level < MIN_LEVEL:
         print(f"WARNING: --host-scale level: {case}'s {kind} level reads {level:.3f} ({why}); floored at {MIN_LEVEL}",
@@ -358,7 +406,7 @@ def level_block(overrides: list[str], real: dict, measured: dict) -> dict:
 
 
 def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockstep: bool,
-               outside: bool = False) -> dict | None:
+               outside: str = "none") -> dict | None:
     """A case's level from its level blocks by which (``LEVEL_SEEDS``' keys; the ones present are pooled by
     read_level), None without any (--host-scale other than level)."""
     found = [b for b in blocks.values() if b]
@@ -418,7 +466,7 @@ def router_trials(path: Path) -> list[tuple[str, list[str], dict]]:
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seeds: dict | None = None, outside: bool = False) -> list[dict]:
+                 level_seeds: dict | None = None, outside: str = "none") -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated; with ``level_seeds`` (--host-scale level: a
     seed by which block, ``LEVEL_SEEDS``' keys), level blocks around them: the same cells at those seeds, before the
     judged runs and after them, each cell simulated at the level read from its own."""
@@ -511,7 +559,7 @@ KEEP = [k for k, _ in tables.FIGURES] + list(tables.EXTRA) + list(tables.WORK) \
 def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = None, per_block: bool = False,
                collectives: bool = False, lockstep: bool = False, blocks: bool = False,
                by: str = "host_pinned_s", level_blocks: list[str] = (),
-               blocks_of=None, outside: bool = False) -> tuple[list[dict], str]:
+               blocks_of=None, outside: str = "none") -> tuple[list[dict], str]:
     """A stored run's real runs simulated again with `sim_args`, each with the background measured during it: the
     cells (as `tables.combine` makes them) and their range table. ``reference_s`` (--host-scale pinned): each block's
     speeds over the reference speed of the profile simulated with now (a profile measured since the run has its own);
@@ -543,7 +591,8 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
     return cells, text + "\n\n" + tables.block_table(repeats) if blocks else text
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (also outside_load.py's: the same switches simulate its runs)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny workloads: the smoke test")
     ap.add_argument("--studies", nargs="+", default=["router_ablation", "dp_attn_vs_tp"],
@@ -565,9 +614,11 @@ def main() -> None:
     ap.add_argument("--prefix-regime", choices=["smooth", "absorbed"], default="smooth",
                     help="sim.cost.prefix_regime: one grid across every prefix, or an extend priced from the profile's "
                          "p = 0 column or its cached columns, as the engine runs it (plugins/cost/calibrated.py)")
-    ap.add_argument("--outside", choices=["none", "level"], default="none",
+    ap.add_argument("--outside", choices=["none", "level", "load"], default="none",
                     help="level (with --host-scale level): each HTTP cell's requests reach the engines later by the "
-                         "time its level blocks spent outside them beyond their simulations (read_level's outside_s)")
+                         "time its level blocks spent outside them beyond their simulations (read_level's outside_s); "
+                         "load: by that time read as growing with the cores' busy share at the send "
+                         "(sim.outside_busy_s, read_level's outside_busy_s; round P)")
     ap.add_argument("--batch-arrivals", action="store_true",
                     help="sim.batch_arrivals=true: an idle instance starts its step once every request arriving at "
                          "that instant is in, as the real engine took turn 0's burst (round N)")
@@ -616,7 +667,11 @@ def main() -> None:
                                                           "simulated, beside its steal")
     ap.add_argument("--resim-out", type=Path, default=None,
                     help="where --resimulate writes (default: resim_<between>_<answers>.json beside this file)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
     if args.contention_busy == "measured" and args.contention != "engine":
@@ -627,8 +682,8 @@ def main() -> None:
                  f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "
                  f"at the profile's collective latency (none is measured around a level block); give --contention "
                  f"none --collectives none")
-    if args.outside == "level" and args.host_scale != "level":
-        sys.exit(f"--outside level: the time outside the engines is read from level blocks, which only --host-scale "
+    if args.outside != "none" and args.host_scale != "level":
+        sys.exit(f"--outside {args.outside}: the time outside the engines is read from level blocks, which only --host-scale "
                  f"level runs; got --host-scale {args.host_scale}")
     if args.level_blocks != ["before"] and args.host_scale != "level":
         sys.exit(f"--level-blocks {' '.join(args.level_blocks)}: level blocks are read only with --host-scale level; "
@@ -671,7 +726,7 @@ def main() -> None:
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
             work = args.work / f"repeat{k}"
             seeds = {which: LEVEL_SEEDS[which] + k for which in args.level_blocks} if level else None
-            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside == "level")
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside)
                      if "router_ablation" in args.studies else []) \
                 + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds)
                    if "dp_attn_vs_tp" in args.studies else [])
@@ -822,7 +877,7 @@ def resimulate_main(args) -> None:
     if per_block and any(not r.get("host_contentions") for rep in stored["runs"] for r in rep):
         sys.exit(f"--contention block: {args.resimulate} took no contention around its blocks; give measured, a "
                  f"factor, or none")
-    if args.outside == "level":
+    if args.outside != "none":
         fill_outside(stored, args.work, args.level_blocks)
     for answers in args.answers:
         sim_args = SIM + switches(args, cores) + [f"sim.answers={answers}"]
@@ -830,7 +885,7 @@ def resimulate_main(args) -> None:
         cells, text = resimulate(stored, sim_args, reference_s, per_block, args.collectives == "block",
                                  args.steal == "lockstep", args.blocks, by,
                                  args.level_blocks if args.host_scale == "level" else [],
-                                 outside=args.outside == "level")
+                                 outside=args.outside)
         print(f"sim.answers={answers}, {' '.join(switches(args, cores))} ({time.time() - t0:.0f} s)\n{text}\n"
               f"{tables.work_table(cells)}\n{tables.level_table(cells)}\n{tables.turn_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,

@@ -86,7 +86,7 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
                      background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
                      host_contention=s.host_contention, host_contention_extend=s.host_contention_extend,
                      host_contention_busy=s.host_contention_busy, host_steal=s.host_steal,
-                     batch_arrivals=s.batch_arrivals)
+                     batch_arrivals=s.batch_arrivals, outside_busy_s=s.outside_busy_s if http else 0.0)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim
@@ -131,7 +131,8 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     results.update(engine_figures([{}] * len(stats), list(stats.values()), start=0.0))   # t=0: the run began
     results.update({**cost.describe(), "sim_model": asdict(cfg.model), "sim_instances": len(stats),
                     "sim_wall_s": wall, "sim_requests_per_wall_s": len(records) / wall if wall > 0 else float("nan"),
-                    "sim_cpu_s": cpu})                # below sim_wall_s when other work shares the machine
+                    "sim_cpu_s": cpu,                 # below sim_wall_s when other work shares the machine
+                    "sim_send_busy_share": sim.send_busy_share()})   # sim.outside_busy_s's scale, mean over sends
     return results, records
 
 

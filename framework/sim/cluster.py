@@ -28,6 +28,10 @@ a one-rank instance priced alone slows when the others are busy, a two-rank one 
 `host_contention_busy` b (when set) is the busy processes the factors were measured with (experiments/calibrate/
 contention.py: 4 engines on 2 cores, where one sibling read 1.06 and three 1.25): the slowing is then
 1 + (c - 1) (used - 1) / (b - 1), used = min(busy, b), in place of the cores.
+`outside_busy_s` o (`sim.outside_busy_s`, over HTTP) is the time a request spends outside the engines (client,
+router, HTTP hand-off) beyond the router's own, with every core busy with steps: on a CPU host those processes wait
+for a core. A request sent while busy ranks fill a share u = min(1, busy ranks / cores) of the cores reaches its
+instance o x u later (this VM: 2.7-3.4 ms outside the engines one request at a time, 9 at 4 in flight, 10-13 at 16).
 `host_steal` s (`sim.host_steal`, in cores) is the cores' time the hypervisor gives to other guests: no process here
 runs then, whatever the sharing. Each core runs a share 1 - s / cores of the time, independently, and an instance's
 ranks wait for one another at every collective, so it advances only while all of its cores run: (1 - s / cores) ^
@@ -107,7 +111,8 @@ class Simulation:
                  router_s: float = 0.0, fast_forward: bool = True, host_cores: int = 0, side_procs: float = 0,
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
                  host_contention: float = 1.0, host_contention_extend: float | None = None,
-                 host_contention_busy: float | None = None, host_steal: float = 0.0, batch_arrivals: bool = False):
+                 host_contention_busy: float | None = None, host_steal: float = 0.0, batch_arrivals: bool = False,
+                 outside_busy_s: float = 0.0):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -130,6 +135,11 @@ class Simulation:
             raise ValueError(f"sim.host_steal={host_steal} must be >= 0 and below sim.host_cores={host_cores} (the "
                              f"cores' time taken by the hypervisor, in cores)")
         self.core_up = 1.0 - host_steal / host_cores if host_cores else 1.0   # the share of the time a core runs
+        if outside_busy_s and not (outside_busy_s > 0 and host_cores):
+            raise ValueError(f"sim.outside_busy_s={outside_busy_s} must be >= 0 and needs sim.host_cores > 0 (the "
+                             f"cores whose busy share it scales with)")
+        self.outside_busy_s = outside_busy_s
+        self.send_busy = [0.0, 0]                   # the cores' busy share at each send, summed, and the sends
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
             self.ff = False                         # a run's steps would move with the sharing: one at a time
@@ -212,7 +222,7 @@ class Simulation:
             self.pd.send(now, s, k, ids, text, params)
             return
         att, hold = self.router.send(text, ids, at_router, turn.max_new_tokens)
-        at_server = at_router + self.router_s + self.net
+        at_server = at_router + self.outside() + self.net
         req = Req(ids, params, rid=f"{s.sid}/{k}",
                   arrival_time=self.frontends[att.worker.url].tokenize(at_server, len(ids)))
         flight = att.ref = _Flight(s, k, req, att.worker.url, att, now,
@@ -232,8 +242,22 @@ class Simulation:
         if self.router.hold_over(flight.attempt, now):    # not released by an event before
             self._unhold(flight)
 
+    def outside(self) -> float:
+        """The router's time and, with outside_busy_s, the wait outside the engines at the cores' busy share now."""
+        if not self.cores:
+            return self.router_s
+        share = min(1.0, self.busy_ranks / self.cores)
+        self.send_busy[0] += share
+        self.send_busy[1] += 1
+        return self.router_s + self.outside_busy_s * share
+
+    def send_busy_share(self) -> float:
+        """The cores' mean busy share at the sends (nan: none, or no host_cores)."""
+        total, n = self.send_busy
+        return total / n if n else float("nan")
+
     def _unhold(self, flight: _Flight) -> None:
-        flight.req.arrival_time = self.now + self.router_s + self.net
+        flight.req.arrival_time = self.now + self.outside() + self.net
         self.push(flight.req.arrival_time, ARRIVE, flight.worker, flight)
 
     def _receive(self, now: float, flight: _Flight) -> None:

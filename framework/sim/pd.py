@@ -227,7 +227,7 @@ class PD:
         plan = dispatch_pair(core, RequestView(text, ids, params.max_new_tokens),
                              [core.workers[n] for n in self.prefill], [core.workers[n] for n in self.decode],
                              self.decider, self.max_local, self.max_queue, self.bytes_per_token)
-        at_server = at_router + sim.router_s + sim.net
+        at_server = at_router + sim.outside() + sim.net
         rid = f"{s.sid}/{k}"
         dw = plan.decode.worker.url
         req = Req(ids, params, rid=rid, arrival_time=sim.frontends[dw].tokenize(at_server, len(ids)))

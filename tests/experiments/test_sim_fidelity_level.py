@@ -197,7 +197,7 @@ def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_
     plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
     gap = plain["ttft_mean_ms"] - plain["engine_ttft_ms_mean"]
     real = {**{k: plain[k] for k in f.LEVEL_KEEP}, "ttft_mean_ms": plain["ttft_mean_ms"] + 20.0}
-    level = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)], outside=True)
+    level = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)], outside="level")
     assert level["outside_s"] == pytest.approx(0.020)
     assert "outside_s" not in f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)])
     cfg = f.sim_config("router_ablation", ONE_RANK, SIM, load, level=level)
@@ -206,7 +206,7 @@ def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_
     assert again["ttft_mean_ms"] - again["engine_ttft_ms_mean"] == pytest.approx(gap + 20.0, abs=2.0)
     with pytest.raises(ValueError, match=r"c's level blocks did not keep \['engine_ttft_ms_mean'\]"):
         f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, {**real, "engine_ttft_ms_mean": None})],
-                     outside=True)
+                     outside="level")
     # a stored run of round N's kind: its level block lacks the split; the work folder's figures fill it in
     block = {"overrides": ONE_RANK, "real": {**real, "ttft_mean_ms": None, "engine_ttft_ms_mean": None},
              "host_background": 0.0, "host_steal": 0.0}
@@ -221,6 +221,39 @@ def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_
     block["real"]["extend_cpu_s"] += 1.0                       # not this run's block: refused
     with pytest.raises(SystemExit, match="another run wrote over --work"):
         f.fill_outside(stored, tmp_path, ["before"])
+
+
+def test_outside_load_reads_the_gap_as_a_wait_for_busy_cores_and_refuses_idle_blocks():
+    """--outside load: a block whose requests spent 20 ms more outside the engines than its simulation did reads the
+    sim.outside_busy_s at which its simulation spends those 20 ms more outside (each request the wait at the cores'
+    busy share at its send; more than 20 ms over the share without it, as the later arrivals leave the cores idler),
+    none of it in the router's constant; one that spent less reads 0; blocks sent
+    one request at a time (the cores idle at every send) are refused, saying why; sim.outside_busy_s without
+    sim.host_cores is refused."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load = (0.0, None)
+    plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
+    share, gap = plain["sim_send_busy_share"], plain["ttft_mean_ms"] - plain["engine_ttft_ms_mean"]
+    assert 0.2 < share <= 1.0
+    real = {**{k: plain[k] for k in f.LEVEL_KEEP}, "ttft_mean_ms": plain["ttft_mean_ms"] + 20.0}
+    level = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, real)], outside="load")
+    assert "outside_s" not in level and level["outside_busy_s"] > 0.020 / share    # later arrivals: idler cores
+    cfg = f.sim_config("router_ablation", ONE_RANK, SIM, load, level=level)
+    assert cfg.sim.router_overhead_s == pytest.approx(0.0008) and cfg.sim.outside_busy_s == level["outside_busy_s"]
+    again, _ = simulate(cfg)
+    assert again["ttft_mean_ms"] - again["engine_ttft_ms_mean"] == pytest.approx(gap + 20.0, abs=f.OUTSIDE_TOL_MS)
+    assert again["sim_send_busy_share"] < share
+    below = f.read_level("c", "router_ablation", SIM, [(ONE_RANK, load, {**real, "ttft_mean_ms": real["ttft_mean_ms"]
+                                                                          - 25.0})], outside="load")
+    assert below["outside_busy_s"] == 0.0          # the simulation already spends longer outside: none added
+    one = ONE_RANK + ["workload.max_concurrency=1"]
+    idle, _ = simulate(f.sim_config("router_ablation", one, SIM, load))
+    assert idle["sim_send_busy_share"] == 0.0
+    with pytest.raises(ValueError, match="c's level blocks kept the cores 0.000 busy at the sends"):
+        f.read_level("c", "router_ablation", SIM, [(one, load, {**{k: idle[k] for k in f.LEVEL_KEEP}})],
+                     outside="load")
+    with pytest.raises(ValueError, match=r"sim.outside_busy_s=0.01 must be >= 0 and needs sim.host_cores > 0"):
+        simulate(compose(ONE_RANK + SIM + ["sim.host_cores=0", "sim.outside_busy_s=0.01"]))
 
 
 def test_outside_level_is_refused_without_level_blocks_and_fills_the_block_after_too(tmp_path):
