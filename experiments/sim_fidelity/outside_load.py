@@ -26,10 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from framework.core.paths import git_sha, load_script  # noqa: E402
+from framework.runs.finish import json_safe  # noqa: E402
 from framework.runs.sim import simulate  # noqa: E402
 
 SF = load_script("experiments/sim_fidelity/run.py")
-# the simulator's switches: round P's (protocol_round_p.md), less --outside, which this script sets per column
+# the simulator's switches: round P's (protocol_round_p.md), less --outside, which this script sets per column (kept
+# by hand: a later round's switches are not this script's until it says so)
 ROUND_FLAGS = ["--host-scale", "level", "--contention", "none", "--steal", "lockstep", "--prefix-regime", "absorbed",
                "--extend", "per_request", "--batch-arrivals", "--profile", "data/calibration/cpu_amd_epyc_l.json"]
 WAYS = ("none", "level", "load")            # the columns: sim_fidelity's --outside
@@ -92,9 +94,9 @@ def main() -> None:
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text + "\n")
-    (args.out / "results.json").write_text(json.dumps(
+    (args.out / "results.json").write_text(json.dumps(json_safe(
         {"experiment": "sim_fidelity outside_load", "git_sha": git_sha(), "wall_s": time.time() - t0,
-         "read_at": args.read_at, "sim_args": sim_args, "rows": rows}, indent=1) + "\n")
+         "read_at": args.read_at, "sim_args": sim_args, "rows": rows}), indent=1) + "\n")
     print(f"results: {args.out / 'results.json'}")
 
 

@@ -205,8 +205,8 @@ def level_table(cells: list[dict]) -> str:
         needed = [x for x in c.get("levels_needed") or [] if x]
         fmt = {k: spread([x[k] for x in levels]) for k in ("extend", "decode")}
         want = {k: spread([x[k] for x in needed])["median"] for k in ("extend", "decode")}
-        key = next((k for k in ("outside_s", "outside_busy_s") if k in levels[0]), None)
-        out = spread([x[key] * 1e3 for x in levels]) if key else None
+        outside = [x.get("outside_s", x.get("outside_busy_s")) for x in levels]   # (--outside level or load)
+        out = spread([v * 1e3 for v in outside if v is not None]) if any(v is not None for v in outside) else None
         rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
             f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " | " + " / ".join(
             "-" if v is None else f"{v:.3f}" for v in want.values()) + " | "
@@ -214,8 +214,8 @@ def level_table(cells: list[dict]) -> str:
     if not rows:
         return ""
     return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] | "
-                      "judged runs needed, extend / decode | outside latency added, ms (--outside level; load: with every core "
-                      "busy) |",
+                      "judged runs needed, extend / decode | outside latency added, ms (--outside level; "
+                      "load: with every core busy) |",
                       "|---|---|---:|---:|---:|---:|", *rows])
 
 

@@ -80,6 +80,9 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer
+    if s.outside_busy_s and not http:
+        raise ValueError(f"sim.outside_busy_s={s.outside_busy_s}: the time outside the engines is a client's and "
+                         f"router's over HTTP; cluster.http=false (the in-process driver) has none")
     sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,
@@ -131,8 +134,9 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
     results.update(engine_figures([{}] * len(stats), list(stats.values()), start=0.0))   # t=0: the run began
     results.update({**cost.describe(), "sim_model": asdict(cfg.model), "sim_instances": len(stats),
                     "sim_wall_s": wall, "sim_requests_per_wall_s": len(records) / wall if wall > 0 else float("nan"),
-                    "sim_cpu_s": cpu,                 # below sim_wall_s when other work shares the machine
-                    "sim_send_busy_share": sim.send_busy_share()})   # sim.outside_busy_s's scale, mean over sends
+                    "sim_cpu_s": cpu})                # below sim_wall_s when other work shares the machine
+    if cfg.sim.host_cores and cfg.cluster.http:         # sim.outside_busy_s's scale, mean over the sends
+        results["sim_send_busy_share"] = sim.send_busy_share()
     return results, records
 
 

@@ -31,7 +31,8 @@ contention.py: 4 engines on 2 cores, where one sibling read 1.06 and three 1.25)
 `outside_busy_s` o (`sim.outside_busy_s`, over HTTP) is the time a request spends outside the engines (client,
 router, HTTP hand-off) beyond the router's own, with every core busy with steps: on a CPU host those processes wait
 for a core. A request sent while busy ranks fill a share u = min(1, busy ranks / cores) of the cores reaches its
-instance o x u later (this VM: 2.7-3.4 ms outside the engines one request at a time, 9 at 4 in flight, 10-13 at 16).
+instance o x u later (this VM, the round-robin cells: 3.0-3.3 ms outside the engines one request at a time, 8.9-9.6
+at 4 in flight, 11.2-11.3 at 16: experiments/sim_fidelity/outside_load.py). Only the steps' ranks count as busy.
 `host_steal` s (`sim.host_steal`, in cores) is the cores' time the hypervisor gives to other guests: no process here
 runs then, whatever the sharing. Each core runs a share 1 - s / cores of the time, independently, and an instance's
 ranks wait for one another at every collective, so it advances only while all of its cores run: (1 - s / cores) ^
@@ -135,9 +136,11 @@ class Simulation:
             raise ValueError(f"sim.host_steal={host_steal} must be >= 0 and below sim.host_cores={host_cores} (the "
                              f"cores' time taken by the hypervisor, in cores)")
         self.core_up = 1.0 - host_steal / host_cores if host_cores else 1.0   # the share of the time a core runs
-        if outside_busy_s and not (outside_busy_s > 0 and host_cores):
-            raise ValueError(f"sim.outside_busy_s={outside_busy_s} must be >= 0 and needs sim.host_cores > 0 (the "
-                             f"cores whose busy share it scales with)")
+        if outside_busy_s < 0:
+            raise ValueError(f"sim.outside_busy_s={outside_busy_s} must be >= 0 (0: none)")
+        if outside_busy_s and not host_cores:
+            raise ValueError(f"sim.outside_busy_s={outside_busy_s} needs sim.host_cores > 0 (the cores whose busy "
+                             f"share it scales with)")
         self.outside_busy_s = outside_busy_s
         self.send_busy = [0.0, 0]                   # the cores' busy share at each send, summed, and the sends
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
@@ -252,7 +255,8 @@ class Simulation:
         return self.router_s + self.outside_busy_s * share
 
     def send_busy_share(self) -> float:
-        """The cores' mean busy share at the sends (nan: none, or no host_cores)."""
+        """The cores' mean busy share at the sends (nan: none, or no host_cores; a request the router held counts
+        again at its release, the share its delay is taken at)."""
         total, n = self.send_busy
         return total / n if n else float("nan")
 

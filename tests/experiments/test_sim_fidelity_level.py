@@ -228,8 +228,8 @@ def test_outside_load_reads_the_gap_as_a_wait_for_busy_cores_and_refuses_idle_bl
     sim.outside_busy_s at which its simulation spends those 20 ms more outside (each request the wait at the cores'
     busy share at its send; more than 20 ms over the share without it, as the later arrivals leave the cores idler),
     none of it in the router's constant; one that spent less reads 0; blocks sent
-    one request at a time (the cores idle at every send) are refused, saying why; sim.outside_busy_s without
-    sim.host_cores is refused."""
+    one request at a time (the cores idle at every send) are refused, saying why; sim.outside_busy_s below 0, without
+    sim.host_cores or without HTTP is refused."""
     f = load_script("experiments/sim_fidelity/run.py")
     load = (0.0, None)
     plain, _ = simulate(f.sim_config("router_ablation", ONE_RANK, SIM, load))
@@ -250,10 +250,15 @@ def test_outside_load_reads_the_gap_as_a_wait_for_busy_cores_and_refuses_idle_bl
     idle, _ = simulate(f.sim_config("router_ablation", one, SIM, load))
     assert idle["sim_send_busy_share"] == 0.0
     with pytest.raises(ValueError, match="c's level blocks kept the cores 0.000 busy at the sends"):
-        f.read_level("c", "router_ablation", SIM, [(one, load, {**{k: idle[k] for k in f.LEVEL_KEEP}})],
+        f.read_level("c", "router_ablation", SIM, [(one, load, {**{k: idle[k] for k in f.LEVEL_KEEP},
+                                                                "ttft_mean_ms": idle["ttft_mean_ms"] + 5.0})],
                      outside="load")
-    with pytest.raises(ValueError, match=r"sim.outside_busy_s=0.01 must be >= 0 and needs sim.host_cores > 0"):
+    with pytest.raises(ValueError, match=r"sim.outside_busy_s=0.01 needs sim.host_cores > 0"):
         simulate(compose(ONE_RANK + SIM + ["sim.host_cores=0", "sim.outside_busy_s=0.01"]))
+    with pytest.raises(ValueError, match=r"sim.outside_busy_s=-0.01 must be >= 0"):
+        simulate(compose(ONE_RANK + SIM + ["sim.outside_busy_s=-0.01"]))
+    with pytest.raises(ValueError, match=r"cluster.http=false \(the in-process driver\) has none"):
+        simulate(compose(TWO_RANKS + SIM + ["sim.outside_busy_s=0.01"]))
 
 
 def test_outside_level_is_refused_without_level_blocks_and_fills_the_block_after_too(tmp_path):
