@@ -295,7 +295,7 @@ MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
 def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
-               outside: str = "none") -> dict:
+               outside: str = "none", collectives: list[float | None] | None = None) -> dict:
     """--host-scale level: a cell's level by step kind, read from its level blocks (the same cell at other seeds, run
     just before the judged one, and with --level-blocks both just after it too: the host's speed in the cell's own
     shape and hour, from runs that are not judged), each block ``(overrides, load, real figures)``, against the
@@ -310,8 +310,13 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     ttft_mean_ms - engine_ttft_ms_mean) beyond what their simulations spend there, mean over the blocks; sim_config
     adds them to the router's time, before the engine (a request in transit holds no KV). With --outside load, it
     holds `outside_busy_s` instead: the wait with every core busy at which the blocks' simulations at the level read
-    spend as long outside the engines as the real blocks (sim.outside_busy_s: the gap grows with the busy cores)."""
-    cfgs = [sim_config(study, overrides, sim_args, load) for overrides, load, _ in blocks]
+    spend as long outside the engines as the real blocks (sim.outside_busy_s: the gap grows with the busy cores).
+    ``collectives`` (--collectives block, round Q): one collective's latency measured around each block, at which an
+    instance of several ranks is simulated there (None: the profile's own), as its judged block is at its own."""
+    if collectives is None:
+        collectives = [None] * len(blocks)
+    cfgs = [sim_config(study, overrides, sim_args, load, (1.0, None, c))
+            for (overrides, load, _), c in zip(blocks, collectives)]
     at_one = [simulate(cfg)[0] for cfg in cfgs]
     reals = [real for _, _, real in blocks]
     if cfgs[0].parallel.size == 1:
@@ -328,8 +333,8 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
         elif outside == "load" and cfgs[0].cluster.http:
             level["outside_busy_s"] = outside_busy_s(case, study, sim_args, blocks, level)
         return level
-    at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, None)))[0]
-              for overrides, load, _ in blocks]
+    at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, c)))[0]
+              for (overrides, load, _), c in zip(blocks, collectives)]
     one, two = sum(s["duration_s"] for s in at_one), sum(s["duration_s"] for s in at_two)
     real = sum(r["duration_s"] for r in reals)
     if not two > one:
@@ -406,18 +411,26 @@ def _floored(case: str, kind: str, level: float, why: str) -> float:
 def level_block(overrides: list[str], real: dict, measured: dict) -> dict:
     """What a case keeps of a level block: enough for read_level, here and in --resimulate."""
     return {"overrides": overrides, "real": {k: real.get(k) for k in LEVEL_KEEP},
-            "host_background": measured["host_background"], "host_steal": measured["host_steal"]}
+            "host_background": measured["host_background"], "host_steal": measured["host_steal"],
+            "host_collective_s": measured.get("host_collective_s")}
 
 
 def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockstep: bool,
-               outside: str = "none") -> dict | None:
+               outside: str = "none", collectives: bool = False) -> dict | None:
     """A case's level from its level blocks by which (``LEVEL_SEEDS``' keys; the ones present are pooled by
-    read_level), None without any (--host-scale other than level)."""
+    read_level), None without any (--host-scale other than level); with ``collectives`` (--collectives block) an
+    instance of several ranks is simulated there at the collective latency measured around each block."""
     found = [b for b in blocks.values() if b]
     if not found:
         return None
+    latency = None
+    if collectives and study == "dp_attn_vs_tp":       # (the one-rank HTTP cells wait on no collective)
+        latency = [block_host(b, None, False, True)[2] for b in found]
+        if None in latency:
+            raise ValueError(f"--collectives block: {case}'s level blocks took no collective latency around them (a "
+                             f"run before round Q); give --collectives none")
     return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found],
-                      outside)
+                      outside, latency)
 
 
 def _block_key(which: str) -> str:
@@ -442,11 +455,12 @@ def _level_record(blocks: dict, level: dict | None, host: tuple, needed: dict | 
 
 
 def needed_level(level: dict | None, case: str, study: str, overrides: list[str], real: dict, measured: dict,
-                 sim_args: list[str], lockstep: bool) -> dict | None:
+                 sim_args: list[str], lockstep: bool, collectives: bool = False) -> dict | None:
     """With a ``level`` (None: none), the level its judged run would have needed: read_level's reading of the judged
     run itself, as of a block (not simulated with; reported beside the level its blocks read, where the difference is
     the level's own error: the host's drift between them and the draw)."""
-    return level and with_level(case, {"judged": level_block(overrides, real, measured)}, study, sim_args, lockstep)
+    return level and with_level(case, {"judged": level_block(overrides, real, measured)}, study, sim_args, lockstep,
+                                collectives=collectives)
 
 
 def _router_block(quick: bool, out: Path, host, extra: list[str] = ()) -> tuple[list[tuple[str, list, dict]], dict,
@@ -508,9 +522,10 @@ def _scheme_block(bench, overrides: list[str], out: Path, host) -> tuple[dict, d
 
 
 def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seeds: dict | None = None) -> list[dict]:
+                 level_seeds: dict | None = None, collectives: bool = False) -> list[dict]:
     """Real runs by experiments/dp_attn_vs_tp's harness at size 2 (kv_budget sizing), then each simulated; with
-    ``level_seeds``, each scheme's level blocks around its judged run (router_cases)."""
+    ``level_seeds``, each scheme's level blocks around its judged run (router_cases), each measured as the judged
+    run is (``host``: with ``collectives``, its collective latency, at which the blocks are simulated)."""
     bench = load_script("experiments/dp_attn_vs_tp/run.py").bench      # (not a bare `run`: calibrate's may be loaded)
     plan = OmegaConf.to_container(OmegaConf.load(ROOT / "experiments/dp_attn_vs_tp/config.yaml"))
     base = plan["overrides"] + (plan["tiny"]["overrides"] if quick else []) + plan["sizings"]["kv_budget"]
@@ -521,18 +536,19 @@ def scheme_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         def block(which: str) -> dict:
             seeded = overrides + [f"workload.seed={level_seeds[which]}"]
             real, measured, _ = _scheme_block(bench, seeded, _level_dir(out, which) / "dp_attn_vs_tp" / scheme,
-                                              HostSpeed)
+                                              host)
             return level_block(seeded, real, measured)
         seeds = level_seeds or {}
         blocks = {"before": block("before")} if "before" in seeds else {}
         real, measured, speed = _scheme_block(bench, overrides, out / "dp_attn_vs_tp" / scheme, host)
         blocks |= {"after": block("after")} if "after" in seeds else {}
-        level = with_level(case, blocks, "dp_attn_vs_tp", sim_args, lockstep)
+        level = with_level(case, blocks, "dp_attn_vs_tp", sim_args, lockstep, collectives=collectives)
         sim, _ = simulate(sim_config("dp_attn_vs_tp", overrides, sim_args, block_load(measured, lockstep),
                                      speed.simulated(), level))
         cases.append({"case": case, "study": "dp_attn_vs_tp", "overrides": overrides, "real": real,
                       "sim": sim, **measured, **_level_record(blocks, level, speed.simulated(), needed_level(
-                          level, case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep))})
+                          level, case, "dp_attn_vs_tp", overrides, real, measured, sim_args, lockstep,
+                          collectives))})
     return cases
 
 
@@ -580,9 +596,10 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             c = meta[run["case"]]
             host = block_host(run, reference_s, per_block, collectives, by)
             blocks = stored_blocks(run, level_blocks) if blocks_of is None else blocks_of(k, run)
-            own = with_level(run["case"], blocks, c["study"], sim_args, lockstep, outside)
+            own = with_level(run["case"], blocks, c["study"], sim_args, lockstep, outside, collectives)
             sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
-            needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep)
+            needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep,
+                                  collectives)
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
                           "sim": {k: sim.get(k) for k in KEEP}, "host_background": run["host_background"],
                           "host_steal": run.get("host_steal"), "host_scale": host[0],
@@ -623,6 +640,9 @@ def parser() -> argparse.ArgumentParser:
                          "time its level blocks spent outside them beyond their simulations (read_level's outside_s); "
                          "load: by that time read as growing with the cores' busy share at the send "
                          "(sim.outside_busy_s, read_level's outside_busy_s; round P)")
+    ap.add_argument("--level-waits", choices=["unscaled", "scaled"], default="unscaled",
+                    help="scaled: sim.cost.host_scale_waits=true, a two-rank instance's waits on collectives scale "
+                         "with its level as its compute does (round Q); unscaled: the profile's latency (rounds before)")
     ap.add_argument("--batch-arrivals", action="store_true",
                     help="sim.batch_arrivals=true: an idle instance starts its step once every request arriving at "
                          "that instant is in, as the real engine took turn 0's burst (round N)")
@@ -681,11 +701,9 @@ def main() -> None:
     if args.contention_busy == "measured" and args.contention != "engine":
         sys.exit(f"--contention-busy measured: only --contention engine measures with a number of busy engines (its "
                  f"siblings + 1); got --contention {args.contention}")
-    if args.host_scale == "level" and (args.contention != "none" or args.collectives != "none"):
-        sys.exit(f"--host-scale level with --contention {args.contention} --collectives {args.collectives}: a one-rank "
-                 f"level is read on the engines' CPU clock, which holds their cores' contention, and a two-rank one "
-                 f"at the profile's collective latency (none is measured around a level block); give --contention "
-                 f"none --collectives none")
+    if args.host_scale == "level" and args.contention != "none":
+        sys.exit(f"--host-scale level with --contention {args.contention}: a one-rank level is read on the engines' CPU "
+                 f"clock, which holds their cores' contention; give --contention none")
     if args.outside != "none" and args.host_scale != "level":
         sys.exit(f"--outside {args.outside}: the time outside the engines is read from level blocks, which only "
                  f"--host-scale level runs; got --host-scale {args.host_scale}")
@@ -732,7 +750,7 @@ def main() -> None:
             seeds = {which: LEVEL_SEEDS[which] + k for which in args.level_blocks} if level else None
             cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside)
                      if "router_ablation" in args.studies else []) \
-                + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds)
+                + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds, args.collectives == "block")
                    if "dp_attn_vs_tp" in args.studies else [])
             print(f"repeat {k + 1}/{args.repeats} done ({time.time() - t0:.0f} s)", flush=True)
             repeats.append(cases)
@@ -811,7 +829,8 @@ def switches(args, cores: dict | None = None) -> list[str]:
     cost = [f"sim.cost.path={args.profile}", f"sim.cost.between={args.between}", f"sim.cost.point={args.point}",
             f"sim.cost.extend={args.extend}", f"sim.cost.prefix_regime={args.prefix_regime}",
             f"sim.cost.serving={args.serving}", f"sim.host_sharing={args.sharing}"] \
-        + (["sim.batch_arrivals=true"] if args.batch_arrivals else [])
+        + (["sim.batch_arrivals=true"] if args.batch_arrivals else []) \
+        + (["sim.cost.host_scale_waits=true"] if args.level_waits == "scaled" else [])
     if args.contention == "block":                # each block's own (sim_config)
         return cost
     decode, extend = factors(cores) if cores else (1.0, 1.0) if args.contention in ("none", "measured", "engine") \

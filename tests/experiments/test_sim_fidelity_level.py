@@ -167,7 +167,7 @@ def test_contention_busy_measured_is_the_siblings_and_one_and_only_with_engine_c
     f = load_script("experiments/sim_fidelity/run.py")
     args = argparse.Namespace(profile="p.json", between="grid", point="median", extend="batch", prefix_regime="smooth",
                               serving="measured", sharing="fair", contention="engine", contention_busy="measured",
-                              batch_arrivals=False)
+                              batch_arrivals=False, level_waits="unscaled")
     cores = {"decode": 1.25, "extend": 1.05, "siblings": 3}
     assert "sim.host_contention_busy=4" in f.switches(args, cores)
     args.contention_busy = "cores"
@@ -180,11 +180,28 @@ def test_contention_busy_measured_is_the_siblings_and_one_and_only_with_engine_c
     assert r.returncode != 0 and "only --contention engine" in r.stderr
 
 
-@pytest.mark.parametrize("switch", [["--contention", "1.2"], ["--collectives", "block"]])
-def test_a_level_with_a_contention_factor_or_block_collectives_is_refused(switch):
-    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--host-scale", "level", *switch],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "give --contention none --collectives none" in r.stderr
+def test_a_level_with_a_contention_factor_is_refused():
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--host-scale", "level", "--contention",
+                        "1.2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "give --contention none" in r.stderr
+
+
+def test_a_two_rank_level_with_block_collectives_is_read_at_the_latency_measured_around_each_block():
+    """--host-scale level --collectives block (round Q): a two-rank block that ran at 1.6x the profile's compute with
+    collectives of 1 ms each (the profile's: about 2) reads 1.6 when simulated at the latency measured around it, and
+    more without it (its waits priced dearer, its compute read faster); a block that took no latency is refused."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load, latency = (0.2, None), 0.001
+    split = SIM + ["sim.cost.path=data/calibration/cpu_amd_epyc_l.json"]     # a profile with its waits apart
+    slow, _ = simulate(f.sim_config("dp_attn_vs_tp", TWO_RANKS, split, load, (1.6, None, latency)))
+    measured = {"host_background": 0.2, "host_steal": None, "host_collective_s": [0.0009, 0.0011]}
+    block = {"before": f.level_block(TWO_RANKS, {"duration_s": slow["duration_s"]}, measured)}
+    level = f.with_level("dpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
+    assert level["by"] == "duration" and level["decode"] == pytest.approx(1.6, rel=0.05)
+    assert f.with_level("dpx2", block, "dp_attn_vs_tp", split, False)["decode"] < 1.5    # at the profile's latency
+    block["before"]["host_collective_s"] = None
+    with pytest.raises(ValueError, match="dpx2's level blocks took no collective latency around them"):
+        f.with_level("dpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
 
 
 def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_path):

@@ -123,6 +123,9 @@ def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_pa
     step = Step(batches=(BatchShape("decode", (1,) * 4, (200,) * 4),))
     assert slow.step_time(step) == pytest.approx(own.step_time(step) + 12 * 0.003)     # the waits at 5 ms, not 2
     assert scaled.step_time(step) == pytest.approx(2 * own.step_time(step) - 12 * 0.002)   # the compute only scales
+    whole = cost(host_scale=2.0, host_scale_waits=True)           # sim.cost.host_scale_waits: the waits too
+    assert whole.step_time(step) == pytest.approx(2 * own.step_time(step))
+    assert cost(host_scale_waits=True).step_time(step) == pytest.approx(own.step_time(step))   # at 1: the same
     assert slow.decode_times((4,), (800,), 3)[0] == pytest.approx(slow.step_time(step))   # a run: the same
     extend = Step(batches=(BatchShape("extend", (300,), (128,)),))
     assert slow.step_time(extend) == pytest.approx(own.step_time(extend) + 14 * 0.003)    # an extend step's own count
