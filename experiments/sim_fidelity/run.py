@@ -41,7 +41,9 @@ alone, then all at once, PINNED_S each, before and after the block), and simulat
 contention wanders by the hour (1.12 before round G's run, 1.32 after).
 `--collectives block` prices the waits of a two-rank instance's steps on its collectives (split off by
 experiments/calibrate) at one all-reduce's latency measured around each real block (host_probe.Cores, with its speed;
-`sim.cost.collective_s`); `none` (the default): at the profile's own.
+`sim.cost.collective_s`); `none` (the default): at the profile's own. `--level-waits scaled` (round Q,
+protocol_round_q.md) scales the profile's latency with the block's host scale (`sim.cost.host_scale_waits`): with
+`--host-scale level` a two-rank level then scales the whole step, where at the profile's latency DP x2's floored.
 `--host-scale pinned` (the round of protocol_pinned.md) takes the host's speed around each real block
 (framework/core/host_probe: the probe's work on each core in turn, 1 s each, before and after the block, on the idle
 host; `pinned` in this process until 2e3a2ac, `Cores`' pinned processes since) and simulates the block with every
@@ -90,7 +92,7 @@ to `sim.router_overhead_s` (``outside_s``); a run before round N kept no such fi
 four in flight, 11.2-11.3 at sixteen).
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`,
-`--sharing`, `--contention`, `--collectives`, `--steal`, `--batch-arrivals`, `--outside`) and each
+`--sharing`, `--contention`, `--collectives`, `--steal`, `--batch-arrivals`, `--outside`, `--level-waits`) and each
 `--answers`, and writes --resim-out.
 """
 from __future__ import annotations
@@ -341,7 +343,7 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
         raise ValueError(f"--host-scale level: {case}: the simulated duration does not grow with the host's scale "
                          f"({one:.2f} s at 1, {two:.2f} s at 2)")
     scale = _floored(case, "step", 1.0 + (real - one) / (two - one),
-                     f"the real blocks took {real:.2f} s, their simulations' unscaled waits alone "
+                     f"the real blocks took {real:.2f} s, the part of their simulations that does not scale "
                      f"{2 * one - two:.2f} s")
     return {"by": "duration", "extend": scale, "decode": scale}
 
@@ -641,8 +643,9 @@ def parser() -> argparse.ArgumentParser:
                          "load: by that time read as growing with the cores' busy share at the send "
                          "(sim.outside_busy_s, read_level's outside_busy_s; round P)")
     ap.add_argument("--level-waits", choices=["unscaled", "scaled"], default="unscaled",
-                    help="scaled: sim.cost.host_scale_waits=true, a two-rank instance's waits on collectives scale "
-                         "with its level as its compute does (round Q); unscaled: the profile's latency (rounds before)")
+                    help="scaled: sim.cost.host_scale_waits=true, a two-rank instance's waits on collectives at the "
+                         "profile's latency scale with its host scale (the level, or the probe's) as its compute "
+                         "does (round Q); unscaled: at the profile's latency (rounds before)")
     ap.add_argument("--batch-arrivals", action="store_true",
                     help="sim.batch_arrivals=true: an idle instance starts its step once every request arriving at "
                          "that instant is in, as the real engine took turn 0's burst (round N)")
@@ -702,8 +705,11 @@ def main() -> None:
         sys.exit(f"--contention-busy measured: only --contention engine measures with a number of busy engines (its "
                  f"siblings + 1); got --contention {args.contention}")
     if args.host_scale == "level" and args.contention != "none":
-        sys.exit(f"--host-scale level with --contention {args.contention}: a one-rank level is read on the engines' CPU "
-                 f"clock, which holds their cores' contention; give --contention none")
+        sys.exit(f"--host-scale level with --contention {args.contention}: a one-rank level is read on the engines' "
+                 f"CPU clock, which holds their cores' contention; give --contention none")
+    if args.level_waits == "scaled" and args.collectives == "block":
+        sys.exit("--level-waits scaled with --collectives block: the one scales the profile's latency with the host, "
+                 "the other measures the host's own, which nothing scales; give one of them")
     if args.outside != "none" and args.host_scale != "level":
         sys.exit(f"--outside {args.outside}: the time outside the engines is read from level blocks, which only "
                  f"--host-scale level runs; got --host-scale {args.host_scale}")
@@ -779,7 +785,7 @@ def main() -> None:
                                         "sim")}
                      for c in cells],
            "host_scale": args.host_scale, "level_blocks": args.level_blocks if level else None,
-           "outside": args.outside, "steal": args.steal,
+           "outside": args.outside, "steal": args.steal, "level_waits": args.level_waits,
            "runs": [[{"case": c["case"], "host_background": c["host_background"], "host_steal": c["host_steal"],
                       "host_scale": c["host_scale"],
                       "host_pinned_s": c["host_pinned_s"], "host_contentions": c["host_contentions"],
@@ -913,7 +919,7 @@ def resimulate_main(args) -> None:
               f"{tables.work_table(cells)}\n{tables.level_table(cells)}\n{tables.turn_table(cells)}\n", flush=True)
         out["runs"][answers] = {"sim_args": sim_args, "table": text, "host_scale": args.host_scale,
                                 "level_blocks": args.level_blocks if args.host_scale == "level" else None,
-                                "outside": args.outside, "steal": args.steal,
+                                "outside": args.outside, "steal": args.steal, "level_waits": args.level_waits,
                                 "reference_pinned_s": reference_s if by == "host_pinned_s" else None,
                                 "reference_engine_s": reference_s if by == "host_engine_s" else None,
                                 "host_contention": cores,
@@ -929,6 +935,7 @@ def resimulate_main(args) -> None:
                         + ([] if args.collectives == "none" else [f"collectives_{args.collectives}"])
                         + ([] if args.steal == "processes" else [f"steal_{args.steal}"])
                         + (["batch_arrivals"] if args.batch_arrivals else [])
+                        + (["waits_scaled"] if args.level_waits == "scaled" else [])
                         + ([] if args.outside == "none" else [f"outside_{args.outside}"])
                         + ([] if args.host_scale == "none" else [f"host_{args.host_scale}"])
                         + ([] if args.host_scale != "level" or args.level_blocks == ["before"]

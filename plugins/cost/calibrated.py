@@ -52,9 +52,10 @@ collectives (the profile's `collectives_per_step` by the step's kind, extend or 
 host_probe.Cores' all-reduce latency then) and the rest, the compute, which ``host_scale`` scales. The waits are
 priced at ``collective_s`` (None: the profile's own): on this VM ~2 ms each, ~25 ms of a two-rank step of ~36. The
 committed profile is not split (experiments/sim_fidelity/notes_collectives.md: the split removed no error here).
-``host_scale_waits`` scales the waits by ``host_scale`` as well: one small all-reduce over gloo moves with the host as
-the compute does (2026-12-05: 1.1-1.7 ms, host_probe.Cores, where cpu_amd_epyc_l.json's DP profile holds 2.2 and its
-probe 11.8 ms against 7.4 now: 0.5-0.77x and 0.63x); off, a two-rank level read from a block's duration
+``host_scale_waits`` scales the profile's latency by ``host_scale`` as well (a ``collective_s`` given is the host's
+own and is not scaled): one small all-reduce over gloo moves with the host as the compute does (2026-12-05: 1.1-1.7
+ms, host_probe.Cores, where cpu_amd_epyc_l.json's DP profile holds 2.2 and its probe 11.8 ms against 7.4 now:
+0.5-0.8x and 0.63x); off, a two-rank level read from a block's duration
 (experiments/sim_fidelity --host-scale level) is left to its compute alone and floors where the profile's waits
 outlast the block (DP x2 in rounds N-P).
 
@@ -94,7 +95,7 @@ class CalibratedConfig(CostConfig):
     host_scale: float = 1.0           # every priced second x this: the host's probe now / at profiling (module doc)
     host_scale_extend: float | None = None   # a step that extends x this instead (None: host_scale; module doc)
     collective_s: float | None = None  # one collective's seconds on the host; None: the profile's (module doc)
-    host_scale_waits: bool = False    # the waits on collectives x host_scale too (module doc)
+    host_scale_waits: bool = False    # the profile's waits on collectives x host_scale too (module doc)
     prefix_regime: str = "smooth"     # an extend's price: smooth (one grid) | absorbed (by the engine's form: module doc)
 
 
@@ -253,8 +254,8 @@ class CalibratedCost(CostModel):
             raise ValueError(f"sim.cost.collective_s={cfg.collective_s} must be > 0 (one collective's seconds), or "
                              f"null for the profile's own")
         collective = (prof.get("collective_s") if cfg.collective_s is None else cfg.collective_s) or 0.0
-        if cfg.host_scale_waits:     # the latency moves with the host as the compute does (module doc)
-            collective *= cfg.host_scale
+        if cfg.host_scale_waits and cfg.collective_s is None:   # the profile's latency, moved with the host (module
+            collective *= cfg.host_scale                         # doc); a given collective_s is the host's own now
         counts = prof.get("collectives_per_step", {})          # a step's waits on collectives, by kind
         self._wait_extend, self._wait = counts.get("prefill", 0) * collective, counts.get("decode", 0) * collective
         scale = cfg.host_scale       # every price below follows the measured seconds: scaled here, once

@@ -175,6 +175,9 @@ def test_contention_busy_measured_is_the_siblings_and_one_and_only_with_engine_c
     assert "sim.batch_arrivals=true" not in f.switches(args, cores)
     args.batch_arrivals = True                       # --batch-arrivals (round N)
     assert "sim.batch_arrivals=true" in f.switches(args, cores)
+    assert "sim.cost.host_scale_waits=true" not in f.switches(args, cores)
+    args.level_waits = "scaled"                      # --level-waits scaled (round Q)
+    assert "sim.cost.host_scale_waits=true" in f.switches(args, cores)
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--contention-busy", "measured"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "only --contention engine" in r.stderr
@@ -196,12 +199,15 @@ def test_a_two_rank_level_with_block_collectives_is_read_at_the_latency_measured
     slow, _ = simulate(f.sim_config("dp_attn_vs_tp", TWO_RANKS, split, load, (1.6, None, latency)))
     measured = {"host_background": 0.2, "host_steal": None, "host_collective_s": [0.0009, 0.0011]}
     block = {"before": f.level_block(TWO_RANKS, {"duration_s": slow["duration_s"]}, measured)}
-    level = f.with_level("dpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
+    level = f.with_level("tpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
     assert level["by"] == "duration" and level["decode"] == pytest.approx(1.6, rel=0.05)
-    assert f.with_level("dpx2", block, "dp_attn_vs_tp", split, False)["decode"] < 1.5    # at the profile's latency
+    assert f.with_level("tpx2", block, "dp_attn_vs_tp", split, False)["decode"] < 1.5    # at the profile's latency
     block["before"]["host_collective_s"] = None
-    with pytest.raises(ValueError, match="dpx2's level blocks took no collective latency around them"):
-        f.with_level("dpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
+    with pytest.raises(ValueError, match="tpx2's level blocks took no collective latency around them"):
+        f.with_level("tpx2", block, "dp_attn_vs_tp", split, False, collectives=True)
+    r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--collectives", "block", "--level-waits",
+                        "scaled"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "give one of them" in r.stderr
 
 
 def test_outside_level_adds_the_blocks_time_outside_the_engines_before_them(tmp_path):

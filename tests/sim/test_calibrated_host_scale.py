@@ -126,6 +126,8 @@ def test_a_split_profile_prices_its_waits_at_the_hosts_collective_latency(tmp_pa
     whole = cost(host_scale=2.0, host_scale_waits=True)           # sim.cost.host_scale_waits: the waits too
     assert whole.step_time(step) == pytest.approx(2 * own.step_time(step))
     assert cost(host_scale_waits=True).step_time(step) == pytest.approx(own.step_time(step))   # at 1: the same
+    measured = cost(host_scale=2.0, host_scale_waits=True, collective_s=0.002)   # the host's own latency: unscaled
+    assert measured.step_time(step) == pytest.approx(scaled.step_time(step))
     assert slow.decode_times((4,), (800,), 3)[0] == pytest.approx(slow.step_time(step))   # a run: the same
     extend = Step(batches=(BatchShape("extend", (300,), (128,)),))
     assert slow.step_time(extend) == pytest.approx(own.step_time(extend) + 14 * 0.003)    # an extend step's own count
