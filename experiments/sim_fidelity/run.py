@@ -313,12 +313,16 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     adds them to the router's time, before the engine (a request in transit holds no KV). With --outside load, it
     holds `outside_busy_s` instead: the wait with every core busy at which the blocks' simulations at the level read
     spend as long outside the engines as the real blocks (sim.outside_busy_s: the gap grows with the busy cores).
-    ``collectives`` (--collectives block, round Q): one collective's latency measured around each block, at which an
-    instance of several ranks is simulated there (None: the profile's own), as its judged block is at its own."""
-    if collectives is None:
-        collectives = [None] * len(blocks)
+    ``collectives`` (--collectives block, round Q): one collective's latency measured around each block (None where
+    none was), at which an instance of several ranks is simulated there, as its judged block is at its own; without
+    it, the profile's own."""
+    given = collectives is not None
+    collectives = collectives if given else [None] * len(blocks)
     cfgs = [sim_config(study, overrides, sim_args, load, (1.0, None, c))
             for (overrides, load, _), c in zip(blocks, collectives)]
+    if given and cfgs[0].parallel.size > 1 and None in collectives:   # (one rank waits on no collective)
+        raise ValueError(f"--collectives block: {case}'s level blocks took no collective latency around them (a run "
+                         f"before round Q); give --collectives none")
     at_one = [simulate(cfg)[0] for cfg in cfgs]
     reals = [real for _, _, real in blocks]
     if cfgs[0].parallel.size == 1:
@@ -425,12 +429,7 @@ def with_level(case: str, blocks: dict, study: str, sim_args: list[str], lockste
     found = [b for b in blocks.values() if b]
     if not found:
         return None
-    latency = None
-    if collectives and study == "dp_attn_vs_tp":       # (the one-rank HTTP cells wait on no collective)
-        latency = [block_host(b, None, False, True)[2] for b in found]
-        if None in latency:
-            raise ValueError(f"--collectives block: {case}'s level blocks took no collective latency around them (a "
-                             f"run before round Q); give --collectives none")
+    latency = [block_host(b, None, False, True)[2] for b in found] if collectives else None
     return read_level(case, study, sim_args, [(b["overrides"], block_load(b, lockstep), b["real"]) for b in found],
                       outside, latency)
 

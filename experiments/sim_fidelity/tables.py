@@ -205,8 +205,9 @@ def level_table(cells: list[dict]) -> str:
         needed = [x for x in c.get("levels_needed") or [] if x]
         fmt = {k: spread([x[k] for x in levels]) for k in ("extend", "decode")}
         want = {k: spread([x[k] for x in needed])["median"] for k in ("extend", "decode")}
-        outside = [x.get("outside_s", x.get("outside_busy_s")) for x in levels]   # (--outside level or load)
-        out = spread([v * 1e3 for v in outside if v is not None]) if any(v is not None for v in outside) else None
+        outside = [1e3 * x.get("outside_s", x.get("outside_busy_s")) for x in levels
+                   if "outside_s" in x or "outside_busy_s" in x]          # (--outside level or load)
+        out = spread(outside) if outside else None
         rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
             f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " | " + " / ".join(
             "-" if v is None else f"{v:.3f}" for v in want.values()) + " | "

@@ -89,7 +89,7 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
                      background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
                      host_contention=s.host_contention, host_contention_extend=s.host_contention_extend,
                      host_contention_busy=s.host_contention_busy, host_steal=s.host_steal,
-                     batch_arrivals=s.batch_arrivals, outside_busy_s=s.outside_busy_s if http else 0.0)
+                     batch_arrivals=s.batch_arrivals, outside_busy_s=s.outside_busy_s)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim
