@@ -85,6 +85,11 @@ class SimConfig:
     # steps, scaled by the cores' busy share at its send (framework/sim/cluster.py; the client's, router's and
     # worker's HTTP processes wait for a core); 0: none. experiments/sim_fidelity --outside load reads it
     outside_busy_s: float = 0.0
+    # over HTTP: each request's time outside the engines drawn around its mean (the router's and outside_busy_s's)
+    # from a gamma of this coefficient of variation, mean 1, seeded by outside_seed (framework/sim/cluster.py); 0: the
+    # mean itself. This VM's real runs: 0.8-1.0 (p10 2 ms, p50 7, p90 20 at 16 in flight; experiments/sim_fidelity)
+    outside_cv: float = 0.0
+    outside_seed: int = 0
     network_latency_s: float = 0.00005  # one way, per hop (client -> router -> worker and back)
     fast_forward: bool = True         # advance runs of plain decode steps in one event (same results, faster)
     itl: bool = True                  # keep every token's time (requests.jsonl's itl_s); off: bounded memory at scale

@@ -89,7 +89,10 @@ to `sim.router_overhead_s` (``outside_s``); a run before round N kept no such fi
 `--resimulate` fills them in from its --work folder (``fill_outside``), which must be the run's own. `--outside load`
 (round P, protocol_round_p.md) reads the same gap as growing with the cores' busy share at each send
 (`sim.outside_busy_s`, ``outside_busy_s``; outside_load.py: the real gap 3.0-3.3 ms one request at a time, 8.9-9.6 at
-four in flight, 11.2-11.3 at sixteen).
+four in flight, 11.2-11.3 at sixteen). `--outside spread` (round R, protocol_round_r.md) keeps load's mean and draws
+each request's own time around it (`sim.outside_cv`, ``outside_cv``: a gamma as spread as the level blocks' requests'
+times were, their own per-request figures, `outside_sd_ms`; one draw stream per repeat): the real ones are as spread
+as an exponential's (CV 0.8-1.0), and at the mean alone the simulated arrivals kept one order every repeat.
 `--resimulate` simulates a stored run's real runs again, each with its own measured background (the simulator is
 deterministic), with this run's switches (`--between`, `--point`, `--extend`, `--prefix-regime`, `--serving`,
 `--sharing`, `--contention`, `--collectives`, `--steal`, `--batch-arrivals`, `--outside`, `--level-waits`) and each
@@ -250,11 +253,13 @@ def block_load(record: dict, lockstep: bool) -> tuple[float, float | None]:
 
 
 def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tuple[float, float | None],
-               host: tuple[float, float | None, float | None] = (1.0, None, None), level: dict | None = None):
+               host: tuple[float, float | None, float | None] = (1.0, None, None), level: dict | None = None,
+               draw: int = 0):
     """The simulated run of a real one: its overrides, mode=sim's, the other work during it (``block_load``; the
     in-process TP/DP driver has no network or router) and the host then (``block_host``: its scale, its contention
     with --contention block, and its collectives' latency with --collectives block; ``sim_args`` carry none then), or
-    with --host-scale level its cell's level by step kind (``read_level``), which replaces the scale."""
+    with --host-scale level its cell's level by step kind (``read_level``), which replaces the scale; with --outside
+    spread, its requests' times outside the engines drawn from the stream ``draw`` (the repeat)."""
     background, steal = load
     host_scale, contention, collective = leveled(host, level)
     local = ["sim.network_latency_s=0", "sim.router_overhead_s=0"] if study == "dp_attn_vs_tp" else []
@@ -273,6 +278,8 @@ def sim_config(study: str, overrides: list[str], sim_args: list[str], load: tupl
         cfg.sim.router_overhead_s = max(0.0, router_s)
     if level is not None and "outside_busy_s" in level:   # --outside load: later the busier the cores at the send
         cfg.sim.outside_busy_s = level["outside_busy_s"]
+    if level is not None and "outside_cv" in level:       # --outside spread: each request's own draw around it
+        cfg.sim.outside_cv, cfg.sim.outside_seed = level["outside_cv"], draw
     return cfg
 
 
@@ -291,8 +298,9 @@ def _host(background: "Background", speed: HostSpeed) -> dict:
 LEVEL_SEEDS = {"before": 1000, "after": 2000}   # --host-scale level: repeat k's level blocks draw workload.seed
 # LEVEL_SEEDS[which] + k (the judged runs: seed 0); --level-blocks says which run (round M: before; round N: both)
 OUTSIDE_KEYS = tables.SPLIT    # the client's mean TTFT and its part in the engines: --outside level (round N on)
-LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s") + OUTSIDE_KEYS   # what read_level takes from a level
-# block's real run
+SPREAD_KEYS = ("outside_mean_ms", "outside_sd_ms")   # the requests' times outside the engines: --outside spread
+LEVEL_KEEP = ("extend_cpu_s", "decode_cpu_s", "duration_s") + OUTSIDE_KEYS + SPREAD_KEYS   # what read_level takes
+# from a level block's real run
 MIN_LEVEL = 0.05       # read_level's floor (said when reached)
 
 
@@ -313,6 +321,7 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     adds them to the router's time, before the engine (a request in transit holds no KV). With --outside load, it
     holds `outside_busy_s` instead: the wait with every core busy at which the blocks' simulations at the level read
     spend as long outside the engines as the real blocks (sim.outside_busy_s: the gap grows with the busy cores).
+    With --outside spread, also `outside_cv`: how spread each request's own time is around that (``outside_cv``).
     ``collectives`` (--collectives block, round Q): one collective's latency measured around each block (None where
     none was), at which an instance of several ranks is simulated there, as its judged block is at its own; without
     it, the profile's own."""
@@ -336,8 +345,10 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
                                    f"against a price of {priced:.2f} s")
         if outside == "level" and cfgs[0].cluster.http:   # (the in-process TP/DP driver has no client or router)
             level["outside_s"] = outside_s(case, reals, at_one)
-        elif outside == "load" and cfgs[0].cluster.http:
+        elif outside in ("load", "spread") and cfgs[0].cluster.http:
             level["outside_busy_s"] = outside_busy_s(case, study, sim_args, blocks, level)
+        if outside == "spread" and cfgs[0].cluster.http:
+            level["outside_cv"] = outside_cv(case, study, sim_args, blocks, level)
         return level
     at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, c)))[0]
               for (overrides, load, _), c in zip(blocks, collectives)]
@@ -405,6 +416,31 @@ def outside_busy_s(case: str, study: str, sim_args: list[str], blocks: list[tupl
         print(f"WARNING: --outside load: {case}'s sim.outside_busy_s {busy_s * 1e3:.1f} ms, the closest of those "
               f"tried, leaves {left:.2f} ms of its blocks' time outside the engines unmatched", flush=True)
     return busy_s
+
+
+def outside_cv(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
+               level: dict) -> float:
+    """sim.outside_cv at which these blocks' simulations, at their ``level`` (its mean wait outside the engines
+    read), spread their requests' times outside the engines as much as the real runs did: the real variance (per
+    request, within a run; mean over the blocks) less the simulated one (the busy share's own swing at the sends),
+    over the simulated waits' mean square (a draw g of mean 1, independent of the wait m, adds E[m^2] Var(g) to the
+    variance). Blocks whose simulations already spread as much read 0, said."""
+    reals = [real for _, _, real in blocks]
+    missing = sorted({k for r in reals for k in SPREAD_KEYS if r.get(k) is None})
+    if missing:
+        raise ValueError(f"--outside spread: {case}'s level blocks did not keep {missing} (the requests' times outside "
+                         f"the engines, reported since round R): give --outside load")
+    cfgs = [sim_config(study, overrides, sim_args, load, level=level) for overrides, load, _ in blocks]
+    sims = [simulate(cfg)[0] for cfg in cfgs]
+    real_var = statistics.fmean(r["outside_sd_ms"] ** 2 for r in reals)
+    sim_var = statistics.fmean(s["outside_sd_ms"] ** 2 for s in sims)
+    wait = statistics.fmean(s["outside_mean_ms"] for s in sims) - 2e3 * cfgs[0].sim.network_latency_s   # (ms)
+    if real_var <= sim_var or not wait > 0:
+        print(f"WARNING: --outside spread: {case}'s level blocks' simulations spread their times outside the engines "
+              f"(sd {sim_var ** 0.5:.2f} ms) as much as the real blocks ({real_var ** 0.5:.2f} ms) or wait none "
+              f"({wait:.2f} ms); no draw", flush=True)
+        return 0.0
+    return ((real_var - sim_var) / (wait ** 2 + sim_var)) ** 0.5
 
 
 def _floored(case: str, kind: str, level: float, why: str) -> float:
@@ -485,10 +521,10 @@ def router_trials(path: Path) -> list[tuple[str, list[str], dict]]:
 
 
 def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lockstep: bool = False,
-                 level_seeds: dict | None = None, outside: str = "none") -> list[dict]:
+                 level_seeds: dict | None = None, outside: str = "none", draw: int = 0) -> list[dict]:
     """Real runs by experiments/router_ablation, then each simulated; with ``level_seeds`` (--host-scale level: a
     seed by which block, ``LEVEL_SEEDS``' keys), level blocks around them: the same cells at those seeds, before the
-    judged runs and after them, each cell simulated at the level read from its own."""
+    judged runs and after them, each cell simulated at the level read from its own (``draw``: sim_config's)."""
     seeds = level_seeds or {}
 
     def block(which: str) -> dict:        # a level block's cases, each kept as read_level takes it
@@ -503,7 +539,7 @@ def router_cases(quick: bool, out: Path, sim_args: list[str], host=HostSpeed, lo
         own = {which: by_case[case] for which, by_case in blocks.items()}
         level = with_level(case, own, "router_ablation", sim_args, lockstep, outside)
         sim, _ = simulate(sim_config("router_ablation", overrides, sim_args, block_load(measured, lockstep),
-                                     speed.simulated(), level))
+                                     speed.simulated(), level, draw))
         needed = needed_level(level, case, "router_ablation", overrides, trial, measured, sim_args, lockstep)
         cases.append({"case": case, "study": "router_ablation", "overrides": overrides, "real": trial, "sim": sim,
                       **measured, **_level_record(own, level, speed.simulated(), needed)})
@@ -598,7 +634,8 @@ def resimulate(stored: dict, sim_args: list[str], reference_s: float | None = No
             host = block_host(run, reference_s, per_block, collectives, by)
             blocks = stored_blocks(run, level_blocks) if blocks_of is None else blocks_of(k, run)
             own = with_level(run["case"], blocks, c["study"], sim_args, lockstep, outside, collectives)
-            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own))
+            sim, _ = simulate(sim_config(c["study"], c["overrides"], sim_args, block_load(run, lockstep), host, own,
+                                         draw=k))
             needed = needed_level(own, run["case"], c["study"], c["overrides"], run["real"], run, sim_args, lockstep,
                                   collectives)
             cases.append({"case": run["case"], "study": c["study"], "overrides": c["overrides"], "real": run["real"],
@@ -636,11 +673,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-regime", choices=["smooth", "absorbed"], default="smooth",
                     help="sim.cost.prefix_regime: one grid across every prefix, or an extend priced from the profile's "
                          "p = 0 column or its cached columns, as the engine runs it (plugins/cost/calibrated.py)")
-    ap.add_argument("--outside", choices=["none", "level", "load"], default="none",
+    ap.add_argument("--outside", choices=["none", "level", "load", "spread"], default="none",
                     help="level (with --host-scale level): each HTTP cell's requests reach the engines later by the "
                          "time its level blocks spent outside them beyond their simulations (read_level's outside_s); "
                          "load: by that time read as growing with the cores' busy share at the send "
-                         "(sim.outside_busy_s, read_level's outside_busy_s; round P)")
+                         "(sim.outside_busy_s, read_level's outside_busy_s; round P); spread: load's, and each "
+                         "request's own drawn around it as spread as its level blocks' requests' were "
+                         "(sim.outside_cv, read_level's outside_cv, one draw stream per repeat; round R)")
     ap.add_argument("--level-waits", choices=["unscaled", "scaled"], default="unscaled",
                     help="scaled: sim.cost.host_scale_waits=true, a two-rank instance's waits on collectives at the "
                          "profile's latency scale with its host scale (the level, or the probe's) as its compute "
@@ -753,7 +792,7 @@ def main() -> None:
         for k in range(args.repeats):               # real then simulated, repeat by repeat: both see the same drift
             work = args.work / f"repeat{k}"
             seeds = {which: LEVEL_SEEDS[which] + k for which in args.level_blocks} if level else None
-            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside)
+            cases = (router_cases(args.quick, work, sim_args, around, lockstep, seeds, args.outside, k)
                      if "router_ablation" in args.studies else []) \
                 + (scheme_cases(args.quick, work, sim_args, around, lockstep, seeds, args.collectives == "block")
                    if "dp_attn_vs_tp" in args.studies else [])

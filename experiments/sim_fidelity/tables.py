@@ -208,15 +208,17 @@ def level_table(cells: list[dict]) -> str:
         outside = [1e3 * x.get("outside_s", x.get("outside_busy_s")) for x in levels
                    if "outside_s" in x or "outside_busy_s" in x]          # (--outside level or load)
         out = spread(outside) if outside else None
+        cvs = [x["outside_cv"] for x in levels if "outside_cv" in x]                 # (--outside spread)
+        cv = f" (CV {spread(cvs)['median']:.2f} [{min(cvs):.2f}-{max(cvs):.2f}])" if cvs else ""
         rows.append(f"| {c['case']} | {levels[0]['by']} | " + " | ".join(
             f"{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]" for f in fmt.values()) + " | " + " / ".join(
             "-" if v is None else f"{v:.3f}" for v in want.values()) + " | "
-            + ("-" if out is None else f"{out['median']:.1f} [{out['min']:.1f}-{out['max']:.1f}]") + " |")
+            + ("-" if out is None else f"{out['median']:.1f} [{out['min']:.1f}-{out['max']:.1f}]{cv}") + " |")
     if not rows:
         return ""
     return "\n".join(["| cell | level read by | extend level median [min-max] | decode level median [min-max] | "
                       "judged runs needed, extend / decode | outside latency added, ms (--outside level; "
-                      "load: with every core busy) |",
+                      "load: with every core busy; spread: its draws' CV) |",
                       "|---|---|---:|---:|---:|---:|", *rows])
 
 

@@ -29,6 +29,8 @@ class RequestRecord:
     estimated_cached: int | None = None                  # estimate of the cached prompt (the policy's unit)
     kv_transfer_bytes: int = 0                           # disaggregated serving: the KV moved from its prefill
     kv_transfer_s: float = 0.0                           # instance to its decode instance, and the writes' time
+    engine_ttft_s: float | None = None                   # its arrival at the engine to its first token there (None:
+                                                         # not reported); ttft_s less it: the time outside the engine
 
     @property
     def tpot_s(self) -> float | None:

@@ -223,6 +223,8 @@ class LoadClient:
             if meta:
                 st.usage = {k: meta.get(k, 0) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_tokens",
                                                             "kv_transfer_bytes", "kv_transfer_s")}  # (P/D's)
+                if meta.get("engine_ttft_s") is not None:
+                    st.usage["engine_ttft_s"] = meta["engine_ttft_s"]
             return
         for choice in obj.get("choices") or []:
             piece = choice.get("text") if self.api is Api.completions else (choice.get("delta") or {}).get("content")
@@ -253,6 +255,7 @@ def _finish(st: _Stream, t_end: float, worker: str) -> _Try:
                               cached_tokens=int(usage["cached_tokens"]),
                               kv_transfer_bytes=int(usage.get("kv_transfer_bytes", 0)),
                               kv_transfer_s=float(usage.get("kv_transfer_s", 0.0)),
+                              engine_ttft_s=usage.get("engine_ttft_s"),
                               ttft_s=st.chunks[0] - st.t0 if st.chunks else e2e, e2e_s=e2e, worker=worker,
                               itl_s=[b - a for a, b in zip(st.chunks, st.chunks[1:])]), st.text)
 

@@ -60,6 +60,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slo=None) -> dict
         **_stats("itl", [gap for r in ok for gap in r.itl_s]),
         **_stats("e2e", [r.e2e_s for r in ok]),
         **_ttft_by_turn(ok),
+        **_outside(ok),
         "bench_serving": bench_serving_figures(ok, duration_s),
     }
 
@@ -73,6 +74,14 @@ def _ttft_by_turn(ok: list[RequestRecord]) -> dict[str, dict[str, float]]:
         return {}
     return {"ttft_p50_ms_by_turn": {str(t): float(np.percentile([r.ttft_s for r in ok if r.turn == t], 50)) * 1e3
                                     for t in turns}}
+
+
+def _outside(ok: list[RequestRecord]) -> dict[str, float]:
+    """The requests' time outside the engines (client, router, HTTP: the client's TTFT less the engine's own, where
+    the engine reported it): mean and standard deviation, ms (NaN: none reported)."""
+    ms = np.asarray([r.ttft_s - r.engine_ttft_s for r in ok if r.engine_ttft_s is not None], dtype=float) * 1e3
+    return {"outside_mean_ms": float(ms.mean()) if len(ms) else float("nan"),
+            "outside_sd_ms": float(ms.std()) if len(ms) > 1 else float("nan")}
 
 
 def bench_serving_figures(ok: list[RequestRecord], duration_s: float) -> dict[str, float]:

@@ -80,6 +80,9 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer
+    if s.outside_cv and not http:
+        raise ValueError(f"sim.outside_cv={s.outside_cv}: the time outside the engines is a client's and router's "
+                         f"over HTTP; cluster.http=false (the in-process driver) has none")
     if s.outside_busy_s and not http:
         raise ValueError(f"sim.outside_busy_s={s.outside_busy_s}: the time outside the engines is a client's and "
                          f"router's over HTTP; cluster.http=false (the in-process driver) has none")
@@ -89,7 +92,8 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
                      background=s.host_background, itl=s.itl, progress=progress, host_sharing=s.host_sharing,
                      host_contention=s.host_contention, host_contention_extend=s.host_contention_extend,
                      host_contention_busy=s.host_contention_busy, host_steal=s.host_steal,
-                     batch_arrivals=s.batch_arrivals, outside_busy_s=s.outside_busy_s)
+                     batch_arrivals=s.batch_arrivals, outside_busy_s=s.outside_busy_s, outside_cv=s.outside_cv,
+                     outside_seed=s.outside_seed)
     if Role.prefill in roles:
         sim.pd = PD(sim, dict(zip(names, roles)), cfgs, cost, cfg.router)
     return sim

@@ -53,6 +53,7 @@ class _Result:
         self.failed = False  # the engine failed after the stream had started
         self.first_token_s: float | None = None
         self.kv_transfer_bytes, self.kv_transfer_s = 0, 0.0   # disaggregated: the decode side's transfer figures
+        self.engine_ttft_s: float | None = None
 
     def add(self, out: GenerateOutput) -> None:
         if out.text:
@@ -62,6 +63,7 @@ class _Result:
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
         self.completion_tokens = out.completion_tokens
         self.kv_transfer_bytes, self.kv_transfer_s = out.kv_transfer_bytes, out.kv_transfer_s
+        self.engine_ttft_s = out.engine_ttft_s if out.engine_ttft_s is not None else self.engine_ttft_s
         if out.finished:
             self.finish_reason = out.finish_reason
 
@@ -146,9 +148,10 @@ class _Formatter:
         if self.paired:
             return P.PairedMetaInfo(id=self.id, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
                                     completion_tokens=res.completion_tokens, finish_reason=reason,
+                                    engine_ttft_s=res.engine_ttft_s,
                                     kv_transfer_bytes=res.kv_transfer_bytes, kv_transfer_s=res.kv_transfer_s)
         return P.MetaInfo(id=self.id, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
-                          cached_tokens=res.cached_tokens, finish_reason=reason)
+                          cached_tokens=res.cached_tokens, finish_reason=reason, engine_ttft_s=res.engine_ttft_s)
 
 
 class WorkerServer:

@@ -33,6 +33,11 @@ router, HTTP hand-off) beyond the router's own, with every core busy with steps:
 for a core. A request sent while busy ranks fill a share u = min(1, busy ranks / cores) of the cores reaches its
 instance o x u later (this VM, the round-robin cells: 3.0-3.3 ms outside the engines one request at a time, 8.9-9.6
 at 4 in flight, 11.2-11.3 at 16: experiments/sim_fidelity/outside_load.py). Only the steps' ranks count as busy.
+`outside_cv` c (`sim.outside_cv`, over HTTP) spreads that time: each request's is its mean (the router's time plus
+o x u) times a draw of a gamma of mean 1 and coefficient of variation c (`sim.outside_seed`'s stream). The real
+requests' times outside the engines are as spread as an exponential's (this VM, 16 in flight: CV 0.8-1.0, p10 2 ms,
+p90 20); with every request at the mean, the arrivals at a worker keep one order run after run, and so does which
+cached prefix survives until its next request (experiments/sim_fidelity, round R).
 `host_steal` s (`sim.host_steal`, in cores) is the cores' time the hypervisor gives to other guests: no process here
 runs then, whatever the sharing. Each core runs a share 1 - s / cores of the time, independently, and an instance's
 ranks wait for one another at every collective, so it advances only while all of its cores run: (1 - s / cores) ^
@@ -46,6 +51,7 @@ halves' tokens, the decode instances' pre-allocations and the landed transfers.
 from __future__ import annotations
 
 import heapq
+import random
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -113,7 +119,7 @@ class Simulation:
                  background: float = 0.0, itl: bool = True, progress: bool = False, host_sharing: str = "at_start",
                  host_contention: float = 1.0, host_contention_extend: float | None = None,
                  host_contention_busy: float | None = None, host_steal: float = 0.0, batch_arrivals: bool = False,
-                 outside_busy_s: float = 0.0):
+                 outside_busy_s: float = 0.0, outside_cv: float = 0.0, outside_seed: int = 0):
         self.instances, self.router, self.sessions, self.wl = instances, router, sessions, wl_cfg
         self.tokenizer = tokenizer                  # the instances' own: prompts in, answers out
         self.net, self.router_s, self.ff, self.cores, self.itl = network_s, router_s, fast_forward, host_cores, itl
@@ -142,6 +148,9 @@ class Simulation:
             raise ValueError(f"sim.outside_busy_s={outside_busy_s} needs sim.host_cores > 0 (the cores whose busy "
                              f"share it scales with)")
         self.outside_busy_s = outside_busy_s
+        if outside_cv < 0:
+            raise ValueError(f"sim.outside_cv={outside_cv} must be >= 0 (0: every request waits the mean)")
+        self.outside_cv, self.outside_rng = outside_cv, random.Random(outside_seed)
         self.send_busy = [0.0, 0]                   # the cores' busy share at each send, summed, and the sends
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
@@ -246,13 +255,18 @@ class Simulation:
             self._unhold(flight)
 
     def outside(self) -> float:
-        """The router's time and, with outside_busy_s, the wait outside the engines at the cores' busy share now."""
-        if not self.cores:
-            return self.router_s
-        share = min(1.0, self.busy_ranks / self.cores)
-        self.send_busy[0] += share
-        self.send_busy[1] += 1
-        return self.router_s + self.outside_busy_s * share
+        """The router's time and, with outside_busy_s, the wait outside the engines at the cores' busy share now; with
+        outside_cv, this request's draw around that mean."""
+        mean = self.router_s
+        if self.cores:
+            share = min(1.0, self.busy_ranks / self.cores)
+            self.send_busy[0] += share
+            self.send_busy[1] += 1
+            mean += self.outside_busy_s * share
+        if not self.outside_cv:
+            return mean
+        shape = self.outside_cv ** -2                  # a gamma of mean 1 and this CV
+        return mean * self.outside_rng.gammavariate(shape, 1.0 / shape)
 
     def send_busy_share(self) -> float:
         """The cores' mean busy share at the sends (nan: none, or no host_cores; a request the router held counts
@@ -274,7 +288,8 @@ class Simulation:
             cached_tokens=req.cached_tokens, ttft_s=req.first_token_time + 2 * self.net - flight.send_s,
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
             itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.attempt.decision),
-            kv_transfer_bytes=req.kv_transfer_bytes, kv_transfer_s=req.kv_transfer_s))
+            kv_transfer_bytes=req.kv_transfer_bytes, kv_transfer_s=req.kv_transfer_s,
+            engine_ttft_s=req.first_token_time - req.arrival_time))
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):

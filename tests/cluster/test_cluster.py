@@ -73,6 +73,7 @@ def test_workload_through_router_and_two_workers(cluster, tmp_path):
     firsts = {}
     for s, r in zip(sessions, records):               # max_concurrency=1: records come back in session order
         assert r.prompt_tokens == len(s.prompt(0, [])) and r.completion_tokens == 4
+        assert 0 < r.engine_ttft_s < r.ttft_s          # the worker's own TTFT; the rest: client, router, HTTP
         firsts.setdefault(s.prefix, []).append(r.cached_tokens)
     for cached in firsts.values():
         assert cached[0] < group_prefix and all(x >= group_prefix for x in cached[1:])
@@ -84,6 +85,7 @@ def test_workload_through_router_and_two_workers(cluster, tmp_path):
     assert results["load_imbalance"] == max(w["requests"] for w in per_worker.values()) / 8
     assert 0.5 < results["cache_hit_rate"] < 1 and 0.5 < results["router_estimated_hit_rate"] < 1
     assert results["router_decision_p50_us"] > 0 and results["router_retries"] == 0
+    assert results["outside_mean_ms"] == pytest.approx(1e3 * sum(r.ttft_s - r.engine_ttft_s for r in records) / 16)
     # the engines' KV figures: 1 MB of 1,280-byte tokens (the tiny MLA model's latent + RoPE key, 4 layers, fp32)
     assert results["kv_bytes_per_token_per_rank"] == 1280 and results["kv_capacity_tokens_per_rank"] == 2**20 // 1280
     assert results["max_running_requests"] >= 1 and results["retractions"] == 0

@@ -284,6 +284,36 @@ def test_outside_load_reads_the_gap_as_a_wait_for_busy_cores_and_refuses_idle_bl
         simulate(compose(TWO_RANKS + SIM + ["sim.outside_busy_s=0.01"]))
 
 
+def test_outside_spread_draws_each_requests_time_outside_as_spread_as_the_blocks_were():
+    """--outside spread: a block whose requests' times outside the engines spread 10 ms (sd) reads the sim.outside_cv
+    whose draws, added to the busy share's own swing, spread the simulation's as much (mean kept: load's); the judged
+    cell draws from its repeat's stream (the same draw, the same run; another, another run), and a block that spread
+    no more than its simulation reads 0; a block without the per-request figures (a run before round R) is refused,
+    saying which; sim.outside_cv below 0 or without HTTP is refused."""
+    f = load_script("experiments/sim_fidelity/run.py")
+    load, cell = (0.0, None), ONE_RANK + ["workload.num_conversations=32", "workload.max_concurrency=8"]   # 64 requests
+    plain, _ = simulate(f.sim_config("router_ablation", cell, SIM, load))
+    assert plain["outside_sd_ms"] < 3.0
+    real = {**{k: plain[k] for k in f.LEVEL_KEEP}, "ttft_mean_ms": plain["ttft_mean_ms"] + 10.0,
+            "outside_mean_ms": plain["outside_mean_ms"] + 10.0, "outside_sd_ms": 10.0}
+    level = f.read_level("c", "router_ablation", SIM, [(cell, load, real)], outside="spread")
+    assert level["outside_busy_s"] >= 0 and 0.5 < level["outside_cv"]
+    drawn = [simulate(f.sim_config("router_ablation", cell, SIM, load, level=level, draw=k))[0] for k in (0, 0, 1)]
+    assert drawn[0]["outside_sd_ms"] == drawn[1]["outside_sd_ms"] != drawn[2]["outside_sd_ms"]
+    assert 8.0 < statistics.fmean(d["outside_sd_ms"] for d in drawn) < 13.0
+    assert statistics.fmean(d["outside_mean_ms"] for d in drawn) == pytest.approx(real["outside_mean_ms"], rel=0.25)
+    narrow = f.read_level("c", "router_ablation", SIM, [(cell, load, {**real, "outside_sd_ms": 0.5})],
+                          outside="spread")
+    assert narrow["outside_cv"] == 0.0
+    with pytest.raises(ValueError, match=r"c's level blocks did not keep \['outside_sd_ms'\]"):
+        f.read_level("c", "router_ablation", SIM, [(cell, load, {**real, "outside_sd_ms": None})],
+                     outside="spread")
+    with pytest.raises(ValueError, match=r"sim.outside_cv=-0.5 must be >= 0"):
+        simulate(compose(ONE_RANK + SIM + ["sim.outside_cv=-0.5"]))
+    with pytest.raises(ValueError, match=r"sim.outside_cv=0.5: .* cluster.http=false"):
+        simulate(compose(TWO_RANKS + SIM + ["sim.outside_cv=0.5"]))
+
+
 def test_outside_level_is_refused_without_level_blocks_and_fills_the_block_after_too(tmp_path):
     f = load_script("experiments/sim_fidelity/run.py")
     r = subprocess.run([sys.executable, "experiments/sim_fidelity/run.py", "--outside", "level"], cwd=ROOT,

@@ -45,6 +45,15 @@ def test_a_multi_turn_runs_ttft_p50_by_turn_is_each_turns_own_and_absent_for_one
     assert "ttft_p50_ms_by_turn" not in summarize(records(), 7.5)       # one turn: nothing by turn
 
 
+def test_the_time_outside_the_engines_is_the_ttft_less_the_engines_own_where_reported():
+    rec = [RequestRecord(ok=True, prompt_tokens=4, completion_tokens=2, ttft_s=t, e2e_s=0.5, engine_ttft_s=e)
+           for t, e in ((0.030, 0.020), (0.050, 0.020), (0.040, None))]
+    out = summarize(rec, 1.0)
+    assert out["outside_mean_ms"] == pytest.approx(20.0) and out["outside_sd_ms"] == pytest.approx(10.0)
+    none = summarize(rec[2:], 1.0)                 # no engine reported its own (a peer's server)
+    assert math.isnan(none["outside_mean_ms"]) and math.isnan(none["outside_sd_ms"])
+
+
 def test_summary_matches_the_definitions():
     recs, duration = records(), 7.5
     ok = [r for r in recs if r.ok]

@@ -63,8 +63,10 @@ async def test_native_generate(worker):
         assert r.status == 200
         out = await r.json()
     assert out["text"] == greedy_text("hello world", 5)
+    engine_ttft = out["meta_info"].pop("engine_ttft_s")     # servelab's: its arrival at the engine to its first token
     assert out["meta_info"] == {"id": "r1", "prompt_tokens": 11, "completion_tokens": 5, "cached_tokens": 0,
                                 "finish_reason": {"type": "length", "length": 5}}
+    assert 0 < engine_ttft < 60
 
 
 async def test_completions_usage_reports_cached_tokens(worker):
@@ -133,6 +135,8 @@ async def test_native_stream_sends_cumulative_text_then_done(worker):
     assert texts[-1] == greedy_text("stream me", 4)
     assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4]
     assert [c["meta_info"]["finish_reason"] for c in chunks] == [None, None, None, {"type": "length", "length": 4}]
+    firsts = {c["meta_info"]["engine_ttft_s"] for c in chunks}     # set at the first token, the same ever after
+    assert len(firsts) == 1 and 0 < firsts.pop() < 60
 
 
 async def test_openai_streams_deltas_and_usage_chunk(worker):
