@@ -89,7 +89,7 @@ def main() -> None:
         c = meta[args.cell]
         sim, _ = simulate(f.sim_config(c["study"], c["overrides"], stored["sim_args"],
                                        f.block_load(run, stored.get("steal") == "lockstep"),
-                                       (run["host_scale"], None, None), run.get("host_level")))
+                                       (run["host_scale"], None, None), run.get("host_level"), draw=k))
         real = judged[args.cell]
         workers.append({"real_cached_tokens": [w["cached_tokens"] for w in real["per_worker"].values()],
                         "sim_cached_tokens": [w["cached_tokens"] for w in sim["per_worker"].values()],

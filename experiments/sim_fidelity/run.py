@@ -105,6 +105,7 @@ import contextlib
 import functools
 import io
 import json
+import math
 import os
 import resource
 import statistics
@@ -423,24 +424,25 @@ def outside_cv(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
     """sim.outside_cv at which these blocks' simulations, at their ``level`` (its mean wait outside the engines
     read), spread their requests' times outside the engines as much as the real runs did: the real variance (per
     request, within a run; mean over the blocks) less the simulated one (the busy share's own swing at the sends),
-    over the simulated waits' mean square (a draw g of mean 1, independent of the wait m, adds E[m^2] Var(g) to the
-    variance). Blocks whose simulations already spread as much read 0, said."""
+    over the mean square of the simulated waits a draw multiplies (`sim_outside_wait_rms_ms`: a draw g of mean 1,
+    independent of the wait m, adds E[m^2] Var(g) to the variance). Blocks whose simulations already spread as much
+    read 0, said."""
     reals = [real for _, _, real in blocks]
-    missing = sorted({k for r in reals for k in SPREAD_KEYS if r.get(k) is None})
-    if missing:
-        raise ValueError(f"--outside spread: {case}'s level blocks did not keep {missing} (the requests' times outside "
-                         f"the engines, reported since round R): give --outside load")
+    if any(not math.isfinite(r.get("outside_sd_ms") or math.nan) for r in reals):
+        raise ValueError(f"--outside spread: {case}'s level blocks did not keep a spread of their requests' times "
+                         f"outside the engines (outside_sd_ms: reported since round R, by a worker that reports "
+                         f"meta_info.engine_ttft_s, over 2 requests or more): give --outside load")
     cfgs = [sim_config(study, overrides, sim_args, load, level=level) for overrides, load, _ in blocks]
     sims = [simulate(cfg)[0] for cfg in cfgs]
     real_var = statistics.fmean(r["outside_sd_ms"] ** 2 for r in reals)
     sim_var = statistics.fmean(s["outside_sd_ms"] ** 2 for s in sims)
-    wait = statistics.fmean(s["outside_mean_ms"] for s in sims) - 2e3 * cfgs[0].sim.network_latency_s   # (ms)
-    if real_var <= sim_var or not wait > 0:
+    square = statistics.fmean(s["sim_outside_wait_rms_ms"] ** 2 for s in sims)
+    if real_var <= sim_var or not square > 0:
         print(f"WARNING: --outside spread: {case}'s level blocks' simulations spread their times outside the engines "
               f"(sd {sim_var ** 0.5:.2f} ms) as much as the real blocks ({real_var ** 0.5:.2f} ms) or wait none "
-              f"({wait:.2f} ms); no draw", flush=True)
+              f"({square ** 0.5:.2f} ms); no draw", flush=True)
         return 0.0
-    return ((real_var - sim_var) / (wait ** 2 + sim_var)) ** 0.5
+    return ((real_var - sim_var) / square) ** 0.5
 
 
 def _floored(case: str, kind: str, level: float, why: str) -> float:

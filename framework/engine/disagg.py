@@ -165,7 +165,7 @@ class Disaggregation:
         req.kv_len = len(req.prompt_ids)
         req.cached_tokens = cached_tokens
         req.output_ids.append(first_token)
-        req.first_token_time = now
+        req.first_token_time, req.engine_ttft_s = now, now - req.arrival_time
         req.check_finished(s.eos_id, s.decode_tail)
         if req.finished:
             req.finish_time = now

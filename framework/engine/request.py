@@ -45,6 +45,9 @@ class Req:
     cached_tokens: int = -1        # prompt tokens found in the radix cache at first admission (-1: not yet admitted)
     finish_reason: str | None = None
     first_token_time: float | None = None
+    # seconds from arrival_time to the first token as its engine's scheduler stamped it (after the step that sampled
+    # it); an instance client's copy takes the rank's, its own first_token_time being when the token reached it
+    engine_ttft_s: float | None = None
     finish_time: float | None = None
     retractions: int = 0
     text_tail: str = ""           # decoded output tail, for stop strings

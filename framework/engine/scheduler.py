@@ -398,8 +398,8 @@ class Scheduler:
                 continue                      # a prefill chunk that is not the last: published at the next step
             req.output_ids.append(next(tokens))
             if req.first_token_time is None:
-                req.first_token_time = now
-                self.stats["engine_ttft_s"] += now - req.arrival_time
+                req.first_token_time, req.engine_ttft_s = now, now - req.arrival_time
+                self.stats["engine_ttft_s"] += req.engine_ttft_s
                 self.stats["first_tokens"] += 1
             req.check_finished(self.eos_id, self.decode_tail)
             emitted.append(req)

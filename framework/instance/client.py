@@ -244,7 +244,7 @@ class InstanceClient:
         req.cached_tokens = event.cached_tokens
         req.kv_transfer_bytes, req.kv_transfer_s = event.kv_transfer_bytes, event.kv_transfer_s
         if req.first_token_time is None:
-            req.first_token_time = now
+            req.first_token_time, req.engine_ttft_s = now, event.engine_ttft_s
         if event.finish_reason is not None:
             req.finish_reason, req.finish_time = event.finish_reason, now
             del self._reqs[event.rid]

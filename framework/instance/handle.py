@@ -60,7 +60,8 @@ class GenerateOutput:
     cached_tokens: int = 0
     kv_transfer_bytes: int = 0             # disaggregated (decode side): what the request's KV transfer moved
     kv_transfer_s: float = 0.0
-    engine_ttft_s: float | None = None     # the request's arrival at this engine to its first token (None: none yet)
+    engine_ttft_s: float | None = None     # its arrival at the engine to its first token, as the engine's scheduler
+                                           # stamped it (Req.engine_ttft_s; None: none yet)
 
 
 class Stream:
@@ -97,10 +98,9 @@ class Stream:
         self.sent = len(req.output_ids)
         text = self.held + self.decoder.decode(bytes(t for t in new if t < 256), final=req.finished)
         text, self.held = _split_stop(text, req.params.stop, req.finished)
-        first = None if req.first_token_time is None else req.first_token_time - req.arrival_time
         self.push(GenerateOutput(text, new, req.finished, req.finish_reason, len(req.prompt_ids),
                                  len(req.output_ids), max(req.cached_tokens, 0), req.kv_transfer_bytes,
-                                 req.kv_transfer_s, first))
+                                 req.kv_transfer_s, req.engine_ttft_s))
 
 
 def _split_stop(text: str, stops: list[str], finished: bool) -> tuple[str, str]:

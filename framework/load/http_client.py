@@ -224,7 +224,7 @@ class LoadClient:
                 st.usage = {k: meta.get(k, 0) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_tokens",
                                                             "kv_transfer_bytes", "kv_transfer_s")}  # (P/D's)
                 if meta.get("engine_ttft_s") is not None:
-                    st.usage["engine_ttft_s"] = meta["engine_ttft_s"]
+                    st.usage["engine_ttft_s"] = float(meta["engine_ttft_s"])
             return
         for choice in obj.get("choices") or []:
             piece = choice.get("text") if self.api is Api.completions else (choice.get("delta") or {}).get("content")

@@ -78,7 +78,8 @@ def _ttft_by_turn(ok: list[RequestRecord]) -> dict[str, dict[str, float]]:
 
 def _outside(ok: list[RequestRecord]) -> dict[str, float]:
     """The requests' time outside the engines (client, router, HTTP: the client's TTFT less the engine's own, where
-    the engine reported it): mean and standard deviation, ms (NaN: none reported)."""
+    the engine reported it): mean and standard deviation, ms (NaN: none reported; the deviation also with one). A
+    retried request's TTFT counts from its first try, its engine's from the last: its failed tries count outside."""
     ms = np.asarray([r.ttft_s - r.engine_ttft_s for r in ok if r.engine_ttft_s is not None], dtype=float) * 1e3
     return {"outside_mean_ms": float(ms.mean()) if len(ms) else float("nan"),
             "outside_sd_ms": float(ms.std()) if len(ms) > 1 else float("nan")}

@@ -141,6 +141,8 @@ def simulate(cfg, progress: bool = False) -> tuple[dict, list]:
                     "sim_cpu_s": cpu})                # below sim_wall_s when other work shares the machine
     if cfg.sim.host_cores and cfg.cluster.http:         # sim.outside_busy_s's scale, mean over the sends
         results["sim_send_busy_share"] = sim.send_busy_share()
+    if cfg.cluster.http:                                # what sim.outside_cv's draws multiply (experiments/sim_fidelity)
+        results["sim_outside_wait_rms_ms"] = sim.outside_wait_rms() * 1e3
     return results, records
 
 

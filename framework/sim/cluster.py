@@ -72,6 +72,7 @@ PD_EVENT = 6                                  # a KV transfer drained or landed 
 START = 7           # batch_arrivals: an idle instance starts, after every other event of its instant (its arrivals)
 MAX_RUN = 64                                  # decode steps one event advances at most
 HOST_SHARING = ("at_start", "fair")           # sim.host_sharing: how busy processes share host_cores (module doc)
+MAX_OUTSIDE_CV = 10.0   # sim.outside_cv's ceiling: a gamma's shape 1/CV^2 below 0.01 is a point at 0 and rare giants
 
 
 def slowdown(c: float, used: float, at: float) -> float:
@@ -148,9 +149,11 @@ class Simulation:
             raise ValueError(f"sim.outside_busy_s={outside_busy_s} needs sim.host_cores > 0 (the cores whose busy "
                              f"share it scales with)")
         self.outside_busy_s = outside_busy_s
-        if outside_cv < 0:
-            raise ValueError(f"sim.outside_cv={outside_cv} must be >= 0 (0: every request waits the mean)")
+        if not 0 <= outside_cv <= MAX_OUTSIDE_CV:            # (NaN too: a gamma draw of it never returns)
+            raise ValueError(f"sim.outside_cv={outside_cv} must be between 0 (every request waits the mean) and "
+                             f"{MAX_OUTSIDE_CV}")
         self.outside_cv, self.outside_rng = outside_cv, random.Random(outside_seed)
+        self.waits = [0, 0.0, 0.0]                  # the means drawn around: how many, their sum, their squares'
         self.send_busy = [0.0, 0]                   # the cores' busy share at each send, summed, and the sends
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
@@ -234,16 +237,14 @@ class Simulation:
             self.pd.send(now, s, k, ids, text, params)
             return
         att, hold = self.router.send(text, ids, at_router, turn.max_new_tokens)
-        at_server = at_router + self.outside() + self.net
-        req = Req(ids, params, rid=f"{s.sid}/{k}",
-                  arrival_time=self.frontends[att.worker.url].tokenize(at_server, len(ids)))
+        req = Req(ids, params, rid=f"{s.sid}/{k}", arrival_time=at_router)   # (its arrival: set as it leaves)
         flight = att.ref = _Flight(s, k, req, att.worker.url, att, now,
                                    tell_first=self.router.core.tells_first_token(att))
         self.flights[req.rid] = flight
         if hold > 0:           # its prefix is being prefilled there: it waits for the events, or for the hold to end
             self.push(at_router + hold, HOLD, flight)
             return
-        self.push(req.arrival_time, ARRIVE, flight.worker, flight)
+        self._forward(at_router, flight)
 
     def _release(self, released: list[Attempt]) -> None:
         """A KV event let these held requests go: send them."""
@@ -263,10 +264,19 @@ class Simulation:
             self.send_busy[0] += share
             self.send_busy[1] += 1
             mean += self.outside_busy_s * share
+        self.waits[0] += 1
+        self.waits[1] += mean
+        self.waits[2] += mean * mean
         if not self.outside_cv:
             return mean
         shape = self.outside_cv ** -2                  # a gamma of mean 1 and this CV
         return mean * self.outside_rng.gammavariate(shape, 1.0 / shape)
+
+    def outside_wait_rms(self) -> float:
+        """The root mean square of the requests' mean waits outside the engines (before their draws), seconds: the
+        scale a draw's spread multiplies (nan: no request sent)."""
+        n, _, squares = self.waits
+        return (squares / n) ** 0.5 if n else float("nan")
 
     def send_busy_share(self) -> float:
         """The cores' mean busy share at the sends (nan: none, or no host_cores; a request the router held counts
@@ -275,8 +285,15 @@ class Simulation:
         return total / n if n else float("nan")
 
     def _unhold(self, flight: _Flight) -> None:
-        flight.req.arrival_time = self.now + self.outside() + self.net
-        self.push(flight.req.arrival_time, ARRIVE, flight.worker, flight)
+        self._forward(self.now, flight)
+
+    def _forward(self, at_router: float, flight: _Flight) -> None:
+        """The router lets the request go to its worker: it arrives after the time outside the engines, once that
+        worker's front end has tokenized it."""
+        at_server = at_router + self.outside() + self.net
+        req = flight.req
+        req.arrival_time = self.frontends[flight.worker].tokenize(at_server, len(req.prompt_ids))
+        self.push(req.arrival_time, ARRIVE, flight.worker, flight)
 
     def _receive(self, now: float, flight: _Flight) -> None:
         """The finished request's last token reached the client."""
@@ -289,7 +306,7 @@ class Simulation:
             e2e_s=now - flight.send_s, worker=flight.worker, send_s=flight.send_s, session=s.sid, turn=k,
             itl_s=[b - a for a, b in zip(times, times[1:])], **route_fields(flight.attempt.decision),
             kv_transfer_bytes=req.kv_transfer_bytes, kv_transfer_s=req.kv_transfer_s,
-            engine_ttft_s=req.first_token_time - req.arrival_time))
+            engine_ttft_s=req.engine_ttft_s))
         self.end = max(self.end, now)
         self.bar.update(1)
         if k + 1 < len(s.turns):

@@ -286,10 +286,11 @@ def test_outside_load_reads_the_gap_as_a_wait_for_busy_cores_and_refuses_idle_bl
 
 def test_outside_spread_draws_each_requests_time_outside_as_spread_as_the_blocks_were():
     """--outside spread: a block whose requests' times outside the engines spread 10 ms (sd) reads the sim.outside_cv
-    whose draws, added to the busy share's own swing, spread the simulation's as much (mean kept: load's); the judged
-    cell draws from its repeat's stream (the same draw, the same run; another, another run), and a block that spread
-    no more than its simulation reads 0; a block without the per-request figures (a run before round R) is refused,
-    saying which; sim.outside_cv below 0 or without HTTP is refused."""
+    whose draws, added to the busy share's own swing, spread the simulation's as much (the mean about load's: the
+    draws move the arrivals); the judged cell draws from its repeat's stream (the same draw, the same run; another,
+    another run), and a block that spread no more than its simulation reads 0; a block without the per-request
+    spread (a run before round R, or NaN: none reported) is refused, saying which; sim.outside_cv below 0, NaN, above
+    its ceiling or without HTTP is refused."""
     f = load_script("experiments/sim_fidelity/run.py")
     load, cell = (0.0, None), ONE_RANK + ["workload.num_conversations=32", "workload.max_concurrency=8"]   # 64 requests
     plain, _ = simulate(f.sim_config("router_ablation", cell, SIM, load))
@@ -305,11 +306,13 @@ def test_outside_spread_draws_each_requests_time_outside_as_spread_as_the_blocks
     narrow = f.read_level("c", "router_ablation", SIM, [(cell, load, {**real, "outside_sd_ms": 0.5})],
                           outside="spread")
     assert narrow["outside_cv"] == 0.0
-    with pytest.raises(ValueError, match=r"c's level blocks did not keep \['outside_sd_ms'\]"):
-        f.read_level("c", "router_ablation", SIM, [(cell, load, {**real, "outside_sd_ms": None})],
-                     outside="spread")
-    with pytest.raises(ValueError, match=r"sim.outside_cv=-0.5 must be >= 0"):
-        simulate(compose(ONE_RANK + SIM + ["sim.outside_cv=-0.5"]))
+    for kept in (None, float("nan")):         # a run before round R; a worker that reports no engine_ttft_s
+        with pytest.raises(ValueError, match=r"c's level blocks did not keep a spread .*outside_sd_ms"):
+            f.read_level("c", "router_ablation", SIM, [(cell, load, {**real, "outside_sd_ms": kept})],
+                         outside="spread")
+    for bad in ("-0.5", "nan", "11.0"):      # (a gamma draw at NaN never returns)
+        with pytest.raises(ValueError, match=rf"sim.outside_cv={bad} must be between 0 .* and 10.0"):
+            simulate(compose(ONE_RANK + SIM + [f"sim.outside_cv={bad}"]))
     with pytest.raises(ValueError, match=r"sim.outside_cv=0.5: .* cluster.http=false"):
         simulate(compose(TWO_RANKS + SIM + ["sim.outside_cv=0.5"]))
 

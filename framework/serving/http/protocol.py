@@ -310,8 +310,9 @@ class MetaInfo(BaseModel):
     completion_tokens: int
     cached_tokens: int
     finish_reason: dict | None = None
-    # servelab's addition: seconds from the request's arrival at the engine to its first token (null before it); the
-    # client's TTFT less this is the time outside the engine (client, router, HTTP: experiments/sim_fidelity)
+    # servelab's addition: seconds from the request's arrival at the engine to its first token, as the engine's
+    # scheduler stamped it (null before it; engine_ttft_ms_mean's per request); the client's TTFT less this is the
+    # time outside the engine (client, router, HTTP: experiments/sim_fidelity)
     engine_ttft_s: float | None = None
 
 
