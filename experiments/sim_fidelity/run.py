@@ -347,9 +347,9 @@ def read_level(case: str, study: str, sim_args: list[str], blocks: list[tuple[li
         if outside == "level" and cfgs[0].cluster.http:   # (the in-process TP/DP driver has no client or router)
             level["outside_s"] = outside_s(case, reals, at_one)
         elif outside in ("load", "spread") and cfgs[0].cluster.http:
-            level["outside_busy_s"] = outside_busy_s(case, study, sim_args, blocks, level)
-        if outside == "spread" and cfgs[0].cluster.http:
-            level["outside_cv"] = outside_cv(case, study, sim_args, blocks, level)
+            level["outside_busy_s"], sims = outside_busy_s(case, study, sim_args, blocks, level)
+            if outside == "spread":
+                level["outside_cv"] = outside_cv(case, reals, sims)
         return level
     at_two = [simulate(sim_config(study, overrides, sim_args, load, (2.0, None, c)))[0]
               for (overrides, load, _), c in zip(blocks, collectives)]
@@ -380,12 +380,12 @@ OUTSIDE_TOL_MS = 0.1     # --outside load: how close the blocks' simulated time 
 
 
 def outside_busy_s(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
-                   level: dict, rounds: int = 8) -> float:
+                   level: dict, rounds: int = 8) -> tuple[float, list[dict]]:
     """sim.outside_busy_s at which these blocks' simulations, at their ``level``, spend as long outside the engines
     as their real runs did (mean over the blocks): solved by the secant from the blocks' gap over the cores' busy
     share at their sends (a later arrival leaves the cores idler at the next sends, so that first reading falls
     short); the closest of the values tried, said when not within OUTSIDE_TOL_MS. Blocks whose simulations already
-    spend longer outside than the real runs read 0, said."""
+    spend longer outside than the real runs read 0, said. Returns it with the blocks' simulations at it."""
     reals = [real for _, _, real in blocks]
 
     def run(busy_s: float) -> list[dict]:
@@ -400,40 +400,37 @@ def outside_busy_s(case: str, study: str, sim_args: list[str], blocks: list[tupl
     if y0 <= 0:
         print(f"WARNING: --outside load: {case}'s level blocks' simulations spend {-y0:.2f} ms longer outside the "
               f"engines than the real blocks with none added; 0 simulated", flush=True)
-        return 0.0
+        return 0.0, sims
     share = statistics.fmean(s["sim_send_busy_share"] for s in sims)
     if not share > 0.05:                               # (nan: no sim.host_cores)
         raise ValueError(f"--outside load: {case}'s level blocks kept the cores {share:.3f} busy at the sends in their "
                          f"simulations: too idle to read a wait for busy cores from")
-    best, x1 = (y0, x0), y0 / 1e3 / share
+    best, x1 = (y0, x0, sims), y0 / 1e3 / share
     for _ in range(rounds):
-        y1 = short_ms(run(x1))
-        best = min(best, (abs(y1), x1))
+        sims = run(x1)
+        y1 = short_ms(sims)
+        best = min(best, (abs(y1), x1, sims), key=lambda b: b[:2])
         if abs(y1) < OUTSIDE_TOL_MS or y1 == y0:
             break
         x0, y0, x1 = x1, y1, max(0.0, x1 - y1 * (x1 - x0) / (y1 - y0))
-    left, busy_s = best
+    left, busy_s, sims = best
     if left >= OUTSIDE_TOL_MS:
         print(f"WARNING: --outside load: {case}'s sim.outside_busy_s {busy_s * 1e3:.1f} ms, the closest of those "
               f"tried, leaves {left:.2f} ms of its blocks' time outside the engines unmatched", flush=True)
-    return busy_s
+    return busy_s, sims
 
 
-def outside_cv(case: str, study: str, sim_args: list[str], blocks: list[tuple[list[str], tuple, dict]],
-               level: dict) -> float:
-    """sim.outside_cv at which these blocks' simulations, at their ``level`` (its mean wait outside the engines
-    read), spread their requests' times outside the engines as much as the real runs did: the real variance (per
+def outside_cv(case: str, reals: list[dict], sims: list[dict]) -> float:
+    """sim.outside_cv at which these blocks' simulations (``sims``, at their level and mean wait outside the engines:
+    ``outside_busy_s``'s) spread their requests' times outside the engines as much as the real runs did: the real variance (per
     request, within a run; mean over the blocks) less the simulated one (the busy share's own swing at the sends),
     over the mean square of the simulated waits a draw multiplies (`sim_outside_wait_rms_ms`: a draw g of mean 1,
     independent of the wait m, adds E[m^2] Var(g) to the variance). Blocks whose simulations already spread as much
     read 0, said."""
-    reals = [real for _, _, real in blocks]
     if any(not math.isfinite(r.get("outside_sd_ms") or math.nan) for r in reals):
         raise ValueError(f"--outside spread: {case}'s level blocks did not keep a spread of their requests' times "
                          f"outside the engines (outside_sd_ms: reported since round R, by a worker that reports "
                          f"meta_info.engine_ttft_s, over 2 requests or more): give --outside load")
-    cfgs = [sim_config(study, overrides, sim_args, load, level=level) for overrides, load, _ in blocks]
-    sims = [simulate(cfg)[0] for cfg in cfgs]
     real_var = statistics.fmean(r["outside_sd_ms"] ** 2 for r in reals)
     sim_var = statistics.fmean(s["outside_sd_ms"] ** 2 for s in sims)
     square = statistics.fmean(s["sim_outside_wait_rms_ms"] ** 2 for s in sims)

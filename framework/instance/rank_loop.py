@@ -93,13 +93,12 @@ class TokenOut:
     cached_tokens: int
     kv_transfer_bytes: int = 0        # disaggregation: what the request's KV transfer moved, and in how long
     kv_transfer_s: float = 0.0
-    engine_ttft_s: Optional[float] = None   # the first token's: its arrival to it, as the rank's scheduler stamped it
+    engine_ttft_s: Optional[float] = None   # its arrival to its first token, as the rank's scheduler stamped it
 
     @classmethod
     def of(cls, req: Req) -> "TokenOut":
-        first = req.engine_ttft_s if len(req.output_ids) == 1 else None
         return cls(req.rid, len(req.output_ids), req.output_ids[-1], req.finish_reason, max(req.cached_tokens, 0),
-                   req.kv_transfer_bytes, req.kv_transfer_s, first)
+                   req.kv_transfer_bytes, req.kv_transfer_s, req.engine_ttft_s)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def play(engine, sessions: list[Session], wl_cfg, progress: bool = True) -> tupl
             records.append(RequestRecord(ok=True, prompt_tokens=len(req.prompt_ids),
                                          completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
                                          ttft_s=req.first_token_time - req.arrival_time,
-                                         engine_ttft_s=req.first_token_time - req.arrival_time,   # no outside
+                                         engine_ttft_s=req.engine_ttft_s,
                                          e2e_s=req.finish_time - req.arrival_time, send_s=sent, session=s.sid, turn=k,
                                          itl_s=[b - a for a, b in zip(token_times, token_times[1:])]))
             answers[s.sid].append(engine.tokenizer.decode(req.output_ids))

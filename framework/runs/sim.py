@@ -80,12 +80,10 @@ def build(cfg, sessions, progress: bool = False, cost: CostModel | None = None,
     for name, inst in instances.items():
         router.watch(name, [g.cache for g in inst.groups])
     s, tokenizer = cfg.sim, instances[names[0]].tokenizer
-    if s.outside_cv and not http:
-        raise ValueError(f"sim.outside_cv={s.outside_cv}: the time outside the engines is a client's and router's "
-                         f"over HTTP; cluster.http=false (the in-process driver) has none")
-    if s.outside_busy_s and not http:
-        raise ValueError(f"sim.outside_busy_s={s.outside_busy_s}: the time outside the engines is a client's and "
-                         f"router's over HTTP; cluster.http=false (the in-process driver) has none")
+    for key in ("outside_busy_s", "outside_cv"):
+        if getattr(s, key) and not http:
+            raise ValueError(f"sim.{key}={getattr(s, key)}: the time outside the engines is a client's and router's "
+                             f"over HTTP; cluster.http=false (the in-process driver) has none")
     sim = Simulation(instances, router, sessions, cfg.workload, tokenizer,
                      network_s=s.network_latency_s if http else 0.0, router_s=s.router_overhead_s if http else 0.0,
                      fast_forward=s.fast_forward, host_cores=s.host_cores, side_procs=s.host_side_procs if http else 0,

@@ -63,7 +63,7 @@ class _Result:
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
         self.completion_tokens = out.completion_tokens
         self.kv_transfer_bytes, self.kv_transfer_s = out.kv_transfer_bytes, out.kv_transfer_s
-        self.engine_ttft_s = out.engine_ttft_s if out.engine_ttft_s is not None else self.engine_ttft_s
+        self.engine_ttft_s = out.engine_ttft_s          # (None until the first token; kept from then on)
         if out.finished:
             self.finish_reason = out.finish_reason
 

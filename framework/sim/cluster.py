@@ -153,7 +153,7 @@ class Simulation:
             raise ValueError(f"sim.outside_cv={outside_cv} must be between 0 (every request waits the mean) and "
                              f"{MAX_OUTSIDE_CV}")
         self.outside_cv, self.outside_rng = outside_cv, random.Random(outside_seed)
-        self.waits = [0, 0.0, 0.0]                  # the means drawn around: how many, their sum, their squares'
+        self.waits = [0, 0.0]                       # the means drawn around: how many, and their squares' sum
         self.send_busy = [0.0, 0]                   # the cores' busy share at each send, summed, and the sends
         self.shared_busy = 0.0                      # fair sharing: the busy processes the steps' speeds were set for
         if self.fair:
@@ -265,8 +265,7 @@ class Simulation:
             self.send_busy[1] += 1
             mean += self.outside_busy_s * share
         self.waits[0] += 1
-        self.waits[1] += mean
-        self.waits[2] += mean * mean
+        self.waits[1] += mean * mean
         if not self.outside_cv:
             return mean
         shape = self.outside_cv ** -2                  # a gamma of mean 1 and this CV
@@ -275,7 +274,7 @@ class Simulation:
     def outside_wait_rms(self) -> float:
         """The root mean square of the requests' mean waits outside the engines (before their draws), seconds: the
         scale a draw's spread multiplies (nan: no request sent)."""
-        n, _, squares = self.waits
+        n, squares = self.waits
         return (squares / n) ** 0.5 if n else float("nan")
 
     def send_busy_share(self) -> float:
